@@ -1,0 +1,194 @@
+//! Emission: the function with its body handed to the runtime's builder.
+
+use std::time::Duration;
+
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Error, Expr, ItemFn, LitStr, Type};
+
+use crate::attr::{self, Args, StoreErrorArg, TakeoverArg};
+use crate::check::{self, Fingerprint, InFlight, OnErr, Plan};
+
+/// The whole attribute: parse, check, emit; on error, the errors beside the original
+/// function (without its `#[idem]` attributes), so the caller sees one error, not a cascade.
+pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            let error = Error::new(
+                Span::call_site(),
+                "`#[idempotent]` applies to an `async fn` with a body (a free function or a \
+                 method in an `impl` block)",
+            );
+            return with_error(error, item);
+        }
+    };
+    let plan = syn::parse::Parser::parse2(<Args as syn::parse::Parse>::parse, args)
+        .and_then(|args| check::validate(args, &func.sig));
+    attr::strip_param_attrs(&mut func.sig);
+    match plan {
+        Ok(plan) => emit(plan, func),
+        Err(error) => with_error(error, func.into_token_stream()),
+    }
+}
+
+fn with_error(error: Error, item: TokenStream) -> TokenStream {
+    let error = error.to_compile_error();
+    quote!(#error #item)
+}
+
+fn emit(plan: Plan, func: ItemFn) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
+    let krate = &plan.krate;
+    let private = quote!(#krate::__private);
+    let name = LitStr::new(&plan.name, sig.ident.span());
+    let key = by_ref(&plan.key);
+
+    let mut op = match &plan.store {
+        Some(store) => {
+            let store = by_ref(store);
+            quote!(#private::operation(#store, #name, #key))
+        }
+        None => quote!(#private::global_operation(#name, #key)),
+    };
+    if let Some(scope) = &plan.scope {
+        let scope = by_ref(scope);
+        op.extend(quote!(.scope(#scope)));
+    }
+    let retain = duration(&private, plan.retain);
+    op.extend(quote!(.retain(#retain)));
+    if let Some(lease) = plan.lease {
+        let lease = duration(&private, lease);
+        op.extend(quote!(.lease(#lease)));
+    }
+    match plan.in_flight {
+        Some(InFlight::Wait(wait)) => {
+            let wait = duration(&private, wait);
+            op.extend(quote!(.in_flight(#private::InFlight::Wait(#wait))));
+        }
+        Some(InFlight::Reject) => op.extend(quote!(.in_flight(#private::InFlight::Reject))),
+        None => {}
+    }
+    match plan.on_takeover {
+        Some(TakeoverArg::Rerun) => op.extend(quote!(.on_takeover(#private::Takeover::Rerun))),
+        Some(TakeoverArg::Unknown) => {
+            op.extend(quote!(.on_takeover(#private::Takeover::Unknown)));
+        }
+        None => {}
+    }
+    match plan.on_store_error {
+        Some(StoreErrorArg::FailClosed) => {
+            op.extend(quote!(.on_store_error(#private::OnStoreError::FailClosed)));
+        }
+        Some(StoreErrorArg::FailOpen(_)) => {
+            op.extend(quote!(.on_store_error(#private::OnStoreError::FailOpen)));
+        }
+        None => {}
+    }
+    match &plan.fingerprint {
+        Fingerprint::Params(params) => {
+            for param in params {
+                let label = LitStr::new(&param.to_string(), param.span());
+                // Spanned on the parameter: a type that is not `Serialize` is reported there.
+                op.extend(quote_spanned!(param.span()=> .fingerprint_part(#label, &#param)));
+            }
+        }
+        Fingerprint::Expr(expr) => {
+            let expr = by_ref(expr);
+            op.extend(quote!(.fingerprint(#expr)));
+        }
+        Fingerprint::None => {}
+    }
+    if let Some(version) = plan.version {
+        let version = Literal::u32_unsuffixed(version);
+        op.extend(quote!(.version(#version)));
+    }
+    if let Some(upgrade) = &plan.upgrade {
+        op.extend(quote_spanned!(upgrade.span()=> .upgrade(#upgrade)));
+    }
+    match &plan.on_err {
+        OnErr::Release => {}
+        OnErr::Record => op.extend(quote!(.record_errors())),
+        OnErr::Classify(classify) => {
+            op.extend(quote_spanned!(classify.span()=> .classify(#classify)));
+        }
+    }
+
+    let ret = &plan.ret;
+    let fake_return = fake_return(ret);
+    let body = match &plan.tx {
+        None => quote! {
+            let __idem_op = #op;
+            __idem_op.run(move || async move { #fake_return #block }).await
+        },
+        Some(tx) => quote! {
+            let __idem_op = #op;
+            let __idem_guard = match __idem_op.begin_tx(&mut *#tx).await {
+                ::core::result::Result::Ok(#private::TxStep::Replay(__idem_v)) => return __idem_v,
+                ::core::result::Result::Ok(#private::TxStep::Run(__idem_g)) => __idem_g,
+                ::core::result::Result::Err(__idem_e) => {
+                    return ::core::result::Result::Err(::core::convert::From::from(__idem_e));
+                }
+            };
+            let __idem_out: #ret = {
+                // A reborrow, so the body may move `tx` and it is still ours afterwards.
+                let #tx = &mut *#tx;
+                async move { #fake_return #block }.await
+            };
+            __idem_guard.finish(&mut *#tx, __idem_out).await
+        },
+    };
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #body
+        }
+    }
+}
+
+/// `&(expr)`, spanned on the expression so trait errors (`KeyPart`, `Serialize`,
+/// `AsRef<Idem>`) land on the user's tokens. A tuple becomes a tuple of references, so
+/// `(order.id, tenant)` borrows its fields instead of moving them out.
+fn by_ref(expr: &Expr) -> TokenStream {
+    match expr {
+        Expr::Tuple(tuple) if !tuple.elems.is_empty() => {
+            let elems = tuple.elems.iter().map(by_ref);
+            quote_spanned!(expr.span()=> &(#(#elems,)*))
+        }
+        Expr::Paren(paren) => by_ref(&paren.expr),
+        _ => quote_spanned!(expr.span()=> &(#expr)),
+    }
+}
+
+fn duration(private: &TokenStream, d: Duration) -> TokenStream {
+    let secs = Literal::u64_unsuffixed(d.as_secs());
+    let nanos = Literal::u32_unsuffixed(d.subsec_nanos());
+    quote!(#private::Duration::new(#secs, #nanos))
+}
+
+/// Pins the async block's output to the declared return type, so `?` and `return` in the
+/// body infer as they did in the original function (the trick `tracing-attributes` uses).
+fn fake_return(ret: &Type) -> TokenStream {
+    quote_spanned! {ret.span()=>
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::let_with_type_underscore,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let __idem_ret: #ret = loop {};
+            return __idem_ret;
+        }
+    }
+}

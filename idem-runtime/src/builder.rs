@@ -1,0 +1,199 @@
+//! Options for an [`Idem`] beyond the defaults.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+#[allow(unused_imports)]
+use crate::error::IdemError;
+use crate::idem::Idem;
+use crate::store::Store;
+
+/// Default cap on a recorded outcome's JSON, in bytes.
+pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 64 * 1024;
+const DEFAULT_MAX_WAITERS: usize = 1024;
+const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Builds an [`Idem`] with non-default options; made by [`Idem::builder`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::IdemError> {
+/// let idem = idem_runtime::Idem::builder()
+///     .table("billing_idempotency")
+///     .max_outcome_bytes(16 * 1024)
+///     .hash_keys(true)
+///     .sqlite("sqlite::memory:")
+///     .await?;
+/// # let _ = idem; Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct IdemBuilder {
+    pub(crate) max_outcome_bytes: usize,
+    pub(crate) max_waiters: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) renew_leases: bool,
+    pub(crate) hash_keys: bool,
+    pub(crate) log_keys_hashed: bool,
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) table: Option<String>,
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) migrate: bool,
+}
+
+impl Default for IdemBuilder {
+    fn default() -> Self {
+        IdemBuilder {
+            max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
+            max_waiters: DEFAULT_MAX_WAITERS,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            renew_leases: true,
+            hash_keys: false,
+            log_keys_hashed: false,
+            table: None,
+            migrate: true,
+        }
+    }
+}
+
+impl IdemBuilder {
+    /// The table holding the records (default `idem_operations`); on PostgreSQL it may
+    /// be schema-qualified (`billing.idem_operations`).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = Some(table.into());
+        self
+    }
+
+    /// Whether to create or migrate the schema on open (default `true`). Teams that
+    /// run their own DDL set `false` and apply [`crate::schema`]'s SQL themselves.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// Cap on a recorded outcome's JSON, in bytes (default 64 KiB).
+    pub fn max_outcome_bytes(mut self, max: usize) -> Self {
+        self.max_outcome_bytes = max;
+        self
+    }
+
+    /// Cap on the callers of this process waiting on one in-flight key (default
+    /// 1024); past it they get [`IdemError::TooManyWaiters`] at once.
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.max_waiters = max;
+        self
+    }
+
+    /// How often a waiter re-checks an in-flight operation when no wake-up arrives
+    /// (changes made by other processes on stores without notifications). Default 200ms.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// Whether a running body's lease is renewed in the background (default `true`).
+    /// Turning it off makes a body that outlives its lease lose its claim; meant for
+    /// tests of takeover and fencing.
+    pub fn renew_leases(mut self, renew: bool) -> Self {
+        self.renew_leases = renew;
+        self
+    }
+
+    /// Store keys as SHA-256 digests, so raw keys (emails, account numbers) never
+    /// reach the table. `list` then shows digests.
+    pub fn hash_keys(mut self, hash: bool) -> Self {
+        self.hash_keys = hash;
+        self
+    }
+
+    /// Log keys as short digests in tracing events.
+    pub fn log_keys_hashed(mut self, hash: bool) -> Self {
+        self.log_keys_hashed = hash;
+        self
+    }
+
+    /// A process-local store; see [`Idem::memory`].
+    pub fn memory(self) -> Idem {
+        self.store(crate::store::MemoryStore::default())
+    }
+
+    /// An `Idem` over a store of your own.
+    pub fn store(self, store: impl Store) -> Idem {
+        Idem::from_store(Arc::new(store), &self)
+    }
+
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn sql_options(&self) -> Result<crate::store::sql_common::SqlOptions, IdemError> {
+        let mut opts = crate::store::sql_common::SqlOptions::default();
+        if let Some(table) = &self.table {
+            opts.table = table.clone();
+        }
+        opts.migrate = self.migrate;
+        Ok(opts)
+    }
+
+    /// The embedded SQLite store; see [`Idem::sqlite`].
+    #[cfg(feature = "sqlite")]
+    pub async fn sqlite(self, url: &str) -> Result<Idem, IdemError> {
+        let store = crate::store::sqlite::open(url, &self.sql_options()?).await?;
+        Ok(self.store(store))
+    }
+
+    /// The PostgreSQL store; see [`Idem::postgres`].
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
+        let store = crate::store::postgres::open(url, &self.sql_options()?).await?;
+        Ok(self.store(store))
+    }
+
+    /// A store on the application's own sqlx pool; see [`Idem::from_pool`].
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub async fn pool<P: IntoStore>(self, pool: P) -> Result<Idem, IdemError> {
+        let opts = self.sql_options()?;
+        let store: Arc<dyn Store> = match pool.into_pool() {
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(p) => Arc::new(crate::store::sqlite::from_pool(p, &opts).await?),
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(p) => Arc::new(crate::store::postgres::from_pool(p, &opts).await?),
+        };
+        Ok(Idem::from_store(store, &self))
+    }
+}
+
+/// A sqlx pool idem can keep its records in: `PgPool` or `SqlitePool`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub trait IntoStore: sealed::Sealed {
+    #[doc(hidden)]
+    fn into_pool(self) -> Pool;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sealed {
+    pub trait Sealed {}
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[doc(hidden)]
+pub enum Pool {
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+}
+
+#[cfg(feature = "sqlite")]
+impl sealed::Sealed for sqlx::SqlitePool {}
+#[cfg(feature = "sqlite")]
+impl IntoStore for sqlx::SqlitePool {
+    fn into_pool(self) -> Pool {
+        Pool::Sqlite(self)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl sealed::Sealed for sqlx::PgPool {}
+#[cfg(feature = "postgres")]
+impl IntoStore for sqlx::PgPool {
+    fn into_pool(self) -> Pool {
+        Pool::Postgres(self)
+    }
+}

@@ -1,0 +1,160 @@
+//! What a running body can learn about its operation, and what a caller can learn
+//! about a finished call.
+
+use std::cell::Cell;
+use std::future::Future;
+
+use sha2::{Digest, Sha256};
+
+use crate::store::OperationId;
+
+tokio::task_local! {
+    static CURRENT: Current;
+    static OBSERVED: Cell<Option<CallInfo>>;
+}
+
+/// The operation whose body is running, as [`current`] returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Current {
+    id: OperationId,
+    epoch: u64,
+}
+
+impl Current {
+    /// The encoded scope.
+    pub fn scope(&self) -> &str {
+        &self.id.scope
+    }
+
+    /// The operation's name.
+    pub fn name(&self) -> &str {
+        &self.id.name
+    }
+
+    /// The encoded key.
+    pub fn key(&self) -> &str {
+        &self.id.key
+    }
+
+    /// The epoch of this attempt: 1 at first, higher after a takeover.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// A key for a downstream system (a payment provider's `Idempotency-Key`, a
+    /// message id), derived from the operation's identity and `label`.
+    ///
+    /// It is the same on every retry and takeover of this operation, so the
+    /// downstream system deduplicates an effect that a crashed attempt already made.
+    /// Different labels give independent keys for several calls in one body.
+    pub fn downstream_key(&self, label: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(b"idem-downstream-v1");
+        for part in [
+            self.id.scope.as_str(),
+            self.id.name.as_str(),
+            self.id.key.as_str(),
+            label,
+        ] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        let digest = h.finalize();
+        let mut out = String::with_capacity(64);
+        for b in digest {
+            use std::fmt::Write;
+            let _ = write!(out, "{b:02x}");
+        }
+        out
+    }
+}
+
+/// The running operation.
+///
+/// # Panics
+/// Outside the body of an idempotent call, like `tokio::runtime::Handle::current`.
+/// The context is not visible in tasks the body spawns. Use [`try_current`] where
+/// that may happen.
+pub fn current() -> Current {
+    try_current().expect(
+        "idem_runtime::current() called outside an idempotent body; \
+         use try_current() where the call may happen elsewhere",
+    )
+}
+
+/// The running operation, or `None` outside an idempotent body.
+pub fn try_current() -> Option<Current> {
+    CURRENT.try_with(Current::clone).ok()
+}
+
+pub(crate) async fn scope_body<F: Future>(id: &OperationId, epoch: u64, fut: F) -> F::Output {
+    let cur = Current {
+        id: id.clone(),
+        epoch,
+    };
+    // A fresh observe slot: idempotent calls nested in the body must not report
+    // themselves as the outer call.
+    CURRENT.scope(cur, OBSERVED.scope(Cell::new(None), fut)).await
+}
+
+/// How an idempotent call was answered, as [`observe`] reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallInfo {
+    replayed: bool,
+    epoch: Option<u64>,
+}
+
+impl CallInfo {
+    /// Whether the result is a recorded outcome, replayed without running the body.
+    pub fn replayed(&self) -> bool {
+        self.replayed
+    }
+
+    /// The epoch that ran the body, when this call ran it.
+    pub fn epoch(&self) -> Option<u64> {
+        self.epoch
+    }
+}
+
+pub(crate) fn report(info: CallInfo) {
+    let _ = OBSERVED.try_with(|slot| slot.set(Some(info)));
+}
+
+pub(crate) fn report_replay() {
+    report(CallInfo {
+        replayed: true,
+        epoch: None,
+    });
+}
+
+pub(crate) fn report_run(epoch: u64) {
+    report(CallInfo {
+        replayed: false,
+        epoch: Some(epoch),
+    });
+}
+
+/// Runs `fut` (a call of an idempotent function) and tells whether its result was
+/// replayed. When `fut` made no idempotent call, or failed before one was decided,
+/// the `CallInfo` is the default (not replayed, no epoch).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::IdemError> {
+/// use idem_runtime::{observe, Idem, IdemError};
+/// let idem = Idem::memory();
+/// let call = || idem.operation("greet", "k1").run(|| async { Ok::<_, IdemError>(1) });
+/// let (_, first) = observe(call()).await;
+/// let (_, again) = observe(call()).await;
+/// assert!(!first.replayed() && again.replayed());
+/// # Ok(()) }
+/// ```
+pub async fn observe<F: Future>(fut: F) -> (F::Output, CallInfo) {
+    OBSERVED
+        .scope(Cell::new(None), async move {
+            let out = fut.await;
+            let info = OBSERVED.with(|slot| slot.get()).unwrap_or_default();
+            (out, info)
+        })
+        .await
+}

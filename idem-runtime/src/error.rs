@@ -1,0 +1,234 @@
+//! The one error type of idem.
+
+use std::time::Duration;
+
+/// A boxed error from the store's database driver, kept opaque so driver types stay private.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong around an idempotent call.
+///
+/// Each message says what happened and what the caller should do. The body's own
+/// error type must implement `From<IdemError>` so these reach the caller through the
+/// function's ordinary `Result`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdemError {
+    /// The key was first used with another payload.
+    #[error(
+        "operation `{name}` was already called with this key and a different payload; \
+         a key names one business intent, so use a new key for a new request"
+    )]
+    Mismatch {
+        /// The operation's name.
+        name: String,
+    },
+
+    /// Another call with the same key is running.
+    #[error(
+        "operation `{name}` with this key is already running; retry after {retry_after:?}"
+    )]
+    InFlight {
+        /// The operation's name.
+        name: String,
+        /// The remaining time of the running call's lease, by the store's clock.
+        retry_after: Duration,
+    },
+
+    /// An earlier attempt may or may not have had its effect; the operation needs
+    /// reconciliation.
+    #[error(
+        "operation `{name}` is in the UNKNOWN state (epoch {epoch}): an earlier attempt may \
+         have had its effect; check the downstream system, then call `Idem::resolve`"
+    )]
+    Unknown {
+        /// The operation's name.
+        name: String,
+        /// The epoch of the attempt whose effect is unknown.
+        epoch: u64,
+    },
+
+    /// This call's claim was taken over after its lease lapsed; its outcome was not written.
+    #[error(
+        "operation `{name}` epoch {epoch} lost its claim (lease lapsed and another caller took \
+         over); its outcome was not recorded; lengthen `lease` if the body is slow but alive"
+    )]
+    Fenced {
+        /// The operation's name.
+        name: String,
+        /// The epoch this call held.
+        epoch: u64,
+    },
+
+    /// No store was passed and none was set with `Idem::set_global`.
+    #[error(
+        "no idem store: pass `store = ...` to `#[idempotent]` or call `Idem::set_global` at startup"
+    )]
+    NoStore,
+
+    /// The encoded key is over the cap.
+    #[error(
+        "the key of operation `{name}` encodes to {len} bytes, over the cap of {max}; \
+         key on a business identifier, not on the payload"
+    )]
+    KeyTooLong {
+        /// The operation's name.
+        name: String,
+        /// The encoded length.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+
+    /// The encoded scope is over the cap.
+    #[error(
+        "the scope of operation `{name}` encodes to {len} bytes, over the cap of {max}; \
+         scope on a tenant or principal identifier"
+    )]
+    ScopeTooLong {
+        /// The operation's name.
+        name: String,
+        /// The encoded length.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+
+    /// The operation name is empty or over the cap.
+    #[error("operation name `{name}` is empty or over {max} bytes; use a short stable name")]
+    BadName {
+        /// The name given.
+        name: String,
+        /// The cap.
+        max: usize,
+    },
+
+    /// The outcome is over the cap. The body ran: the operation was moved to UNKNOWN
+    /// rather than released, so it does not run a second time.
+    #[error(
+        "the outcome of operation `{name}` is {len} bytes, over the cap of {max}; the body ran, \
+         so the operation is now UNKNOWN; return a smaller value (an id, not the document) \
+         or raise `max_outcome_bytes`"
+    )]
+    OutcomeTooLarge {
+        /// The operation's name.
+        name: String,
+        /// The serialized length.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+
+    /// Too many callers are already waiting on this in-flight key.
+    #[error("too many callers are waiting on operation `{name}`; retry after {retry_after:?}")]
+    TooManyWaiters {
+        /// The operation's name.
+        name: String,
+        /// The remaining time of the running call's lease.
+        retry_after: Duration,
+    },
+
+    /// The store could not be reached or refused the claim. The body did not run.
+    #[error("idem store error during {during}; the body did not run: {source}")]
+    Store {
+        /// What idem was doing.
+        during: &'static str,
+        /// Whether retrying the whole call may succeed (a serialization failure, a
+        /// dropped connection).
+        retryable: bool,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The body ran but its outcome could not be recorded before the lease ran out.
+    #[error(
+        "operation `{name}` ran (epoch {epoch}) but its outcome could not be recorded: {source}; \
+         the claim stays IN_PROGRESS until its lease lapses, so check the effect before retrying"
+    )]
+    Unrecorded {
+        /// The operation's name.
+        name: String,
+        /// The epoch that ran.
+        epoch: u64,
+        /// The last store error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// An outcome or fingerprint could not be encoded or decoded.
+    #[error("operation `{name}`: {message}")]
+    Codec {
+        /// The operation's name.
+        name: String,
+        /// What failed and what to do.
+        message: String,
+    },
+
+    /// A configuration value is invalid.
+    #[error("invalid idem configuration: {message}")]
+    Config {
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+impl IdemError {
+    /// Whether the same call may succeed if retried later: `InFlight`, `TooManyWaiters`
+    /// and retryable `Store` errors.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            IdemError::InFlight { .. } | IdemError::TooManyWaiters { .. } => true,
+            IdemError::Store { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+
+    /// How long to wait before retrying, where the store said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            IdemError::InFlight { retry_after, .. }
+            | IdemError::TooManyWaiters { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn store(during: &'static str, e: StoreError) -> Self {
+        IdemError::Store {
+            during,
+            retryable: e.retryable,
+            source: e.source,
+        }
+    }
+}
+
+/// An error a [`Store`](crate::Store) returns: the driver's error and whether a retry
+/// may succeed.
+#[derive(Debug)]
+pub struct StoreError {
+    /// Whether a retry of the same statement may succeed.
+    pub retryable: bool,
+    /// The driver's error.
+    pub source: BoxError,
+}
+
+impl StoreError {
+    /// Wraps a driver error.
+    pub fn new(retryable: bool, source: impl Into<BoxError>) -> Self {
+        StoreError {
+            retryable,
+            source: source.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}

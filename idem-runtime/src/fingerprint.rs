@@ -1,0 +1,377 @@
+//! The canonical request fingerprint: SHA-256 over a typed, length-prefixed,
+//! versioned encoding of any `Serialize` value, with map and struct entries sorted so
+//! that `HashMap` iteration order and serde_json's feature flags cannot change it.
+
+use serde::ser::{self, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Bumped if the encoding below ever changes, so old and new fingerprints never collide.
+const ENCODING_VERSION: u8 = 1;
+
+/// A request fingerprint being built from named parts.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FingerprintBuilder {
+    buf: Vec<u8>,
+}
+
+impl FingerprintBuilder {
+    pub(crate) fn add<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), String> {
+        self.buf.push(b'P');
+        write_str(&mut self.buf, name);
+        value
+            .serialize(Canonical { out: &mut self.buf })
+            .map_err(|e| e.0)
+    }
+
+    pub(crate) fn finish(&self) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update([ENCODING_VERSION]);
+        h.update(&self.buf);
+        h.finalize().into()
+    }
+}
+
+/// The fingerprint of one value, as `Operation::fingerprint` computes it.
+///
+/// Stable across processes and builds: a struct holding a `HashMap` fingerprints the
+/// same whatever the map's iteration order.
+///
+/// ```
+/// use std::collections::HashMap;
+/// let a: HashMap<&str, i32> = [("x", 1), ("y", 2)].into_iter().collect();
+/// let b: HashMap<&str, i32> = [("y", 2), ("x", 1)].into_iter().collect();
+/// assert_eq!(idem_runtime::fingerprint(&a).unwrap(), idem_runtime::fingerprint(&b).unwrap());
+/// assert_ne!(idem_runtime::fingerprint(&1).unwrap(), idem_runtime::fingerprint(&"1").unwrap());
+/// ```
+pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<[u8; 32], crate::IdemError> {
+    let mut b = FingerprintBuilder::default();
+    b.add("", value).map_err(|message| crate::IdemError::Codec {
+        name: String::new(),
+        message: format!("cannot fingerprint the value: {message}"),
+    })?;
+    Ok(b.finish())
+}
+
+fn write_len(out: &mut Vec<u8>, n: usize) {
+    out.extend_from_slice(&(n as u64).to_be_bytes());
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    write_len(out, s.len());
+    out.extend_from_slice(s.as_bytes());
+}
+
+#[derive(Debug)]
+pub(crate) struct CanonError(String);
+
+impl std::fmt::Display for CanonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for CanonError {}
+impl ser::Error for CanonError {
+    fn custom<T: std::fmt::Display>(msg: T) -> Self {
+        CanonError(msg.to_string())
+    }
+}
+
+struct Canonical<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+/// Collects sequence items in order, or map entries to be sorted on `end`.
+struct Compound<'a> {
+    out: &'a mut Vec<u8>,
+    entries: Option<Vec<Vec<u8>>>,
+    pending_key: Vec<u8>,
+}
+
+impl<'a> Compound<'a> {
+    fn seq(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'L');
+        Compound { out, entries: None, pending_key: Vec::new() }
+    }
+    fn map(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'M');
+        Compound { out, entries: Some(Vec::new()), pending_key: Vec::new() }
+    }
+    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
+        v.serialize(Canonical { out: self.out })
+    }
+    fn key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), CanonError> {
+        self.pending_key.clear();
+        k.serialize(Canonical { out: &mut self.pending_key })
+    }
+    fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
+        let mut entry = std::mem::take(&mut self.pending_key);
+        v.serialize(Canonical { out: &mut entry })?;
+        self.entries.as_mut().expect("map state").push(entry);
+        Ok(())
+    }
+    fn field<T: Serialize + ?Sized>(&mut self, name: &str, v: &T) -> Result<(), CanonError> {
+        self.key(name)?;
+        self.value(v)
+    }
+    fn finish(self) -> Result<(), CanonError> {
+        if let Some(mut entries) = self.entries {
+            // Keys are self-delimiting, so sorting whole entries sorts by key first.
+            entries.sort_unstable();
+            write_len(self.out, entries.len());
+            for e in entries {
+                self.out.extend_from_slice(&e);
+            }
+        }
+        self.out.push(b'E');
+        Ok(())
+    }
+}
+
+impl<'a> ser::Serializer for Canonical<'a> {
+    type Ok = ();
+    type Error = CanonError;
+    type SerializeSeq = Compound<'a>;
+    type SerializeTuple = Compound<'a>;
+    type SerializeTupleStruct = Compound<'a>;
+    type SerializeTupleVariant = Compound<'a>;
+    type SerializeMap = Compound<'a>;
+    type SerializeStruct = Compound<'a>;
+    type SerializeStructVariant = Compound<'a>;
+
+    fn serialize_bool(self, v: bool) -> Result<(), CanonError> {
+        self.out.extend_from_slice(&[b'B', v as u8]);
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> Result<(), CanonError> {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i16(self, v: i16) -> Result<(), CanonError> {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i32(self, v: i32) -> Result<(), CanonError> {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i64(self, v: i64) -> Result<(), CanonError> {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i128(self, v: i128) -> Result<(), CanonError> {
+        self.out.push(b'I');
+        self.out.extend_from_slice(&v.to_be_bytes());
+        Ok(())
+    }
+    fn serialize_u8(self, v: u8) -> Result<(), CanonError> {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_u16(self, v: u16) -> Result<(), CanonError> {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_u32(self, v: u32) -> Result<(), CanonError> {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_u64(self, v: u64) -> Result<(), CanonError> {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_u128(self, v: u128) -> Result<(), CanonError> {
+        match i128::try_from(v) {
+            Ok(v) => self.serialize_i128(v),
+            Err(_) => {
+                self.out.push(b'U');
+                self.out.extend_from_slice(&v.to_be_bytes());
+                Ok(())
+            }
+        }
+    }
+    fn serialize_f32(self, v: f32) -> Result<(), CanonError> {
+        self.serialize_f64(v.into())
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), CanonError> {
+        self.out.push(b'F');
+        self.out.extend_from_slice(&v.to_bits().to_be_bytes());
+        Ok(())
+    }
+    fn serialize_char(self, v: char) -> Result<(), CanonError> {
+        self.serialize_str(v.encode_utf8(&mut [0; 4]))
+    }
+    fn serialize_str(self, v: &str) -> Result<(), CanonError> {
+        self.out.push(b's');
+        write_str(self.out, v);
+        Ok(())
+    }
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), CanonError> {
+        self.out.push(b'b');
+        write_len(self.out, v.len());
+        self.out.extend_from_slice(v);
+        Ok(())
+    }
+    fn serialize_none(self) -> Result<(), CanonError> {
+        self.out.push(b'N');
+        Ok(())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), CanonError> {
+        self.out.push(b'S');
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), CanonError> {
+        self.serialize_none()
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<(), CanonError> {
+        self.serialize_none()
+    }
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<(), CanonError> {
+        // Variant names, not indices: reordering an enum must not change fingerprints.
+        self.out.push(b'V');
+        write_str(self.out, variant);
+        Ok(())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<(), CanonError> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), CanonError> {
+        self.out.push(b'V');
+        write_str(self.out, variant);
+        value.serialize(self)
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Compound<'a>, CanonError> {
+        Ok(Compound::seq(self.out))
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Compound<'a>, CanonError> {
+        Ok(Compound::seq(self.out))
+    }
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Compound<'a>, CanonError> {
+        Ok(Compound::seq(self.out))
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Compound<'a>, CanonError> {
+        self.out.push(b'V');
+        write_str(self.out, variant);
+        Ok(Compound::seq(self.out))
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Compound<'a>, CanonError> {
+        Ok(Compound::map(self.out))
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Compound<'a>, CanonError> {
+        Ok(Compound::map(self.out))
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Compound<'a>, CanonError> {
+        self.out.push(b'V');
+        write_str(self.out, variant);
+        Ok(Compound::map(self.out))
+    }
+}
+
+impl ser::SerializeSeq for Compound<'_> {
+    type Ok = ();
+    type Error = CanonError;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
+        self.item(v)
+    }
+    fn end(self) -> Result<(), CanonError> {
+        self.finish()
+    }
+}
+impl ser::SerializeTuple for Compound<'_> {
+    type Ok = ();
+    type Error = CanonError;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
+        self.item(v)
+    }
+    fn end(self) -> Result<(), CanonError> {
+        self.finish()
+    }
+}
+impl ser::SerializeTupleStruct for Compound<'_> {
+    type Ok = ();
+    type Error = CanonError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
+        self.item(v)
+    }
+    fn end(self) -> Result<(), CanonError> {
+        self.finish()
+    }
+}
+impl ser::SerializeTupleVariant for Compound<'_> {
+    type Ok = ();
+    type Error = CanonError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
+        self.item(v)
+    }
+    fn end(self) -> Result<(), CanonError> {
+        self.finish()
+    }
+}
+impl ser::SerializeMap for Compound<'_> {
+    type Ok = ();
+    type Error = CanonError;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), CanonError> {
+        self.key(k)
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
+        self.value(v)
+    }
+    fn end(self) -> Result<(), CanonError> {
+        self.finish()
+    }
+}
+impl ser::SerializeStruct for Compound<'_> {
+    type Ok = ();
+    type Error = CanonError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> Result<(), CanonError> {
+        self.field(name, v)
+    }
+    fn end(self) -> Result<(), CanonError> {
+        self.finish()
+    }
+}
+impl ser::SerializeStructVariant for Compound<'_> {
+    type Ok = ();
+    type Error = CanonError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> Result<(), CanonError> {
+        self.field(name, v)
+    }
+    fn end(self) -> Result<(), CanonError> {
+        self.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+    use std::collections::{BTreeMap, HashMap};
+
+    #[test]
+    fn maps_are_order_independent_and_typed() {
+        let h: HashMap<String, u32> = (0..50).map(|i| (format!("k{i}"), i)).collect();
+        let b: BTreeMap<String, u32> = h.clone().into_iter().collect();
+        assert_eq!(fingerprint(&h).unwrap(), fingerprint(&b).unwrap());
+        assert_ne!(fingerprint(&("a:b", "c")).unwrap(), fingerprint(&("a", "b:c")).unwrap());
+        assert_ne!(fingerprint(&Some(1)).unwrap(), fingerprint(&1).unwrap());
+        assert_ne!(fingerprint(&vec![1, 2]).unwrap(), fingerprint(&vec![2, 1]).unwrap());
+    }
+
+    #[test]
+    fn encoding_is_pinned() {
+        // A change to the canonical encoding would silently turn every retry into a
+        // mismatch; this pins it.
+        let v: BTreeMap<&str, (i32, &str)> = [("a", (1, "x"))].into_iter().collect();
+        let hex: String = fingerprint(&v).unwrap().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, PINNED);
+    }
+    const PINNED: &str = "1a74a0d03fad766ecfe0c2e0eb475fdb5c8477fef4d74e86721f304d0b8d7f25";
+}

@@ -1,0 +1,311 @@
+//! The `Idem` handle and its builder.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::IdemError;
+use crate::key::KeyPart;
+use crate::op::Operation;
+use crate::store::{ListFilter, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome};
+use crate::wake::{WakeHub, Waiter};
+
+
+static GLOBAL: RwLock<Option<Idem>> = RwLock::new(None);
+
+/// A cheap, cloneable handle on an idempotency store.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::IdemError> {
+/// use idem_runtime::Idem;
+/// let idem = Idem::sqlite("sqlite::memory:").await?;
+/// let sent = idem
+///     .operation("send_welcome", "user-7")
+///     .run(|| async { Ok::<_, idem_runtime::IdemError>("sent") })
+///     .await?;
+/// assert_eq!(sent, "sent");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    hub: Arc<WakeHub>,
+    cfg: Config,
+}
+
+#[derive(Clone, Debug)]
+struct Config {
+    max_outcome_bytes: usize,
+    max_waiters: usize,
+    poll_interval: Duration,
+    renew_leases: bool,
+    hash_keys: bool,
+    log_keys_hashed: bool,
+}
+
+impl std::fmt::Debug for Idem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idem").field("config", &self.inner.cfg).finish_non_exhaustive()
+    }
+}
+
+impl AsRef<Idem> for Idem {
+    fn as_ref(&self) -> &Idem {
+        self
+    }
+}
+
+impl Idem {
+    /// A process-local store, for tests and single-process tools.
+    ///
+    /// It deduplicates concurrent and repeated calls within this process only, and
+    /// forgets everything when the process exits: a retry after a crash or from
+    /// another instance runs the body again. Use [`Idem::sqlite`] or
+    /// [`Idem::postgres`] where that matters.
+    pub fn memory() -> Idem {
+        Idem::builder().memory()
+    }
+
+    /// The embedded store: a SQLite file (created if missing, WAL mode) or
+    /// `sqlite::memory:`. The schema is created on open.
+    #[cfg(feature = "sqlite")]
+    pub async fn sqlite(url: &str) -> Result<Idem, IdemError> {
+        Idem::builder().sqlite(url).await
+    }
+
+    /// The production store on PostgreSQL (`postgres://…`), with a sqlx pool. Leases and
+    /// expiry use the database's clock. Migrations run on open.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(url: &str) -> Result<Idem, IdemError> {
+        Idem::builder().postgres(url).await
+    }
+
+    /// A store on the application's own sqlx pool (`PgPool` or `SqlitePool`).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub async fn from_pool<P: crate::builder::IntoStore>(pool: P) -> Result<Idem, IdemError> {
+        Idem::builder().pool(pool).await
+    }
+
+    /// Options beyond the defaults: table name, migrations, caps, key hashing.
+    pub fn builder() -> crate::builder::IdemBuilder {
+        crate::builder::IdemBuilder::default()
+    }
+
+    /// Sets the process-wide store used by `#[idempotent]` functions that name no
+    /// `store`. A later call replaces it.
+    pub fn set_global(idem: Idem) {
+        *GLOBAL.write().unwrap_or_else(|p| p.into_inner()) = Some(idem);
+    }
+
+    /// The process-wide store, if one was set.
+    pub fn global() -> Option<Idem> {
+        GLOBAL.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Starts configuring one operation, identified by `name` and `key` (and, with
+    /// [`Operation::scope`], a scope).
+    pub fn operation<K: KeyPart + ?Sized>(&self, name: &str, key: &K) -> Operation {
+        Operation::new(Some(self.clone()), name, key)
+    }
+
+    /// Deletes completed records past their retention; returns how many. Records in
+    /// progress or UNKNOWN are never purged.
+    pub async fn purge_expired(&self) -> Result<u64, IdemError> {
+        let n = self
+            .store()
+            .purge_expired()
+            .await
+            .map_err(|e| IdemError::store("purge", e))?;
+        tracing::debug!(purged = n, "purge");
+        Ok(n)
+    }
+
+    /// Purges expired records every `every` in a background task, which stops when the
+    /// returned handle is dropped.
+    pub fn spawn_reaper(&self, every: Duration) -> ReaperHandle {
+        let idem = self.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = idem.purge_expired().await {
+                    tracing::warn!(error = %e, "reaper: purge failed");
+                }
+            }
+        });
+        ReaperHandle { task }
+    }
+
+    /// Counts by state and the age of the oldest stuck records, for alerting.
+    pub async fn stats(&self) -> Result<Stats, IdemError> {
+        self.store().stats().await.map_err(|e| IdemError::store("stats", e))
+    }
+
+    /// Records matching `filter`, oldest first, for reconciliation.
+    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, IdemError> {
+        self.store()
+            .list(filter)
+            .await
+            .map_err(|e| IdemError::store("list", e))
+    }
+
+    /// Settles an UNKNOWN (or stuck IN_PROGRESS) operation at `epoch` (from
+    /// [`Idem::list`] or [`IdemError::Unknown`]). Returns [`IdemError::Fenced`] when the
+    /// record is no longer at that epoch.
+    pub async fn resolve(&self, id: &OperationId, epoch: u64, resolution: Resolution) -> Result<(), IdemError> {
+        let completed = match &resolution {
+            Resolution::Retry => None,
+            Resolution::Completed {
+                outcome,
+                version,
+                retain,
+            } => Some((
+                StoredOutcome {
+                    is_err: false,
+                    version: *version,
+                    body: serde_json::to_vec(outcome).map_err(|e| IdemError::Codec {
+                        name: id.name.clone(),
+                        message: e.to_string(),
+                    })?,
+                },
+                *retain,
+            )),
+        };
+        let fence = self
+            .store()
+            .resolve(id, epoch, completed.as_ref().map(|(o, r)| (o, *r)))
+            .await
+            .map_err(|e| IdemError::store("resolve", e))?;
+        self.wake(id);
+        match fence {
+            crate::store::Fence::Held => {
+                tracing::info!(scope = %id.scope, name = %id.name, key = %self.log_key(&id.key), epoch, ?resolution, "resolved");
+                Ok(())
+            }
+            crate::store::Fence::Lost => Err(IdemError::Fenced {
+                name: id.name.clone(),
+                epoch,
+            }),
+        }
+    }
+
+    pub(crate) fn from_store(store: Arc<dyn Store>, b: &crate::builder::IdemBuilder) -> Idem {
+        let hub = Arc::new(WakeHub::default());
+        store.attach_wakers(hub.clone());
+        Idem {
+            inner: Arc::new(Inner {
+                store,
+                hub,
+                cfg: Config {
+                    max_outcome_bytes: b.max_outcome_bytes,
+                    max_waiters: b.max_waiters,
+                    poll_interval: b.poll_interval,
+                    renew_leases: b.renew_leases,
+                    hash_keys: b.hash_keys,
+                    log_keys_hashed: b.log_keys_hashed,
+                },
+            }),
+        }
+    }
+
+    pub(crate) fn store(&self) -> &dyn Store {
+        &*self.inner.store
+    }
+
+    pub(crate) fn max_outcome_bytes(&self) -> usize {
+        self.inner.cfg.max_outcome_bytes
+    }
+
+    pub(crate) fn poll_interval(&self) -> Duration {
+        self.inner.cfg.poll_interval
+    }
+
+    pub(crate) fn wake(&self, id: &OperationId) {
+        self.inner.hub.wake(id);
+    }
+
+    pub(crate) fn register_waiter(&self, id: &OperationId) -> Option<Waiter> {
+        self.inner.hub.register(id, self.inner.cfg.max_waiters)
+    }
+
+    /// The key as stored: hashed when the builder asked for it, so raw keys (emails,
+    /// account numbers) never reach the table.
+    pub(crate) fn stored_key(&self, encoded: String) -> String {
+        if self.inner.cfg.hash_keys {
+            format!("h:{}", hex_sha256(encoded.as_bytes()))
+        } else {
+            encoded
+        }
+    }
+
+    pub(crate) fn log_key<'k>(&self, key: &'k str) -> std::borrow::Cow<'k, str> {
+        if self.inner.cfg.log_keys_hashed && !key.starts_with("h:") {
+            format!("h:{}", &hex_sha256(key.as_bytes())[..16]).into()
+        } else {
+            key.into()
+        }
+    }
+
+    /// Keeps the lease of a running body alive; stops when the guard is dropped.
+    pub(crate) fn spawn_renewal(&self, id: &OperationId, epoch: u64, lease: Duration) -> Option<RenewGuard> {
+        if !self.inner.cfg.renew_leases {
+            return None;
+        }
+        let idem = self.clone();
+        let id = id.clone();
+        let every = (lease / 3).max(Duration::from_millis(1));
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match idem.store().renew(&id, epoch, lease).await {
+                    Ok(crate::store::Fence::Held) => {}
+                    Ok(crate::store::Fence::Lost) => {
+                        tracing::warn!(epoch, "lease renewal found the claim taken over");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(epoch, error = %e, "lease renewal failed; retrying"),
+                }
+            }
+        });
+        Some(RenewGuard { task })
+    }
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+pub(crate) struct RenewGuard {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RenewGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The background purge started by [`Idem::spawn_reaper`]; dropping it stops the task.
+#[derive(Debug)]
+pub struct ReaperHandle {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ReaperHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,163 @@
+//! Typed, unambiguous encoding of keys and scopes.
+
+/// A value that can be part of an operation's key or scope.
+///
+/// The encoding is typed and length-prefixed, so `42` and `"42"` are different keys,
+/// and so are `("a:b", "c")` and `("a", "b:c")`. All integer types of the same value
+/// encode alike (`42u8` is `42i64`), so widening a column does not change keys.
+///
+/// ```
+/// use idem_runtime::KeyPart;
+/// assert_ne!(42.encode_key(), "42".encode_key());
+/// assert_ne!(("a:b", "c").encode_key(), ("a", "b:c").encode_key());
+/// assert_eq!(42u8.encode_key(), 42i64.encode_key());
+/// ```
+pub trait KeyPart {
+    /// Appends this value's encoding to `out`.
+    fn write_key(&self, out: &mut String);
+
+    /// This value's encoding on its own.
+    fn encode_key(&self) -> String {
+        let mut out = String::new();
+        self.write_key(&mut out);
+        out
+    }
+}
+
+fn write_str(tag: char, s: &str, out: &mut String) {
+    use std::fmt::Write;
+    // Tag and byte length first: the reader never needs to look inside the text.
+    let _ = write!(out, "{tag}{}:{s}", s.len());
+}
+
+impl KeyPart for str {
+    fn write_key(&self, out: &mut String) {
+        write_str('s', self, out);
+    }
+}
+
+impl KeyPart for String {
+    fn write_key(&self, out: &mut String) {
+        self.as_str().write_key(out);
+    }
+}
+
+impl KeyPart for std::borrow::Cow<'_, str> {
+    fn write_key(&self, out: &mut String) {
+        self.as_ref().write_key(out);
+    }
+}
+
+impl KeyPart for bool {
+    fn write_key(&self, out: &mut String) {
+        out.push_str(if *self { "b1" } else { "b0" });
+    }
+}
+
+impl KeyPart for char {
+    fn write_key(&self, out: &mut String) {
+        write_str('c', self.encode_utf8(&mut [0; 4]), out);
+    }
+}
+
+impl KeyPart for () {
+    fn write_key(&self, out: &mut String) {
+        out.push_str("t0;");
+    }
+}
+
+macro_rules! int_key {
+    ($($t:ty)*) => {$(
+        impl KeyPart for $t {
+            fn write_key(&self, out: &mut String) {
+                use std::fmt::Write;
+                let _ = write!(out, "i{};", self);
+            }
+        }
+    )*};
+}
+int_key!(i8 i16 i32 i64 i128 isize u8 u16 u32 u64 u128 usize);
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn write_key(&self, out: &mut String) {
+        (**self).write_key(out);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &mut T {
+    fn write_key(&self, out: &mut String) {
+        (**self).write_key(out);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
+    fn write_key(&self, out: &mut String) {
+        (**self).write_key(out);
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for std::sync::Arc<T> {
+    fn write_key(&self, out: &mut String) {
+        (**self).write_key(out);
+    }
+}
+
+impl<T: KeyPart> KeyPart for Option<T> {
+    fn write_key(&self, out: &mut String) {
+        match self {
+            None => out.push_str("n;"),
+            Some(v) => {
+                out.push('o');
+                v.write_key(out);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "uuid")]
+impl KeyPart for uuid::Uuid {
+    fn write_key(&self, out: &mut String) {
+        out.push('u');
+        out.push_str(self.as_hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
+        out.push(';');
+    }
+}
+
+macro_rules! tuple_key {
+    ($n:literal: $($name:ident)+) => {
+        impl<$($name: KeyPart),+> KeyPart for ($($name,)+) {
+            fn write_key(&self, out: &mut String) {
+                #[allow(non_snake_case)]
+                let ($($name,)+) = self;
+                out.push_str(concat!("t", $n, "("));
+                $($name.write_key(out);)+
+                out.push(')');
+            }
+        }
+    };
+}
+tuple_key!(1: A);
+tuple_key!(2: A B);
+tuple_key!(3: A B C);
+tuple_key!(4: A B C D);
+tuple_key!(5: A B C D E);
+tuple_key!(6: A B C D E F);
+tuple_key!(7: A B C D E F G);
+tuple_key!(8: A B C D E F G H);
+
+#[cfg(test)]
+mod tests {
+    use super::KeyPart;
+
+    #[test]
+    fn typed_and_unambiguous() {
+        assert_ne!(42.encode_key(), "42".encode_key());
+        assert_ne!(true.encode_key(), "b1".encode_key());
+        assert_ne!(("a:b", "c").encode_key(), ("a", "b:c").encode_key());
+        assert_ne!((1, (2, 3)).encode_key(), ((1, 2), 3).encode_key());
+        assert_ne!(Some("x").encode_key(), "x".encode_key());
+        assert_eq!(7u16.encode_key(), 7i128.encode_key());
+        assert_eq!(String::from("k").encode_key(), "k".encode_key());
+        assert_eq!("héllo".encode_key(), "s6:héllo");
+    }
+}

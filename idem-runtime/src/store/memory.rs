@@ -1,0 +1,236 @@
+//! The process-local store: one mutex over a map, the same decision table as the SQL
+//! stores. Its guarantee ends with the process.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordInfo, State, Stats, Store,
+    StoredOutcome, Takeover,
+};
+use crate::error::StoreError;
+
+#[derive(Debug)]
+struct Record {
+    state: State,
+    epoch: u64,
+    fingerprint: [u8; 32],
+    lease_until: Instant,
+    claimed_at: Instant,
+    expires_at: Option<Instant>,
+    outcome: Option<StoredOutcome>,
+}
+
+impl Record {
+    fn expired(&self, now: Instant) -> bool {
+        self.state == State::Completed && self.expires_at.is_some_and(|t| t <= now)
+    }
+}
+
+/// The store behind [`Idem::memory`](crate::Idem::memory): records in a `HashMap` behind
+/// a mutex; every method is one critical section, which
+/// is what makes the claim atomic here.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    records: Mutex<HashMap<OperationId, Record>>,
+}
+
+impl MemoryStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<OperationId, Record>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fenced(&self, id: &OperationId, epoch: u64, states: &[State], f: impl FnOnce(&mut HashMap<OperationId, Record>)) -> Fence {
+        let mut map = self.lock();
+        match map.get(id) {
+            Some(r) if r.epoch == epoch && states.contains(&r.state) => {
+                f(&mut map);
+                Fence::Held
+            }
+            _ => Fence::Lost,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let fresh = |epoch| Record {
+            state: State::InProgress,
+            epoch,
+            fingerprint: req.fingerprint,
+            lease_until: now + req.lease,
+            claimed_at: now,
+            expires_at: None,
+            outcome: None,
+        };
+        let Some(rec) = map.get_mut(req.id) else {
+            map.insert(req.id.clone(), fresh(1));
+            return Ok(Claim::Acquired {
+                epoch: 1,
+                takeover: false,
+            });
+        };
+        if rec.expired(now) {
+            *rec = fresh(rec.epoch + 1);
+            return Ok(Claim::Acquired {
+                epoch: rec.epoch,
+                takeover: false,
+            });
+        }
+        if rec.fingerprint != req.fingerprint {
+            return Ok(Claim::Mismatch);
+        }
+        Ok(match rec.state {
+            State::Completed => Claim::Completed(rec.outcome.clone().expect("completed record has an outcome")),
+            State::Unknown => Claim::Unknown {
+                epoch: rec.epoch,
+                now: false,
+            },
+            State::InProgress if rec.lease_until > now => Claim::InFlight {
+                retry_after: rec.lease_until - now,
+            },
+            State::InProgress => match req.on_takeover {
+                Takeover::Rerun => {
+                    rec.epoch += 1;
+                    rec.lease_until = now + req.lease;
+                    rec.claimed_at = now;
+                    Claim::Acquired {
+                        epoch: rec.epoch,
+                        takeover: true,
+                    }
+                }
+                Takeover::Unknown => {
+                    rec.state = State::Unknown;
+                    Claim::Unknown {
+                        epoch: rec.epoch,
+                        now: true,
+                    }
+                }
+            },
+        })
+    }
+
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        let now = Instant::now();
+        let map = self.lock();
+        Ok(match map.get(id) {
+            Some(r) if r.state == State::Completed && !r.expired(now) => Some(if &r.fingerprint == fingerprint {
+                Ok(r.outcome.clone().expect("completed record has an outcome"))
+            } else {
+                Err(Mismatched)
+            }),
+            _ => None,
+        })
+    }
+
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
+            let r = map.get_mut(id).expect("checked");
+            r.state = State::Completed;
+            r.outcome = Some(outcome.clone());
+            r.expires_at = Instant::now().checked_add(retain);
+        }))
+    }
+
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
+            map.remove(id);
+        }))
+    }
+
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
+            map.get_mut(id).expect("checked").state = State::Unknown;
+        }))
+    }
+
+    async fn renew(&self, id: &OperationId, epoch: u64, lease: Duration) -> Result<Fence, StoreError> {
+        Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
+            map.get_mut(id).expect("checked").lease_until = Instant::now() + lease;
+        }))
+    }
+
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        Ok(self.fenced(id, epoch, &[State::InProgress, State::Unknown], |map| match completed {
+            None => {
+                map.remove(id);
+            }
+            Some((outcome, retain)) => {
+                let r = map.get_mut(id).expect("checked");
+                r.state = State::Completed;
+                r.outcome = Some(outcome.clone());
+                r.expires_at = Instant::now().checked_add(retain);
+            }
+        }))
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let before = map.len();
+        map.retain(|_, r| !r.expired(now));
+        Ok((before - map.len()) as u64)
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let now = Instant::now();
+        let map = self.lock();
+        let mut s = Stats::default();
+        for r in map.values() {
+            let age = now - r.claimed_at;
+            match r.state {
+                State::InProgress => {
+                    s.in_progress += 1;
+                    s.oldest_in_progress = s.oldest_in_progress.max(Some(age));
+                }
+                State::Completed => s.completed += 1,
+                State::Unknown => {
+                    s.unknown += 1;
+                    s.oldest_unknown = s.oldest_unknown.max(Some(age));
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        let now = Instant::now();
+        let map = self.lock();
+        let mut rows: Vec<RecordInfo> = map
+            .iter()
+            .filter(|(id, r)| {
+                filter.state.is_none_or(|s| s == r.state)
+                    && filter.name.as_deref().is_none_or(|n| n == id.name)
+                    && filter.older_than.is_none_or(|a| now - r.claimed_at > a)
+            })
+            .map(|(id, r)| RecordInfo {
+                id: id.clone(),
+                state: r.state,
+                epoch: r.epoch,
+                age: now - r.claimed_at,
+            })
+            .collect();
+        rows.sort_by(|a, b| b.age.cmp(&a.age));
+        rows.truncate(filter.limit() as usize);
+        Ok(rows)
+    }
+}

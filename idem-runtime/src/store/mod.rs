@@ -1,0 +1,345 @@
+//! The storage contract behind [`Idem`](crate::Idem), and its implementations.
+//!
+//! A store keeps one record per operation `(scope, name, key)` and moves it through
+//! the states of the contract. Every method that changes a record is one atomic step;
+//! every method after a claim is fenced on the epoch that claimed.
+
+mod memory;
+pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod sql_common;
+
+use std::time::Duration;
+
+use crate::error::StoreError;
+
+/// The identity of one operation: its scope, name and key, each already encoded.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct OperationId {
+    /// The encoded scope (`""` for the empty scope).
+    pub scope: String,
+    /// The operation's name.
+    pub name: String,
+    /// The encoded key.
+    pub key: String,
+}
+
+impl std::fmt::Display for OperationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.scope, self.name, self.key)
+    }
+}
+
+/// What a lapsed claim turns into when another caller finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Takeover {
+    /// The next claimant runs the body again, with a higher epoch.
+    #[default]
+    Rerun,
+    /// The operation goes to UNKNOWN, for effects with no downstream deduplication.
+    Unknown,
+}
+
+/// One claim attempt.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest<'a> {
+    /// The operation.
+    pub id: &'a OperationId,
+    /// The request fingerprint, bound to the key at first claim.
+    pub fingerprint: [u8; 32],
+    /// How long the claim is owned before another caller may take over.
+    pub lease: Duration,
+    /// What a lapsed claim turns into.
+    pub on_takeover: Takeover,
+}
+
+/// A recorded outcome as the store keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredOutcome {
+    /// Whether the body returned `Err` (recorded under `errors = record` or `classify`).
+    pub is_err: bool,
+    /// The outcome's schema version.
+    pub version: u32,
+    /// The outcome, as JSON.
+    pub body: Vec<u8>,
+}
+
+/// What the atomic claim decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This caller owns the operation at `epoch` and must run the body.
+    Acquired {
+        /// The epoch to fence later writes on: 1 for a fresh claim, higher after a takeover.
+        epoch: u64,
+        /// Whether a lapsed claim was taken over.
+        takeover: bool,
+    },
+    /// The operation completed; here is its outcome.
+    Completed(StoredOutcome),
+    /// Another caller holds a live claim.
+    InFlight {
+        /// The lease's remaining time by the store's clock.
+        retry_after: Duration,
+    },
+    /// The key is bound to another fingerprint.
+    Mismatch,
+    /// The operation is UNKNOWN.
+    Unknown {
+        /// The epoch whose effect is unknown.
+        epoch: u64,
+        /// Whether this claim moved it there (a lapsed lease under [`Takeover::Unknown`]).
+        now: bool,
+    },
+}
+
+/// How an operator settles an UNKNOWN (or stuck IN_PROGRESS) operation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolution {
+    /// The effect did not happen: remove the record so the next call runs the body.
+    Retry,
+    /// The effect happened: record this outcome (the JSON of the function's `Ok` value)
+    /// so later calls replay it.
+    Completed {
+        /// The outcome, as the JSON of the operation's `Ok` type.
+        outcome: serde_json::Value,
+        /// Its schema version.
+        version: u32,
+        /// How long to keep it.
+        retain: Duration,
+    },
+}
+
+/// A record's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum State {
+    /// A claim is held.
+    InProgress,
+    /// An outcome is recorded.
+    Completed,
+    /// The effect of an attempt is unknown.
+    Unknown,
+}
+
+impl State {
+    /// The state's code as stored in SQL tables.
+    pub fn code(self) -> i16 {
+        match self {
+            State::InProgress => 0,
+            State::Completed => 1,
+            State::Unknown => 2,
+        }
+    }
+
+    /// The state for a stored code.
+    pub fn from_code(code: i64) -> Option<State> {
+        match code {
+            0 => Some(State::InProgress),
+            1 => Some(State::Completed),
+            2 => Some(State::Unknown),
+            _ => None,
+        }
+    }
+}
+
+/// One record, as [`Idem::list`](crate::Idem::list) shows it. The outcome is left out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordInfo {
+    /// The operation.
+    pub id: OperationId,
+    /// Its state.
+    pub state: State,
+    /// Its current epoch.
+    pub epoch: u64,
+    /// How long ago the record was created or last claimed, by the store's clock.
+    pub age: Duration,
+}
+
+/// Which records [`Idem::list`](crate::Idem::list) returns.
+#[derive(Clone, Debug, Default)]
+pub struct ListFilter {
+    /// Only records in this state.
+    pub state: Option<State>,
+    /// Only records of this operation name.
+    pub name: Option<String>,
+    /// Only records older than this.
+    pub older_than: Option<Duration>,
+    /// At most this many (default 100).
+    pub limit: Option<u32>,
+}
+
+impl ListFilter {
+    /// Records in the UNKNOWN state: the reconciliation queue.
+    pub fn unknown() -> Self {
+        ListFilter {
+            state: Some(State::Unknown),
+            ..Default::default()
+        }
+    }
+
+    /// Records in progress for longer than `age`: claims that may be stuck.
+    pub fn stuck(age: Duration) -> Self {
+        ListFilter {
+            state: Some(State::InProgress),
+            older_than: Some(age),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit.unwrap_or(100)
+    }
+}
+
+/// Counts by state, for alerting on stuck claims.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Records IN_PROGRESS.
+    pub in_progress: u64,
+    /// Records COMPLETED (including those past retention, not yet purged).
+    pub completed: u64,
+    /// Records UNKNOWN.
+    pub unknown: u64,
+    /// Age of the oldest IN_PROGRESS record.
+    pub oldest_in_progress: Option<Duration>,
+    /// Age of the oldest UNKNOWN record.
+    pub oldest_unknown: Option<Duration>,
+}
+
+/// Whether a fenced write took effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// The epoch still held the claim; the write happened.
+    Held,
+    /// Another epoch owns the record now (or it is gone); nothing was written.
+    Lost,
+}
+
+/// The durable half of idem.
+///
+/// Implementations decide the claim in one atomic step: an insert-or-inspect that
+/// returns the state it found or made. Times (leases, expiry, ages) are the store's
+/// own clock, never the application's.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Claims the operation, or reports why not. One atomic step.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError>;
+
+    /// Reads a COMPLETED, unexpired outcome without writing, for the replay fast path.
+    /// `None` means "not known to be completed": the caller then claims.
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        let _ = (id, fingerprint);
+        Ok(None)
+    }
+
+    /// Records the outcome of `epoch`, keeping it for `retain`.
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError>;
+
+    /// Releases the claim of `epoch`: the record goes away and a retry runs the body.
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError>;
+
+    /// Moves the claim of `epoch` to UNKNOWN.
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError>;
+
+    /// Extends the lease of `epoch` to `lease` from now.
+    async fn renew(&self, id: &OperationId, epoch: u64, lease: Duration) -> Result<Fence, StoreError>;
+
+    /// Settles an UNKNOWN or IN_PROGRESS record held at `epoch`: `None` removes it (the
+    /// next call runs the body), `Some` records that outcome for `retain`.
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError>;
+
+    /// Deletes COMPLETED records past their retention; returns how many.
+    async fn purge_expired(&self) -> Result<u64, StoreError>;
+
+    /// Counts by state.
+    async fn stats(&self) -> Result<Stats, StoreError>;
+
+    /// Records matching `filter`, oldest first.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError>;
+
+    /// Called once by a caller about to wait on an in-flight operation, so a store
+    /// that can wake waiters in other processes knows to do so. The default does nothing
+    /// (waiters then fall back to polling).
+    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+        let _ = id;
+        Ok(())
+    }
+
+    /// Gives the store the hub through which it wakes waiters of this process when it
+    /// learns (from another process) that an operation moved on.
+    fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
+        let _ = hub;
+    }
+}
+
+/// A completed record exists but is bound to another fingerprint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mismatched;
+
+macro_rules! forward_store {
+    ($($ptr:ty),*) => {$(
+        #[async_trait::async_trait]
+        impl<S: Store + ?Sized> Store for $ptr {
+            async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+                (**self).claim(req).await
+            }
+            async fn peek_completed(
+                &self,
+                id: &OperationId,
+                fingerprint: &[u8; 32],
+            ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+                (**self).peek_completed(id, fingerprint).await
+            }
+            async fn record(&self, id: &OperationId, epoch: u64, outcome: &StoredOutcome, retain: Duration) -> Result<Fence, StoreError> {
+                (**self).record(id, epoch, outcome, retain).await
+            }
+            async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+                (**self).release(id, epoch).await
+            }
+            async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+                (**self).mark_unknown(id, epoch).await
+            }
+            async fn renew(&self, id: &OperationId, epoch: u64, lease: Duration) -> Result<Fence, StoreError> {
+                (**self).renew(id, epoch, lease).await
+            }
+            async fn resolve(&self, id: &OperationId, epoch: u64, completed: Option<(&StoredOutcome, Duration)>) -> Result<Fence, StoreError> {
+                (**self).resolve(id, epoch, completed).await
+            }
+            async fn purge_expired(&self) -> Result<u64, StoreError> {
+                (**self).purge_expired().await
+            }
+            async fn stats(&self) -> Result<Stats, StoreError> {
+                (**self).stats().await
+            }
+            async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+                (**self).list(filter).await
+            }
+            async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+                (**self).announce_wait(id).await
+            }
+            fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
+                (**self).attach_wakers(hub)
+            }
+        }
+    )*};
+}
+// A shared or boxed store is a store, so wrappers (metrics, fault injection) compose.
+forward_store!(std::sync::Arc<S>, Box<S>);

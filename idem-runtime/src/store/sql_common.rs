@@ -1,0 +1,505 @@
+//! What the SQL stores share: options, validated table names, the shipped DDL, the
+//! claim decision table, and error mapping.
+
+use std::time::Duration;
+
+use crate::error::{IdemError, StoreError};
+use crate::store::{Claim, StoredOutcome};
+
+/// The operations table as idem creates it on SQLite, with the default table name.
+///
+/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+pub const SQLITE_SCHEMA_SQL: &str =
+    include_str!("../../migrations/sqlite/0001_create_operations.sql");
+
+/// The operations table as idem creates it on PostgreSQL, with the default table name.
+///
+/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+pub const POSTGRES_SCHEMA_SQL: &str =
+    include_str!("../../migrations/postgres/0001_create_operations.sql");
+
+/// The table name the shipped DDL uses.
+pub(crate) const DEFAULT_TABLE: &str = "idem_operations";
+
+/// Index names in the shipped DDL; renamed with the table so two idem tables can share
+/// a schema.
+const DDL_INDEXES: [&str; 2] = ["idem_operations_purge_idx", "idem_operations_stuck_idx"];
+
+/// PostgreSQL's identifier limit (longer names are silently truncated, which could make
+/// two index names collide).
+const MAX_IDENT: usize = 63;
+
+/// Durations are clamped to this many milliseconds (about 10,000 years) before they reach
+/// SQL, so `now + retain` can overflow neither SQLite's integers nor PostgreSQL's
+/// timestamps.
+const MAX_DURATION_MS: i64 = 10_000 * 366 * 86_400 * 1000;
+
+/// How the SQL stores are set up: which table, and whether idem creates it.
+#[derive(Clone, Debug)]
+pub(crate) struct SqlOptions {
+    /// The operations table: `[A-Za-z_][A-Za-z0-9_]*`, at most 63 characters; on
+    /// PostgreSQL optionally `schema.table`.
+    pub table: String,
+    /// Whether to create or upgrade the table on open. With `false`, the table must exist
+    /// (see [`SQLITE_SCHEMA_SQL`] and [`POSTGRES_SCHEMA_SQL`]).
+    pub migrate: bool,
+}
+
+impl Default for SqlOptions {
+    fn default() -> Self {
+        SqlOptions {
+            table: DEFAULT_TABLE.to_owned(),
+            migrate: true,
+        }
+    }
+}
+
+/// A validated table name, optionally schema-qualified (PostgreSQL only).
+///
+/// Only plain identifiers are accepted, so interpolating the name into SQL is safe; it is
+/// still double-quoted there so reserved words (`order`, `user`) work as table names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TableName {
+    schema: Option<String>,
+    table: String,
+}
+
+impl TableName {
+    /// Validates `name`; `schema.table` only when `allow_schema` (PostgreSQL).
+    pub(crate) fn parse(name: &str, allow_schema: bool) -> Result<TableName, IdemError> {
+        let (schema, table) = match name.split_once('.') {
+            Some((schema, table)) if allow_schema => (Some(schema), table),
+            Some(_) => {
+                return Err(IdemError::Config {
+                    message: format!(
+                        "table name `{name}` is schema-qualified, which SQLite does not support; \
+                         use a plain name matching `[A-Za-z_][A-Za-z0-9_]*` (at most {MAX_IDENT} \
+                         characters)"
+                    ),
+                });
+            }
+            None => (None, name),
+        };
+        for part in schema.iter().chain([&table]) {
+            if !is_identifier(part) {
+                let allowed = if allow_schema {
+                    "`table` or `schema.table`, each part matching `[A-Za-z_][A-Za-z0-9_]*`"
+                } else {
+                    "a name matching `[A-Za-z_][A-Za-z0-9_]*`"
+                };
+                return Err(IdemError::Config {
+                    message: format!(
+                        "invalid table name `{name}`; use {allowed}, at most {MAX_IDENT} characters"
+                    ),
+                });
+            }
+        }
+        Ok(TableName {
+            schema: schema.map(str::to_owned),
+            table: table.to_owned(),
+        })
+    }
+
+    /// The schema, if the name was qualified.
+    pub(crate) fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The table name without its schema.
+    pub(crate) fn bare(&self) -> &str {
+        &self.table
+    }
+
+    /// The name as SQL: `"schema"."table"` or `"table"`.
+    pub(crate) fn qualified(&self) -> String {
+        self.sibling(&self.table)
+    }
+
+    /// Another relation in the same schema, as SQL (idem's bookkeeping table).
+    pub(crate) fn sibling(&self, name: &str) -> String {
+        match &self.schema {
+            Some(schema) => format!("\"{schema}\".\"{name}\""),
+            None => format!("\"{name}\""),
+        }
+    }
+
+    /// The name of one of this table's indexes, as SQL (unqualified: an index lives in
+    /// its table's schema). Cut to fit PostgreSQL's limit without losing the suffix.
+    fn index(&self, suffix: &str) -> String {
+        let keep = MAX_IDENT.saturating_sub(suffix.len()).min(self.table.len());
+        format!("\"{}{suffix}\"", &self.table[..keep])
+    }
+
+    /// The shipped DDL, renamed for this table: whole identifiers only, in one pass, so
+    /// the table's name never rewrites inside an index name (or a longer identifier).
+    pub(crate) fn render_ddl(&self, ddl: &str) -> String {
+        let mut out = String::with_capacity(ddl.len() + 64);
+        let mut rest = ddl;
+        while let Some(start) = rest.find(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            let (before, from) = rest.split_at(start);
+            out.push_str(before);
+            let end = from
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(from.len());
+            let (word, after) = from.split_at(end);
+            if word == DEFAULT_TABLE {
+                out.push_str(&self.qualified());
+            } else if let Some(index) = DDL_INDEXES.iter().find(|i| **i == word) {
+                out.push_str(&self.index(&index[DEFAULT_TABLE.len()..]));
+            } else {
+                out.push_str(word);
+            }
+            rest = after;
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// A statement template with `{table}` (and, for SQLite, `{now}`) filled in.
+    pub(crate) fn render(&self, template: &str, now: &str) -> String {
+        template
+            .replace("{table}", &self.qualified())
+            .replace("{now}", now)
+    }
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.schema {
+            Some(schema) => write!(f, "{schema}.{}", self.table),
+            None => f.write_str(&self.table),
+        }
+    }
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.len() <= MAX_IDENT
+}
+
+/// A duration as milliseconds for SQL, clamped to [`MAX_DURATION_MS`].
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).map_or(MAX_DURATION_MS, |ms| ms.min(MAX_DURATION_MS))
+}
+
+/// Milliseconds from SQL as a duration; negative (clock skew between statements) is zero.
+pub(crate) fn duration_ms(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// An epoch from the caller as SQL's signed integer. An epoch no claim could have made
+/// (over `i64::MAX`) matches no row, so callers treat `None` as a lost fence.
+pub(crate) fn sql_epoch(epoch: u64) -> Option<i64> {
+    i64::try_from(epoch).ok()
+}
+
+/// An epoch read back from SQL.
+pub(crate) fn epoch_from_sql(epoch: i64) -> Result<u64, StoreError> {
+    u64::try_from(epoch).map_err(|_| corrupt(format!("negative epoch {epoch}")))
+}
+
+/// An outcome version as PostgreSQL's `INTEGER`.
+pub(crate) fn sql_version(version: u32) -> Result<i32, StoreError> {
+    i32::try_from(version).map_err(|_| {
+        StoreError::new(
+            false,
+            format!(
+                "outcome version {version} is over the largest storable version {}",
+                i32::MAX
+            ),
+        )
+    })
+}
+
+/// An outcome read back from SQL; `None` columns on a COMPLETED row are corruption.
+pub(crate) fn outcome_from_sql(
+    body: Option<Vec<u8>>,
+    is_err: bool,
+    version: i64,
+) -> Result<StoredOutcome, StoreError> {
+    let body = body.ok_or_else(|| corrupt("a COMPLETED record has no outcome".to_owned()))?;
+    let version = u32::try_from(version)
+        .map_err(|_| corrupt(format!("outcome version {version} is out of range")))?;
+    Ok(StoredOutcome {
+        is_err,
+        version,
+        body,
+    })
+}
+
+/// A record that breaks the table's invariants: someone wrote it by hand, or a newer idem
+/// with another schema did. Not retryable.
+pub(crate) fn corrupt(what: String) -> StoreError {
+    StoreError::new(
+        false,
+        format!(
+            "the idem table holds an invalid record ({what}); was it written by hand or by \
+             another idem version?"
+        ),
+    )
+}
+
+/// The row a claim statement returns, in backend-neutral form.
+///
+/// Both backends return the record as it stands after the statement, plus `mine` (this
+/// statement claimed it, or moved it to UNKNOWN) and `stale` (the row, as read, is
+/// claimable: PostgreSQL's fallback read saw an older version than the upsert did).
+#[derive(Debug)]
+pub(crate) struct ClaimRow {
+    /// This statement wrote the row (fresh claim, takeover, or lapse to UNKNOWN).
+    pub(crate) mine: bool,
+    /// The row as read is claimable by this request; only possible when it was read from
+    /// an older snapshot than the one the upsert judged.
+    pub(crate) stale: bool,
+    /// The state code.
+    pub(crate) state: i64,
+    /// The epoch.
+    pub(crate) epoch: i64,
+    /// The stored fingerprint equals the request's.
+    pub(crate) same_fingerprint: bool,
+    /// The current epoch was claimed by taking over a lapsed lease.
+    pub(crate) taken_over: bool,
+    /// Remaining lease by the store's clock (meaningful for a live IN_PROGRESS row).
+    pub(crate) retry_after_ms: i64,
+    /// The outcome columns, read when the row is COMPLETED.
+    pub(crate) outcome: Option<Vec<u8>>,
+    /// Whether the outcome is an `Err`.
+    pub(crate) outcome_is_err: bool,
+    /// The outcome's version.
+    pub(crate) outcome_version: i64,
+}
+
+/// What a claim row means.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// The claim is decided.
+    Claim(Claim),
+    /// The row was read from a snapshot older than the upsert's: issue the statement again.
+    Reissue,
+}
+
+/// The claim decision table, applied to the row the statement returned.
+///
+/// | mine | state       | fingerprint | result                                   |
+/// |------|-------------|-------------|------------------------------------------|
+/// | yes  | IN_PROGRESS | (is ours)   | `Acquired { epoch, takeover }`           |
+/// | yes  | UNKNOWN     | (is ours)   | `Unknown { now: true }` (lapse→UNKNOWN)  |
+/// | no   | (stale)     | —           | issue again                              |
+/// | no   | any         | differs     | `Mismatch`                               |
+/// | no   | COMPLETED   | equal       | `Completed(outcome)`                     |
+/// | no   | IN_PROGRESS | equal       | `InFlight { retry_after }`               |
+/// | no   | UNKNOWN     | equal       | `Unknown { now: false }`                 |
+///
+/// A row that is not ours is never claimable (the statement would have claimed it), so
+/// "not ours" means the record is live: an unexpired COMPLETED, a live lease, or UNKNOWN.
+pub(crate) fn decide(row: ClaimRow) -> Result<Decision, StoreError> {
+    let epoch = epoch_from_sql(row.epoch)?;
+    let state = crate::store::State::from_code(row.state)
+        .ok_or_else(|| corrupt(format!("unknown state code {}", row.state)))?;
+    use crate::store::State;
+    let claim = match (row.mine, state) {
+        (true, State::InProgress) => Claim::Acquired {
+            epoch,
+            takeover: row.taken_over,
+        },
+        (true, State::Unknown) => Claim::Unknown { epoch, now: true },
+        (true, State::Completed) => {
+            return Err(corrupt(
+                "the claim statement left a COMPLETED row".to_owned(),
+            ));
+        }
+        (false, _) if row.stale => return Ok(Decision::Reissue),
+        (false, _) if !row.same_fingerprint => Claim::Mismatch,
+        (false, State::Completed) => Claim::Completed(outcome_from_sql(
+            row.outcome,
+            row.outcome_is_err,
+            row.outcome_version,
+        )?),
+        (false, State::InProgress) => Claim::InFlight {
+            retry_after: duration_ms(row.retry_after_ms),
+        },
+        (false, State::Unknown) => Claim::Unknown { epoch, now: false },
+    };
+    Ok(Decision::Claim(claim))
+}
+
+/// What a claim inside the caller's transaction decided (transactional mode: no lease,
+/// no epochs to fence on; the row lock is the claim and rollback is the release).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum TxClaim {
+    /// This transaction inserted the claim: run the body, then `tx_record_*`.
+    Acquired,
+    /// The operation completed (committed by another transaction): replay this.
+    Completed(StoredOutcome),
+    /// The key is bound to another fingerprint.
+    Mismatch,
+    /// The operation is UNKNOWN (moved there outside transactional mode).
+    Unknown {
+        /// The epoch whose effect is unknown.
+        epoch: u64,
+    },
+    /// The record is IN_PROGRESS and visible: this same transaction claimed it already,
+    /// or a claim made outside transactional mode holds it.
+    InFlight {
+        /// The remaining lease by the store's clock (zero for a transactional claim).
+        retry_after: Duration,
+    },
+}
+
+/// Maps a driver error, with `retryable_code` deciding for database errors by their code
+/// (SQLite's extended result code, PostgreSQL's SQLSTATE).
+pub(crate) fn map_sqlx(e: sqlx::Error, retryable_code: fn(&str) -> bool) -> StoreError {
+    let retryable = match &e {
+        // A dropped connection, or every connection busy for the acquire timeout.
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_code(&code)),
+        _ => false,
+    };
+    StoreError::new(retryable, e)
+}
+
+/// `user:password@` in a database URL replaced by `user:***@`, for error messages.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names() {
+        assert!(TableName::parse("idem_operations", false).is_ok());
+        assert!(TableName::parse("_x9", false).is_ok());
+        assert!(TableName::parse(&"a".repeat(63), false).is_ok());
+        for bad in [
+            "",
+            "9x",
+            "a-b",
+            "a b",
+            "a\"b",
+            "a;drop",
+            &"a".repeat(64),
+            "é",
+        ] {
+            assert!(TableName::parse(bad, true).is_err(), "{bad:?} accepted");
+        }
+        assert!(TableName::parse("s.t", false).is_err());
+        let t = TableName::parse("s.t", true).unwrap();
+        assert_eq!(t.qualified(), "\"s\".\"t\"");
+        assert_eq!(t.schema(), Some("s"));
+        assert_eq!(t.bare(), "t");
+        assert!(TableName::parse("s.t.u", true).is_err());
+        assert!(TableName::parse(".t", true).is_err());
+    }
+
+    #[test]
+    fn ddl_is_renamed_with_its_indexes() {
+        let t = TableName::parse("app.jobs", true).unwrap();
+        let sql = t.render_ddl(POSTGRES_SCHEMA_SQL);
+        assert!(!sql.contains("idem_operations"), "{sql}");
+        assert!(
+            sql.contains("INDEX IF NOT EXISTS \"jobs_purge_idx\""),
+            "{sql}"
+        );
+        assert!(sql.contains("ON \"app\".\"jobs\" (expires_at)"), "{sql}");
+        let long = TableName::parse(&"t".repeat(63), true).unwrap();
+        let sql = long.render_ddl(SQLITE_SCHEMA_SQL);
+        let purge = format!("\"{}_purge_idx\"", "t".repeat(53));
+        assert!(sql.contains(&purge), "{sql}");
+    }
+
+    #[test]
+    fn durations_are_clamped() {
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis(Duration::MAX), MAX_DURATION_MS);
+        assert_eq!(duration_ms(-5), Duration::ZERO);
+        assert_eq!(sql_epoch(u64::MAX), None);
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://u:secret@127.0.0.1:5432/db"),
+            "postgres://u:***@127.0.0.1:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite::memory:"), "sqlite::memory:");
+        assert_eq!(
+            redact_url("postgres://u:p@ss@h/db?x=1"),
+            "postgres://u:***@h/db?x=1"
+        );
+    }
+
+    fn row(mine: bool, state: i64, same: bool) -> ClaimRow {
+        ClaimRow {
+            mine,
+            stale: false,
+            state,
+            epoch: 3,
+            same_fingerprint: same,
+            taken_over: false,
+            retry_after_ms: 250,
+            outcome: (state == 1).then(|| b"1".to_vec()),
+            outcome_is_err: false,
+            outcome_version: 1,
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        let claim = |r| match decide(r).unwrap() {
+            Decision::Claim(c) => c,
+            Decision::Reissue => panic!("reissue"),
+        };
+        assert_eq!(
+            claim(row(true, 0, true)),
+            Claim::Acquired {
+                epoch: 3,
+                takeover: false
+            }
+        );
+        assert_eq!(
+            claim(row(true, 2, true)),
+            Claim::Unknown {
+                epoch: 3,
+                now: true
+            }
+        );
+        assert_eq!(claim(row(false, 0, false)), Claim::Mismatch);
+        assert_eq!(claim(row(false, 1, false)), Claim::Mismatch);
+        assert_eq!(claim(row(false, 2, false)), Claim::Mismatch);
+        assert_eq!(
+            claim(row(false, 0, true)),
+            Claim::InFlight {
+                retry_after: Duration::from_millis(250)
+            }
+        );
+        assert_eq!(
+            claim(row(false, 2, true)),
+            Claim::Unknown {
+                epoch: 3,
+                now: false
+            }
+        );
+        assert!(matches!(claim(row(false, 1, true)), Claim::Completed(o) if o.body == b"1"));
+        let mut stale = row(false, 1, false);
+        stale.stale = true;
+        assert_eq!(decide(stale).unwrap(), Decision::Reissue);
+        assert!(decide(row(false, 7, true)).is_err());
+        assert!(decide(row(true, 1, true)).is_err());
+    }
+}

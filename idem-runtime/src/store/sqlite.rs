@@ -1,0 +1,1400 @@
+//! The embedded store: one SQLite table, a file in WAL mode or a pinned in-memory database.
+//!
+//! Every method is one statement. Times come from SQLite's clock inside the statement
+//! (`unixepoch('subsec')`, fixed for the whole statement), never from the application.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::str::FromStr;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Connection, Executor, Row};
+
+use super::sql_common::{
+    self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, corrupt, decide, duration_ms,
+    epoch_from_sql, millis, outcome_from_sql, sql_epoch,
+};
+use super::{
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordInfo, State, Stats,
+    Store, StoredOutcome, Takeover,
+};
+use crate::error::{IdemError, StoreError};
+
+/// The store's clock in unix milliseconds. SQLite fixes `'now'` for the duration of one
+/// `sqlite3_step`, so every use within a statement sees the same instant.
+const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// How long a statement waits for another connection's write lock before `SQLITE_BUSY`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The migrations, in order: (version, DDL in the default table name).
+const MIGRATIONS: &[(i64, &str)] = &[(1, sql_common::SQLITE_SCHEMA_SQL)];
+
+/// idem's own migration bookkeeping, one row per (table, version); never sqlx's
+/// `_sqlx_migrations`, which belongs to the application.
+const BOOKKEEPING_DDL: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+    table_name TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    applied_at INTEGER NOT NULL,
+    PRIMARY KEY (table_name, version)
+)";
+
+const TABLE_EXISTS: &str = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1";
+
+const FORGET_MIGRATIONS: &str = "DELETE FROM idem_schema_migrations WHERE table_name = ?1";
+
+const APPLIED_MIGRATIONS: &str = "SELECT version FROM idem_schema_migrations WHERE table_name = ?1";
+
+const RECORD_MIGRATION: &str =
+    "INSERT INTO idem_schema_migrations (table_name, version, applied_at) VALUES (?1, ?2, {now})";
+
+/// Reads every column idem uses, so a missing or foreign table fails at open, not at the
+/// first claim.
+const PROBE: &str = "SELECT scope, name, key, state, epoch, fingerprint, token, taken_over,
+    lease_until_ms, created_ms, claimed_ms, expires_ms, outcome, outcome_is_err, outcome_version
+    FROM {table} LIMIT 0";
+
+/// The record is COMPLETED and its retention has passed: it counts as absent, so the
+/// claim starts afresh (new fingerprint, epoch + 1 so stale writers stay fenced).
+const EXPIRED: &str = "(cur.state = 1 AND cur.expires_ms <= excluded.claimed_ms)";
+
+/// The record is IN_PROGRESS, its lease has lapsed, and it is the same request: another
+/// caller may take it over. A different request never takes over (that is a mismatch).
+const LAPSED: &str = "(cur.state = 0 AND cur.lease_until_ms <= excluded.claimed_ms \
+                      AND cur.fingerprint = excluded.fingerprint)";
+
+/// The claim: one atomic upsert that decides everything.
+///
+/// Parameters: ?1 scope, ?2 name, ?3 key, ?4 fingerprint, ?5 this attempt's token,
+/// ?6 lease (ms), ?7 whether a lapsed lease goes to UNKNOWN.
+///
+/// A missing row is inserted as a fresh claim (epoch 1). On conflict, `DO UPDATE` always
+/// runs (SQLite returns no row for an upsert that does nothing, which would force a
+/// second statement), but every column keeps its old value unless the old row is
+/// claimable, so an unclaimable row is rewritten unchanged:
+///
+/// | old row                         | `{rerun}` / `{to_unknown}` | new row                       |
+/// |---------------------------------|----------------------------|-------------------------------|
+/// | COMPLETED, expired              | —                          | fresh claim, epoch+1, new fp  |
+/// | IN_PROGRESS, lapsed, same fp    | rerun                      | takeover: epoch+1, new lease  |
+/// | IN_PROGRESS, lapsed, same fp    | to_unknown                 | UNKNOWN, same epoch           |
+/// | anything else                   | —                          | unchanged                     |
+///
+/// `excluded.claimed_ms` is the statement's `now`. RETURNING shows the row after the
+/// statement; `token = ?5` says whether this statement wrote it (the token column takes
+/// the new token exactly when the row was claimed or moved to UNKNOWN), and
+/// `taken_over` tells a takeover from a fresh claim. [`decide`] reads the rest.
+const CLAIM: &str = "INSERT INTO {table} AS cur (scope, name, key, state, epoch, fingerprint,
+        token, taken_over, lease_until_ms, created_ms, claimed_ms, expires_ms, outcome,
+        outcome_is_err, outcome_version)
+    VALUES (?1, ?2, ?3, 0, 1, ?4, ?5, 0, {now} + ?6, {now}, {now}, NULL, NULL, 0, 0)
+    ON CONFLICT (scope, name, key) DO UPDATE SET
+        state = CASE WHEN {expired} OR {rerun} THEN 0 WHEN {to_unknown} THEN 2
+                     ELSE cur.state END,
+        epoch = CASE WHEN {expired} OR {rerun} THEN cur.epoch + 1 ELSE cur.epoch END,
+        fingerprint = CASE WHEN {expired} THEN excluded.fingerprint ELSE cur.fingerprint END,
+        token = CASE WHEN {expired} OR {lapsed} THEN excluded.token ELSE cur.token END,
+        taken_over = CASE WHEN {expired} THEN 0 WHEN {rerun} THEN 1 ELSE cur.taken_over END,
+        lease_until_ms = CASE WHEN {expired} OR {rerun} THEN excluded.lease_until_ms
+                              ELSE cur.lease_until_ms END,
+        created_ms = CASE WHEN {expired} THEN excluded.created_ms ELSE cur.created_ms END,
+        claimed_ms = CASE WHEN {expired} OR {rerun} THEN excluded.claimed_ms
+                          ELSE cur.claimed_ms END,
+        expires_ms = CASE WHEN {expired} THEN NULL ELSE cur.expires_ms END,
+        outcome = CASE WHEN {expired} THEN NULL ELSE cur.outcome END,
+        outcome_is_err = CASE WHEN {expired} THEN 0 ELSE cur.outcome_is_err END,
+        outcome_version = CASE WHEN {expired} THEN 0 ELSE cur.outcome_version END
+    RETURNING token = ?5 AS mine, state, epoch, fingerprint = ?4 AS same_fingerprint,
+        taken_over, lease_until_ms - {now} AS retry_after_ms, outcome, outcome_is_err,
+        outcome_version";
+
+/// The replay fast path: read-only. ?1..?3 the operation, ?4 the fingerprint.
+const PEEK: &str = "SELECT fingerprint = ?4 AS same_fingerprint,
+        CASE WHEN fingerprint = ?4 THEN outcome END AS outcome, outcome_is_err, outcome_version
+    FROM {table}
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 1 AND expires_ms > {now}";
+
+/// ?1..?3 the operation, ?4 epoch, ?5 outcome, ?6 is_err, ?7 version, ?8 retain (ms).
+const RECORD: &str = "UPDATE {table}
+    SET state = 1, outcome = ?5, outcome_is_err = ?6, outcome_version = ?7,
+        expires_ms = {now} + ?8
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
+
+const RELEASE: &str = "DELETE FROM {table}
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
+
+const MARK_UNKNOWN: &str = "UPDATE {table} SET state = 2
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
+
+/// ?5 the new lease (ms).
+const RENEW: &str = "UPDATE {table} SET lease_until_ms = {now} + ?5
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
+
+/// Parameters as [`RECORD`]; also settles an UNKNOWN record.
+const RESOLVE_RECORD: &str = "UPDATE {table}
+    SET state = 1, outcome = ?5, outcome_is_err = ?6, outcome_version = ?7,
+        expires_ms = {now} + ?8
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state IN (0, 2)";
+
+const RESOLVE_DELETE: &str = "DELETE FROM {table}
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state IN (0, 2)";
+
+/// Records purged per statement, so a large purge does not hold the write lock for long.
+const PURGE_BATCH: i64 = 1000;
+
+/// ?1 the batch size.
+const PURGE: &str = "DELETE FROM {table} WHERE rowid IN (
+    SELECT rowid FROM {table} WHERE state = 1 AND expires_ms <= {now} LIMIT ?1)";
+
+const STATS: &str = "SELECT state, count(*) AS n, max(0, {now} - min(claimed_ms)) AS oldest_ms
+    FROM {table} GROUP BY state";
+
+/// ?1 state or NULL, ?2 name or NULL, ?3 minimum age (ms) or NULL, ?4 limit.
+const LIST: &str = "SELECT scope, name, key, state, epoch, max(0, {now} - claimed_ms) AS age_ms
+    FROM {table}
+    WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR name = ?2)
+      AND (?3 IS NULL OR claimed_ms <= {now} - ?3)
+    ORDER BY claimed_ms, scope, name, key
+    LIMIT ?4";
+
+/// Transactional mode: the claim inside the caller's transaction. No lease, no token:
+/// the transaction's write lock is the claim. ?1..?3 the operation, ?4 the fingerprint.
+const TX_CLAIM: &str = "INSERT INTO {table} (scope, name, key, state, epoch, fingerprint, token,
+        taken_over, lease_until_ms, created_ms, claimed_ms)
+    VALUES (?1, ?2, ?3, 0, 1, ?4, 0, 0, {now}, {now}, {now})
+    ON CONFLICT (scope, name, key) DO NOTHING
+    RETURNING epoch";
+
+/// Transactional mode: the row that made [`TX_CLAIM`] do nothing.
+const TX_READ: &str = "SELECT state, epoch, fingerprint = ?4 AS same_fingerprint,
+        state = 1 AND expires_ms <= {now} AS expired,
+        max(0, lease_until_ms - {now}) AS retry_after_ms,
+        outcome, outcome_is_err, outcome_version
+    FROM {table} WHERE scope = ?1 AND name = ?2 AND key = ?3";
+
+/// Transactional mode: an expired COMPLETED record counts as absent; claim it afresh.
+const TX_RECLAIM_EXPIRED: &str = "UPDATE {table}
+    SET state = 0, epoch = epoch + 1, fingerprint = ?4, token = 0, taken_over = 0,
+        lease_until_ms = {now}, created_ms = {now}, claimed_ms = {now}, expires_ms = NULL,
+        outcome = NULL, outcome_is_err = 0, outcome_version = 0
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 1 AND expires_ms <= {now}
+    RETURNING epoch";
+
+/// Transactional mode: ?4 outcome, ?5 is_err, ?6 version, ?7 retain (ms).
+const TX_RECORD: &str = "UPDATE {table}
+    SET state = 1, outcome = ?4, outcome_is_err = ?5, outcome_version = ?6,
+        expires_ms = {now} + ?7
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 0";
+
+/// How many times transactional claim retries when the row it conflicted with vanished
+/// before it could be read.
+const TX_ATTEMPTS: usize = 5;
+
+/// Every statement, rendered once for the configured table.
+#[derive(Debug)]
+struct Statements {
+    claim: String,
+    peek: String,
+    record: String,
+    release: String,
+    mark_unknown: String,
+    renew: String,
+    resolve_record: String,
+    resolve_delete: String,
+    purge: String,
+    stats: String,
+    list: String,
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Statements {
+        let r = |sql: &str| table.render(sql, NOW_MS);
+        let claim = CLAIM
+            .replace("{rerun}", &format!("({LAPSED} AND NOT ?7)"))
+            .replace("{to_unknown}", &format!("({LAPSED} AND ?7)"))
+            .replace("{lapsed}", LAPSED)
+            .replace("{expired}", EXPIRED);
+        Statements {
+            claim: r(&claim),
+            peek: r(PEEK),
+            record: r(RECORD),
+            release: r(RELEASE),
+            mark_unknown: r(MARK_UNKNOWN),
+            renew: r(RENEW),
+            resolve_record: r(RESOLVE_RECORD),
+            resolve_delete: r(RESOLVE_DELETE),
+            purge: r(PURGE),
+            stats: r(STATS),
+            list: r(LIST),
+        }
+    }
+}
+
+/// The SQLite [`Store`]: a pool over one database and the statements for its table.
+#[derive(Debug)]
+pub(crate) struct SqliteStore {
+    pool: SqlitePool,
+    table: TableName,
+    sql: Statements,
+}
+
+/// Opens (creating if missing) the database at `url` — `sqlite://path`, `sqlite:path`,
+/// a bare path, or `sqlite::memory:` — and the idem table in it.
+pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<SqliteStore, IdemError> {
+    let table = TableName::parse(&opts.table, false)?;
+    let memory = is_memory(url);
+    let mut connect = if url.starts_with("sqlite:") {
+        SqliteConnectOptions::from_str(url).map_err(|e| IdemError::Config {
+            message: format!(
+                "invalid SQLite URL `{url}`: {e}; expected `sqlite://path/to/file.db`, \
+                 `sqlite::memory:` or a file path"
+            ),
+        })?
+    } else {
+        SqliteConnectOptions::new().filename(url)
+    };
+    // Create the file unless the URL chose a mode itself (`mode=rw` means "must exist").
+    if !url.contains("mode=") {
+        connect = connect.create_if_missing(true);
+    }
+    connect = connect
+        .busy_timeout(BUSY_TIMEOUT)
+        .synchronous(SqliteSynchronous::Normal);
+    let pool = if memory {
+        // An in-memory database lives as long as a connection to it. sqlx gives
+        // `sqlite::memory:` a unique shared-cache name, so every connection of this pool
+        // would see it, but a pool closes idle connections, and the database would vanish
+        // with the last one. One connection, opened at once and never retired, keeps it
+        // alive for the life of the store (and avoids shared-cache table locks).
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(false)
+            .connect_with(connect)
+            .await
+    } else {
+        // WAL lets readers (the replay fast path) run beside the one writer.
+        SqlitePoolOptions::new()
+            .test_before_acquire(false)
+            .connect_with(connect.journal_mode(SqliteJournalMode::Wal))
+            .await
+    }
+    .map_err(|e| IdemError::Config {
+        message: format!(
+            "cannot open SQLite database at `{url}`: {e}; check the path exists and is writable"
+        ),
+    })?;
+    prepare(pool, table, opts.migrate).await
+}
+
+/// Uses an application's pool; creates the idem table in it unless `opts.migrate` is false.
+pub(crate) async fn from_pool(
+    pool: SqlitePool,
+    opts: &SqlOptions,
+) -> Result<SqliteStore, IdemError> {
+    let table = TableName::parse(&opts.table, false)?;
+    prepare(pool, table, opts.migrate).await
+}
+
+fn is_memory(url: &str) -> bool {
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    path == ":memory:" || query.split('&').any(|p| p == "mode=memory")
+}
+
+async fn prepare(
+    pool: SqlitePool,
+    table: TableName,
+    migrate: bool,
+) -> Result<SqliteStore, IdemError> {
+    if migrate {
+        run_migrations(&pool, &table).await.map_err(|e| {
+            open_error(
+                e,
+                format!(
+                    "cannot create the idem table `{table}` in SQLite; check the database is \
+                     writable, or create it yourself with `SQLITE_SCHEMA_SQL` and disable migrate"
+                ),
+            )
+        })?;
+    }
+    let probe = table.render(PROBE, NOW_MS);
+    sqlx::query(&probe).execute(&pool).await.map_err(|e| {
+        open_error(
+            e,
+            format!(
+                "the idem table `{table}` is missing or lacks idem's columns; create it with \
+                     `SQLITE_SCHEMA_SQL` (renamed to `{table}`) or enable migrate"
+            ),
+        )
+    })?;
+    let sql = Statements::new(&table);
+    Ok(SqliteStore { pool, table, sql })
+}
+
+/// Applies the missing migrations under `BEGIN IMMEDIATE`, which takes the write lock at
+/// once: processes opening the same file together apply them one after another (each
+/// waits up to the busy timeout), and the later ones find nothing left to do.
+async fn run_migrations(pool: &SqlitePool, table: &TableName) -> Result<(), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    tx.execute(BOOKKEEPING_DDL).await?;
+    let exists = sqlx::query(TABLE_EXISTS)
+        .bind(table.bare())
+        .fetch_optional(&mut *tx)
+        .await?
+        .is_some();
+    if !exists {
+        // The table was dropped since: its bookkeeping no longer describes anything.
+        sqlx::query(FORGET_MIGRATIONS)
+            .bind(table.bare())
+            .execute(&mut *tx)
+            .await?;
+    }
+    let applied: Vec<i64> = sqlx::query_scalar(APPLIED_MIGRATIONS)
+        .bind(table.bare())
+        .fetch_all(&mut *tx)
+        .await?;
+    let record_migration = table.render(RECORD_MIGRATION, NOW_MS);
+    for &(version, ddl) in MIGRATIONS {
+        if applied.contains(&version) {
+            continue;
+        }
+        let ddl = table.render_ddl(ddl);
+        tx.execute(ddl.as_str()).await?;
+        sqlx::query(&record_migration)
+            .bind(table.bare())
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// An error while opening: transient ones (busy) are retryable store errors, the rest are
+/// configuration to fix.
+fn open_error(e: sqlx::Error, what: String) -> IdemError {
+    let e = map_err(e);
+    if e.retryable {
+        IdemError::store(
+            "opening the SQLite store",
+            StoreError::new(true, format!("{what}: {}", e.source)),
+        )
+    } else {
+        IdemError::Config {
+            message: format!("{what}: {}", e.source),
+        }
+    }
+}
+
+/// SQLite's primary result codes (the low byte of the extended code) that a retry can
+/// clear: SQLITE_BUSY (5), SQLITE_LOCKED (6), SQLITE_PROTOCOL (15, a WAL lock race).
+fn retryable_code(code: &str) -> bool {
+    code.parse::<i32>()
+        .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 15))
+}
+
+fn map_err(e: sqlx::Error) -> StoreError {
+    sql_common::map_sqlx(e, retryable_code)
+}
+
+/// A fresh token per claim attempt: distinct within the process (a bijective mix of a
+/// counter), and unpredictable across processes (seeded from the OS-keyed `RandomState`,
+/// the process id and the start time). Only equality with the row's token matters.
+fn claim_token() -> i64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    // SplitMix64: a bijection of seed + n·γ, so no two attempts of this process collide.
+    let mut z = seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    i64::from_ne_bytes((z ^ (z >> 31)).to_ne_bytes())
+}
+
+fn claim_row(row: &SqliteRow) -> Result<ClaimRow, sqlx::Error> {
+    Ok(ClaimRow {
+        mine: row.try_get("mine")?,
+        stale: false,
+        state: row.try_get("state")?,
+        epoch: row.try_get("epoch")?,
+        same_fingerprint: row.try_get("same_fingerprint")?,
+        taken_over: row.try_get("taken_over")?,
+        retry_after_ms: row.try_get("retry_after_ms")?,
+        outcome: row.try_get("outcome")?,
+        outcome_is_err: row.try_get("outcome_is_err")?,
+        outcome_version: row.try_get("outcome_version")?,
+    })
+}
+
+fn fence(rows: u64) -> Fence {
+    if rows == 0 { Fence::Lost } else { Fence::Held }
+}
+
+impl SqliteStore {
+    /// The table this store uses, for the transactional helpers.
+    pub(crate) fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The pool this store uses.
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// One fenced statement over `(scope, name, key, epoch)` that reports whether it hit.
+    async fn fenced(&self, sql: &str, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        let Some(epoch) = sql_epoch(epoch) else {
+            return Ok(Fence::Lost);
+        };
+        let done = sqlx::query(sql)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(epoch)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(fence(done.rows_affected()))
+    }
+
+    async fn write_outcome(
+        &self,
+        sql: &str,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        let Some(epoch) = sql_epoch(epoch) else {
+            return Ok(Fence::Lost);
+        };
+        let done = sqlx::query(sql)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(epoch)
+            .bind(&outcome.body)
+            .bind(outcome.is_err)
+            .bind(i64::from(outcome.version))
+            .bind(millis(retain))
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(fence(done.rows_affected()))
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let row = sqlx::query(&self.sql.claim)
+            .bind(&req.id.scope)
+            .bind(&req.id.name)
+            .bind(&req.id.key)
+            .bind(&req.fingerprint[..])
+            .bind(claim_token())
+            .bind(millis(req.lease))
+            .bind(req.on_takeover == Takeover::Unknown)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_err)?;
+        match decide(claim_row(&row).map_err(map_err)?)? {
+            Decision::Claim(claim) => Ok(claim),
+            // Writes are serialized and RETURNING shows this statement's own result, so
+            // a row that is not ours is never claimable.
+            Decision::Reissue => Err(corrupt("the claim returned a claimable row".to_owned())),
+        }
+    }
+
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        let Some(row) = sqlx::query(&self.sql.peek)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(&fingerprint[..])
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?
+        else {
+            return Ok(None);
+        };
+        let same: bool = row.try_get("same_fingerprint").map_err(map_err)?;
+        if !same {
+            return Ok(Some(Err(Mismatched)));
+        }
+        let outcome = outcome_from_sql(
+            row.try_get("outcome").map_err(map_err)?,
+            row.try_get("outcome_is_err").map_err(map_err)?,
+            row.try_get("outcome_version").map_err(map_err)?,
+        )?;
+        Ok(Some(Ok(outcome)))
+    }
+
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
+            .await
+    }
+
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.fenced(&self.sql.release, id, epoch).await
+    }
+
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.fenced(&self.sql.mark_unknown, id, epoch).await
+    }
+
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
+        let Some(epoch) = sql_epoch(epoch) else {
+            return Ok(Fence::Lost);
+        };
+        let done = sqlx::query(&self.sql.renew)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(epoch)
+            .bind(millis(lease))
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(fence(done.rows_affected()))
+    }
+
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        match completed {
+            None => self.fenced(&self.sql.resolve_delete, id, epoch).await,
+            Some((outcome, retain)) => {
+                self.write_outcome(&self.sql.resolve_record, id, epoch, outcome, retain)
+                    .await
+            }
+        }
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let done = sqlx::query(&self.sql.purge)
+                .bind(PURGE_BATCH)
+                .execute(&self.pool)
+                .await
+                .map_err(map_err)?;
+            total += done.rows_affected();
+            if done.rows_affected() < PURGE_BATCH.unsigned_abs() {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let rows = sqlx::query(&self.sql.stats)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        let mut stats = Stats::default();
+        for row in rows {
+            let code: i64 = row.try_get("state").map_err(map_err)?;
+            let n: i64 = row.try_get("n").map_err(map_err)?;
+            let oldest: i64 = row.try_get("oldest_ms").map_err(map_err)?;
+            let n = u64::try_from(n).unwrap_or(0);
+            match State::from_code(code) {
+                Some(State::InProgress) => {
+                    stats.in_progress = n;
+                    stats.oldest_in_progress = Some(duration_ms(oldest));
+                }
+                Some(State::Completed) => stats.completed = n,
+                Some(State::Unknown) => {
+                    stats.unknown = n;
+                    stats.oldest_unknown = Some(duration_ms(oldest));
+                }
+                None => return Err(corrupt(format!("unknown state code {code}"))),
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        let rows = sqlx::query(&self.sql.list)
+            .bind(filter.state.map(|s| i64::from(s.code())))
+            .bind(filter.name.as_deref())
+            .bind(filter.older_than.map(millis))
+            .bind(i64::from(filter.limit()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter()
+            .map(|row| {
+                let code: i64 = row.try_get("state").map_err(map_err)?;
+                Ok(RecordInfo {
+                    id: OperationId {
+                        scope: row.try_get("scope").map_err(map_err)?,
+                        name: row.try_get("name").map_err(map_err)?,
+                        key: row.try_get("key").map_err(map_err)?,
+                    },
+                    state: State::from_code(code)
+                        .ok_or_else(|| corrupt(format!("unknown state code {code}")))?,
+                    epoch: epoch_from_sql(row.try_get("epoch").map_err(map_err)?)?,
+                    age: duration_ms(row.try_get("age_ms").map_err(map_err)?),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Transactional mode: claims `id` inside the caller's transaction on `conn`.
+///
+/// SQLite has no row locks: a concurrent duplicate waits on the database write lock (the
+/// caller should `BEGIN IMMEDIATE`), so by the time this runs the other transaction has
+/// committed or rolled back.
+pub(crate) async fn tx_claim_sqlite(
+    conn: &mut SqliteConnection,
+    table: &TableName,
+    id: &OperationId,
+    fingerprint: &[u8; 32],
+) -> Result<TxClaim, StoreError> {
+    let insert = table.render(TX_CLAIM, NOW_MS);
+    let read = table.render(TX_READ, NOW_MS);
+    let reclaim = table.render(TX_RECLAIM_EXPIRED, NOW_MS);
+    for _ in 0..TX_ATTEMPTS {
+        if tx_step(conn, &insert, id, fingerprint).await?.is_some() {
+            return Ok(TxClaim::Acquired);
+        }
+        let Some(row) = tx_step(conn, &read, id, fingerprint).await? else {
+            continue; // deleted since the insert saw it: try the insert again
+        };
+        let expired: bool = row.try_get("expired").map_err(map_err)?;
+        if expired {
+            if tx_step(conn, &reclaim, id, fingerprint).await?.is_some() {
+                return Ok(TxClaim::Acquired);
+            }
+            continue;
+        }
+        return tx_decide(&row);
+    }
+    Err(StoreError::new(
+        true,
+        "the idem record kept changing under the transactional claim; retry the transaction",
+    ))
+}
+
+/// One transactional statement over (?1 scope, ?2 name, ?3 key, ?4 fingerprint).
+async fn tx_step(
+    conn: &mut SqliteConnection,
+    sql: &str,
+    id: &OperationId,
+    fingerprint: &[u8; 32],
+) -> Result<Option<SqliteRow>, StoreError> {
+    sqlx::query(sql)
+        .bind(&id.scope)
+        .bind(&id.name)
+        .bind(&id.key)
+        .bind(&fingerprint[..])
+        .fetch_optional(conn)
+        .await
+        .map_err(map_err)
+}
+
+fn tx_decide(row: &SqliteRow) -> Result<TxClaim, StoreError> {
+    let same: bool = row.try_get("same_fingerprint").map_err(map_err)?;
+    if !same {
+        return Ok(TxClaim::Mismatch);
+    }
+    let code: i64 = row.try_get("state").map_err(map_err)?;
+    match State::from_code(code) {
+        Some(State::Completed) => Ok(TxClaim::Completed(outcome_from_sql(
+            row.try_get("outcome").map_err(map_err)?,
+            row.try_get("outcome_is_err").map_err(map_err)?,
+            row.try_get("outcome_version").map_err(map_err)?,
+        )?)),
+        Some(State::InProgress) => Ok(TxClaim::InFlight {
+            retry_after: duration_ms(row.try_get("retry_after_ms").map_err(map_err)?),
+        }),
+        Some(State::Unknown) => Ok(TxClaim::Unknown {
+            epoch: epoch_from_sql(row.try_get("epoch").map_err(map_err)?)?,
+        }),
+        None => Err(corrupt(format!("unknown state code {code}"))),
+    }
+}
+
+/// Transactional mode: records the outcome of the claim this transaction holds on `id`.
+pub(crate) async fn tx_record_sqlite(
+    conn: &mut SqliteConnection,
+    table: &TableName,
+    id: &OperationId,
+    outcome: &StoredOutcome,
+    retain: Duration,
+) -> Result<Fence, StoreError> {
+    let done = sqlx::query(&table.render(TX_RECORD, NOW_MS))
+        .bind(&id.scope)
+        .bind(&id.name)
+        .bind(&id.key)
+        .bind(&outcome.body)
+        .bind(outcome.is_err)
+        .bind(i64::from(outcome.version))
+        .bind(millis(retain))
+        .execute(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(fence(done.rows_affected()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    const FP: [u8; 32] = [1; 32];
+    const OTHER_FP: [u8; 32] = [2; 32];
+    const LEASE: Duration = Duration::from_secs(60);
+    const TINY_LEASE: Duration = Duration::from_millis(5);
+    /// Comfortably past [`TINY_LEASE`] (and a tiny retention) by the store's clock.
+    const PAST_TINY: Duration = Duration::from_millis(40);
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    async fn memory() -> SqliteStore {
+        open("sqlite::memory:", &SqlOptions::default())
+            .await
+            .expect("open in-memory store")
+    }
+
+    fn op(key: &str) -> OperationId {
+        OperationId {
+            scope: "tenant".into(),
+            name: "charge".into(),
+            key: key.into(),
+        }
+    }
+
+    fn req<'a>(id: &'a OperationId, fingerprint: [u8; 32], lease: Duration) -> ClaimRequest<'a> {
+        ClaimRequest {
+            id,
+            fingerprint,
+            lease,
+            on_takeover: Takeover::Rerun,
+        }
+    }
+
+    fn outcome(body: &str) -> StoredOutcome {
+        StoredOutcome {
+            is_err: false,
+            version: 1,
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    async fn claim(store: &SqliteStore, id: &OperationId, fp: [u8; 32], lease: Duration) -> Claim {
+        store.claim(&req(id, fp, lease)).await.expect("claim")
+    }
+
+    #[tokio::test]
+    async fn fresh_claim_then_in_flight_then_replay() {
+        let store = memory().await;
+        let id = op("o-1");
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+        match claim(&store, &id, FP, LEASE).await {
+            Claim::InFlight { retry_after } => assert!(retry_after <= LEASE),
+            other => panic!("expected InFlight, got {other:?}"),
+        }
+        assert_eq!(store.peek_completed(&id, &FP).await.unwrap(), None);
+
+        let done = StoredOutcome {
+            is_err: true,
+            version: 3,
+            body: b"{\"declined\":true}".to_vec(),
+        };
+        assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Held);
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Completed(done.clone())
+        );
+        assert_eq!(
+            store.peek_completed(&id, &FP).await.unwrap(),
+            Some(Ok(done))
+        );
+        // Recording twice is fenced: the claim is no longer IN_PROGRESS.
+        assert_eq!(
+            store.record(&id, 1, &outcome("2"), DAY).await.unwrap(),
+            Fence::Lost
+        );
+    }
+
+    #[tokio::test]
+    async fn another_payload_is_a_mismatch_in_every_state() {
+        let store = memory().await;
+        let id = op("o-2");
+        claim(&store, &id, FP, LEASE).await;
+        assert_eq!(claim(&store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
+
+        store.record(&id, 1, &outcome("1"), DAY).await.unwrap();
+        assert_eq!(claim(&store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
+        assert_eq!(
+            store.peek_completed(&id, &OTHER_FP).await.unwrap(),
+            Some(Err(Mismatched))
+        );
+
+        let unknown = op("o-2u");
+        claim(&store, &unknown, FP, LEASE).await;
+        store.mark_unknown(&unknown, 1).await.unwrap();
+        assert_eq!(
+            claim(&store, &unknown, OTHER_FP, LEASE).await,
+            Claim::Mismatch
+        );
+        assert_eq!(
+            claim(&store, &unknown, FP, LEASE).await,
+            Claim::Unknown {
+                epoch: 1,
+                now: false
+            }
+        );
+
+        // A lapsed lease is not taken over by another payload either.
+        let lapsed = op("o-2l");
+        claim(&store, &lapsed, FP, TINY_LEASE).await;
+        tokio::time::sleep(PAST_TINY).await;
+        assert_eq!(
+            claim(&store, &lapsed, OTHER_FP, LEASE).await,
+            Claim::Mismatch
+        );
+    }
+
+    #[tokio::test]
+    async fn lapsed_lease_is_taken_over_and_the_old_epoch_is_fenced() {
+        let store = memory().await;
+        let id = op("o-3");
+        claim(&store, &id, FP, TINY_LEASE).await;
+        tokio::time::sleep(PAST_TINY).await;
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 2,
+                takeover: true
+            }
+        );
+        assert!(matches!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::InFlight { .. }
+        ));
+
+        assert_eq!(store.renew(&id, 1, LEASE).await.unwrap(), Fence::Lost);
+        assert_eq!(store.release(&id, 1).await.unwrap(), Fence::Lost);
+        assert_eq!(store.mark_unknown(&id, 1).await.unwrap(), Fence::Lost);
+        assert_eq!(
+            store.record(&id, 1, &outcome("late"), DAY).await.unwrap(),
+            Fence::Lost
+        );
+        assert_eq!(store.renew(&id, 2, LEASE).await.unwrap(), Fence::Held);
+        assert_eq!(
+            store.record(&id, 2, &outcome("ok"), DAY).await.unwrap(),
+            Fence::Held
+        );
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Completed(outcome("ok"))
+        );
+    }
+
+    #[tokio::test]
+    async fn lapsed_lease_goes_unknown_under_takeover_unknown() {
+        let store = memory().await;
+        let id = op("o-4");
+        claim(&store, &id, FP, TINY_LEASE).await;
+        tokio::time::sleep(PAST_TINY).await;
+        let to_unknown = ClaimRequest {
+            on_takeover: Takeover::Unknown,
+            ..req(&id, FP, LEASE)
+        };
+        assert_eq!(
+            store.claim(&to_unknown).await.unwrap(),
+            Claim::Unknown {
+                epoch: 1,
+                now: true
+            }
+        );
+        assert_eq!(
+            store.claim(&to_unknown).await.unwrap(),
+            Claim::Unknown {
+                epoch: 1,
+                now: false
+            }
+        );
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Unknown {
+                epoch: 1,
+                now: false
+            }
+        );
+        // The late owner cannot record over UNKNOWN; only resolve moves it on.
+        assert_eq!(
+            store.record(&id, 1, &outcome("late"), DAY).await.unwrap(),
+            Fence::Lost
+        );
+        assert_eq!(store.resolve(&id, 2, None).await.unwrap(), Fence::Lost);
+        assert_eq!(store.resolve(&id, 1, None).await.unwrap(), Fence::Held);
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn resolve_records_an_outcome() {
+        let store = memory().await;
+        let id = op("o-5");
+        claim(&store, &id, FP, LEASE).await;
+        store.mark_unknown(&id, 1).await.unwrap();
+        let settled = outcome("\"settled\"");
+        assert_eq!(
+            store.resolve(&id, 1, Some((&settled, DAY))).await.unwrap(),
+            Fence::Held
+        );
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Completed(settled)
+        );
+        assert_eq!(store.resolve(&id, 1, None).await.unwrap(), Fence::Lost);
+    }
+
+    #[tokio::test]
+    async fn release_lets_the_next_call_run() {
+        let store = memory().await;
+        let id = op("o-6");
+        claim(&store, &id, FP, LEASE).await;
+        assert_eq!(store.release(&id, 2).await.unwrap(), Fence::Lost);
+        assert_eq!(store.release(&id, 1).await.unwrap(), Fence::Held);
+        assert_eq!(store.release(&id, 1).await.unwrap(), Fence::Lost);
+        // Released means absent: another payload is a fresh operation, not a mismatch.
+        assert_eq!(
+            claim(&store, &id, OTHER_FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+        assert_eq!(store.release(&id, u64::MAX).await.unwrap(), Fence::Lost);
+    }
+
+    #[tokio::test]
+    async fn expired_completed_is_claimed_afresh() {
+        let store = memory().await;
+        let id = op("o-7");
+        claim(&store, &id, FP, LEASE).await;
+        store
+            .record(&id, 1, &outcome("old"), Duration::from_millis(1))
+            .await
+            .unwrap();
+        tokio::time::sleep(PAST_TINY).await;
+        assert_eq!(store.peek_completed(&id, &FP).await.unwrap(), None);
+        // Expired is absent: a new payload binds, with a higher epoch for fencing.
+        assert_eq!(
+            claim(&store, &id, OTHER_FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 2,
+                takeover: false
+            }
+        );
+        assert_eq!(claim(&store, &id, FP, LEASE).await, Claim::Mismatch);
+        assert_eq!(
+            store.record(&id, 1, &outcome("stale"), DAY).await.unwrap(),
+            Fence::Lost
+        );
+        assert_eq!(
+            store.record(&id, 2, &outcome("new"), DAY).await.unwrap(),
+            Fence::Held
+        );
+        assert_eq!(
+            claim(&store, &id, OTHER_FP, LEASE).await,
+            Claim::Completed(outcome("new"))
+        );
+    }
+
+    #[tokio::test]
+    async fn purge_removes_only_expired_completed() {
+        let store = memory().await;
+        let (live, expired, running, unknown) =
+            (op("live"), op("expired"), op("running"), op("unknown"));
+        for id in [&live, &expired, &running, &unknown] {
+            claim(&store, id, FP, LEASE).await;
+        }
+        store.record(&live, 1, &outcome("1"), DAY).await.unwrap();
+        store
+            .record(&expired, 1, &outcome("1"), Duration::from_millis(1))
+            .await
+            .unwrap();
+        store.mark_unknown(&unknown, 1).await.unwrap();
+        // A lapsed claim is still IN_PROGRESS: never purged.
+        let lapsed = op("lapsed");
+        claim(&store, &lapsed, FP, TINY_LEASE).await;
+        tokio::time::sleep(PAST_TINY).await;
+
+        assert_eq!(store.purge_expired().await.unwrap(), 1);
+        assert_eq!(store.purge_expired().await.unwrap(), 0);
+        let stats = store.stats().await.unwrap();
+        assert_eq!(
+            (stats.in_progress, stats.completed, stats.unknown),
+            (2, 1, 1)
+        );
+        assert!(stats.oldest_in_progress.is_some() && stats.oldest_unknown.is_some());
+        assert_eq!(
+            claim(&store, &live, FP, LEASE).await,
+            Claim::Completed(outcome("1"))
+        );
+        assert!(matches!(
+            claim(&store, &running, FP, LEASE).await,
+            Claim::InFlight { .. }
+        ));
+        assert_eq!(
+            claim(&store, &unknown, FP, LEASE).await,
+            Claim::Unknown {
+                epoch: 1,
+                now: false
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn list_filters_and_orders_oldest_first() {
+        let store = memory().await;
+        let (a, b, c) = (op("a"), op("b"), op("c"));
+        claim(&store, &a, FP, LEASE).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        claim(&store, &b, FP, LEASE).await;
+        let other = OperationId {
+            name: "email".into(),
+            ..c.clone()
+        };
+        claim(&store, &other, FP, LEASE).await;
+        store.mark_unknown(&b, 1).await.unwrap();
+
+        let all = store.list(&ListFilter::default()).await.unwrap();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[0].id, a);
+        let unknown = store.list(&ListFilter::unknown()).await.unwrap();
+        assert_eq!(unknown.iter().map(|r| &r.id).collect::<Vec<_>>(), [&b]);
+        let emails = ListFilter {
+            name: Some("email".into()),
+            ..Default::default()
+        };
+        assert_eq!(store.list(&emails).await.unwrap()[0].id, other);
+        let stuck = store.list(&ListFilter::stuck(DAY)).await.unwrap();
+        assert!(stuck.is_empty());
+        let one = ListFilter {
+            limit: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(store.list(&one).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn table_names_are_validated_and_used() {
+        let bad = SqlOptions {
+            table: "idem ops".into(),
+            migrate: true,
+        };
+        assert!(matches!(
+            open("sqlite::memory:", &bad).await,
+            Err(IdemError::Config { .. })
+        ));
+        let missing = SqlOptions {
+            table: "not_created".into(),
+            migrate: false,
+        };
+        match open("sqlite::memory:", &missing).await {
+            Err(IdemError::Config { message }) => {
+                assert!(message.contains("SQLITE_SCHEMA_SQL"), "{message}")
+            }
+            other => panic!("expected Config, got {:?}", other.err()),
+        }
+        let custom = SqlOptions {
+            table: "order".into(),
+            migrate: true,
+        };
+        let store = open("sqlite::memory:", &custom).await.unwrap();
+        let id = op("o-8");
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn shipped_schema_works_without_migrate() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        sqlx::raw_sql(sql_common::SQLITE_SCHEMA_SQL)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let opts = SqlOptions {
+            migrate: false,
+            ..SqlOptions::default()
+        };
+        let store = from_pool(pool, &opts).await.unwrap();
+        let id = op("o-9");
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+    }
+
+    /// A database file in the system temp dir, removed (with its WAL files) on drop.
+    struct TempDb(std::path::PathBuf);
+
+    impl TempDb {
+        fn new(name: &str) -> TempDb {
+            let path = std::env::temp_dir().join(format!("idem-{name}-{}.db", std::process::id()));
+            let db = TempDb(path);
+            db.remove();
+            db
+        }
+
+        fn remove(&self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut p = self.0.clone().into_os_string();
+                p.push(suffix);
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+
+    impl Drop for TempDb {
+        fn drop(&mut self) {
+            self.remove();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn file_database_concurrent_claims_run_once() {
+        let db = TempDb::new("concurrent");
+        let path = db.0.to_str().unwrap().to_owned();
+        // Several stores open the same new file at once, as several processes would.
+        let opens = (0..4).map(|i| {
+            let url = if i % 2 == 0 {
+                format!("sqlite://{path}")
+            } else {
+                path.clone()
+            };
+            tokio::spawn(async move { open(&url, &SqlOptions::default()).await })
+        });
+        let mut stores = Vec::new();
+        for handle in opens {
+            stores.push(Arc::new(handle.await.unwrap().expect("concurrent open")));
+        }
+        let id = Arc::new(op("hot"));
+        let barrier = Arc::new(tokio::sync::Barrier::new(50));
+        let tasks: Vec<_> = (0..50)
+            .map(|i| {
+                let (store, id, barrier) = (
+                    stores[i % stores.len()].clone(),
+                    id.clone(),
+                    barrier.clone(),
+                );
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim(&req(&id, FP, LEASE)).await
+                })
+            })
+            .collect();
+        let mut acquired = 0;
+        for task in tasks {
+            match task.await.unwrap().expect("claim under contention") {
+                Claim::Acquired {
+                    epoch: 1,
+                    takeover: false,
+                } => acquired += 1,
+                Claim::InFlight { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1);
+        // The file persists across stores.
+        drop(stores);
+        let again = open(&path, &SqlOptions::default()).await.unwrap();
+        assert!(matches!(
+            claim(&again, &id, FP, LEASE).await,
+            Claim::InFlight { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn transactional_claim_and_record() {
+        // Spawned, so the helpers' futures are checked to be `Send` for any lifetime.
+        let store = memory().await;
+        tokio::spawn(async move { transactional(store).await })
+            .await
+            .unwrap();
+    }
+
+    async fn transactional(store: SqliteStore) {
+        let id = op("tx-1");
+        let mut tx = store.pool().begin().await.unwrap();
+        assert_eq!(
+            tx_claim_sqlite(&mut tx, store.table(), &id, &FP)
+                .await
+                .unwrap(),
+            TxClaim::Acquired
+        );
+        // The same transaction claiming twice sees its own claim.
+        assert!(matches!(
+            tx_claim_sqlite(&mut tx, store.table(), &id, &FP)
+                .await
+                .unwrap(),
+            TxClaim::InFlight { .. }
+        ));
+        let done = outcome("\"tx\"");
+        assert_eq!(
+            tx_record_sqlite(&mut tx, store.table(), &id, &done, DAY)
+                .await
+                .unwrap(),
+            Fence::Held
+        );
+        tx.commit().await.unwrap();
+
+        let mut tx = store.pool().begin().await.unwrap();
+        assert_eq!(
+            tx_claim_sqlite(&mut tx, store.table(), &id, &FP)
+                .await
+                .unwrap(),
+            TxClaim::Completed(done)
+        );
+        assert_eq!(
+            tx_claim_sqlite(&mut tx, store.table(), &id, &OTHER_FP)
+                .await
+                .unwrap(),
+            TxClaim::Mismatch
+        );
+        tx.rollback().await.unwrap();
+
+        // Rollback is the release.
+        let rolled = op("tx-2");
+        let mut tx = store.pool().begin().await.unwrap();
+        tx_claim_sqlite(&mut tx, store.table(), &rolled, &FP)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        let mut tx = store.pool().begin().await.unwrap();
+        assert_eq!(
+            tx_claim_sqlite(&mut tx, store.table(), &rolled, &OTHER_FP)
+                .await
+                .unwrap(),
+            TxClaim::Acquired
+        );
+        tx.rollback().await.unwrap();
+
+        // An expired record is absent in transactional mode too.
+        let expired = op("tx-3");
+        claim(&store, &expired, FP, LEASE).await;
+        store
+            .record(&expired, 1, &outcome("old"), Duration::from_millis(1))
+            .await
+            .unwrap();
+        tokio::time::sleep(PAST_TINY).await;
+        let mut tx = store.pool().begin().await.unwrap();
+        assert_eq!(
+            tx_claim_sqlite(&mut tx, store.table(), &expired, &OTHER_FP)
+                .await
+                .unwrap(),
+            TxClaim::Acquired
+        );
+        tx.commit().await.unwrap();
+
+        let unknown = op("tx-4");
+        claim(&store, &unknown, FP, LEASE).await;
+        store.mark_unknown(&unknown, 1).await.unwrap();
+        let mut tx = store.pool().begin().await.unwrap();
+        assert_eq!(
+            tx_claim_sqlite(&mut tx, store.table(), &unknown, &FP)
+                .await
+                .unwrap(),
+            TxClaim::Unknown { epoch: 1 }
+        );
+    }
+
+    #[test]
+    fn memory_urls_are_recognised() {
+        for url in [
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            ":memory:",
+            "sqlite://x?mode=memory",
+        ] {
+            assert!(is_memory(url), "{url}");
+        }
+        for url in ["sqlite://data.db", "data.db", "sqlite:memory.db?mode=rwc"] {
+            assert!(!is_memory(url), "{url}");
+        }
+    }
+
+    #[test]
+    fn tokens_do_not_repeat() {
+        let tokens: std::collections::HashSet<i64> = (0..10_000).map(|_| claim_token()).collect();
+        assert_eq!(tokens.len(), 10_000);
+    }
+
+    #[test]
+    fn busy_and_locked_are_retryable() {
+        assert!(retryable_code("5") && retryable_code("517") && retryable_code("6"));
+        assert!(!retryable_code("19") && !retryable_code("2067") && !retryable_code("1"));
+    }
+}

@@ -1,0 +1,176 @@
+//! The behaviour suite's harness: every test is written once and instantiated per
+//! store with `suite!`.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use idem_runtime::{Idem, IdemBuilder, IdemError};
+
+/// One store under test, able to open more handles on the same records.
+pub struct Ctx {
+    pub backend: Backend,
+    pub idem: Idem,
+    target: Target,
+    _dir: Option<tempfile::TempDir>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    Sqlite,
+    Postgres,
+}
+
+enum Target {
+    Memory,
+    Sqlite(String),
+    Postgres { url: String, table: String },
+}
+
+pub fn postgres_url() -> String {
+    std::env::var("IDEM_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub fn db_required() -> bool {
+    std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1")
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A table name of its own for each test, so counts are exact and tests run in parallel.
+pub fn unique_table(test: &str) -> String {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let mut t: String = test.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    t.truncate(30);
+    format!("idem_t_{t}_{}_{n}", std::process::id())
+}
+
+impl Ctx {
+    /// Opens the backend for `test`, or `None` (with one line saying why) when
+    /// PostgreSQL is unreachable outside CI.
+    pub async fn open(backend: Backend, test: &str) -> Option<Ctx> {
+        Self::open_with(backend, test, |b| b).await
+    }
+
+    pub async fn open_with(backend: Backend, test: &str, f: impl Fn(IdemBuilder) -> IdemBuilder) -> Option<Ctx> {
+        let (target, dir) = match backend {
+            Backend::Memory => (Target::Memory, None),
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+                (Target::Sqlite(url), Some(dir))
+            }
+            Backend::Postgres => (
+                Target::Postgres {
+                    url: postgres_url(),
+                    table: unique_table(test),
+                },
+                None,
+            ),
+        };
+        let mut ctx = Ctx {
+            backend,
+            idem: Idem::memory(),
+            target,
+            _dir: dir,
+        };
+        match ctx.handle(f).await {
+            Ok(idem) => {
+                ctx.idem = idem;
+                Some(ctx)
+            }
+            Err(e) if backend == Backend::Postgres && !db_required() => {
+                eprintln!("skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL", postgres_url());
+                None
+            }
+            Err(e) => panic!("cannot open {backend:?} store for {test}: {e}"),
+        }
+    }
+
+    /// Another handle on the same records (another "process" for the memory store is
+    /// not possible, so it shares the first handle there), with other options.
+    pub async fn handle(&self, f: impl Fn(IdemBuilder) -> IdemBuilder) -> Result<Idem, IdemError> {
+        let b = f(Idem::builder());
+        match &self.target {
+            Target::Memory => Ok(b.memory()),
+            Target::Sqlite(url) => b.sqlite(url).await,
+            #[cfg(feature = "postgres")]
+            Target::Postgres { url, table } => b.table(table.clone()).postgres(url).await,
+            #[cfg(not(feature = "postgres"))]
+            Target::Postgres { .. } => Err(IdemError::Config {
+                message: "built without the `postgres` feature".into(),
+            }),
+        }
+    }
+
+    /// A handle with other options on the same records; the memory store cannot share
+    /// records across handles, so it gets a fresh one that the test must use alone.
+    pub async fn variant(&self, f: impl Fn(IdemBuilder) -> IdemBuilder) -> Idem {
+        self.handle(f).await.expect("open a second handle")
+    }
+}
+
+/// Counts body executions.
+#[derive(Clone, Default)]
+pub struct Counter(Arc<AtomicUsize>);
+
+impl Counter {
+    pub fn hit(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// An error type for bodies, recordable and convertible from `IdemError`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum AppError {
+    Declined(String),
+    Timeout,
+    Idem(String),
+}
+
+impl From<IdemError> for AppError {
+    fn from(e: IdemError) -> Self {
+        AppError::Idem(e.to_string())
+    }
+}
+
+/// Instantiates each named `async fn(Ctx)` once per backend.
+#[macro_export]
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Memory, stringify!($name)).await {
+                        super::$name(ctx).await;
+                    }
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Sqlite, stringify!($name)).await {
+                        super::$name(ctx).await;
+                    }
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Postgres, stringify!($name)).await {
+                        super::$name(ctx).await;
+                    }
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,163 @@
+//! Leases: cancellation, takeover, renewal and fencing.
+mod common;
+use common::*;
+use idem_runtime::{IdemError, InFlight, ListFilter, State, Takeover, current, observe};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+suite!(
+    cancelled_body_keeps_claim_until_lease_then_taken_over,
+    lapsed_claim_goes_unknown_when_asked,
+    live_slow_body_is_renewed_not_taken_over,
+    late_finisher_is_fenced
+);
+
+/// Starts a call whose body signals, then never finishes, and aborts it.
+async fn start_and_cancel(idem: &idem_runtime::Idem, key: &str, lease: Duration) -> String {
+    let (tx, rx) = oneshot::channel();
+    let idem2 = idem.clone();
+    let key2 = key.to_string();
+    let task = tokio::spawn(async move {
+        idem2
+            .operation("ship", &key2)
+            .lease(lease)
+            .run(move || async move {
+                let _ = tx.send(current().downstream_key("carrier"));
+                std::future::pending::<()>().await;
+                Ok::<_, IdemError>(0u64)
+            })
+            .await
+    });
+    let downstream = rx.await.expect("body started");
+    task.abort();
+    let _ = task.await;
+    downstream
+}
+
+async fn cancelled_body_keeps_claim_until_lease_then_taken_over(ctx: Ctx) {
+    let first_key = start_and_cancel(&ctx.idem, "parcel-1", Duration::from_secs(2)).await;
+
+    // The caller went away; the claim did not.
+    let r = ctx
+        .idem
+        .operation("ship", "parcel-1")
+        .in_flight(InFlight::Reject)
+        .run(|| async { Ok::<_, IdemError>(1u64) })
+        .await;
+    match r {
+        Err(IdemError::InFlight { retry_after, .. }) => assert!(retry_after <= Duration::from_secs(2)),
+        other => panic!("expected in-flight, got {other:?}"),
+    }
+
+    // A waiting duplicate takes over once the lease lapses, at a higher epoch, with the
+    // same downstream key.
+    let (r, info) = observe(
+        ctx.idem
+            .operation("ship", "parcel-1")
+            .in_flight(InFlight::Wait(Duration::from_secs(30)))
+            .run(|| async {
+                let cur = current();
+                Ok::<_, IdemError>((cur.epoch(), cur.downstream_key("carrier")))
+            }),
+    )
+    .await;
+    let (epoch, key) = r.unwrap();
+    assert_eq!(epoch, 2);
+    assert_eq!(info.epoch(), Some(2));
+    assert_eq!(key, first_key);
+}
+
+async fn lapsed_claim_goes_unknown_when_asked(ctx: Ctx) {
+    start_and_cancel(&ctx.idem, "parcel-2", Duration::from_millis(300)).await;
+    let runs = Counter::default();
+    let r = ctx
+        .idem
+        .operation("ship", "parcel-2")
+        .on_takeover(Takeover::Unknown)
+        .in_flight(InFlight::Wait(Duration::from_secs(30)))
+        .run(|| async {
+            runs.hit();
+            Ok::<_, IdemError>(1u64)
+        })
+        .await;
+    assert!(matches!(r, Err(IdemError::Unknown { epoch: 1, .. })), "{r:?}");
+    assert_eq!(runs.get(), 0);
+    let listed = ctx.idem.list(&ListFilter::unknown()).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].state, State::Unknown);
+}
+
+async fn live_slow_body_is_renewed_not_taken_over(ctx: Ctx) {
+    let runs = Counter::default();
+    let lease = Duration::from_millis(300);
+    let (started_tx, started_rx) = oneshot::channel();
+    let slow = {
+        let idem = ctx.idem.clone();
+        let runs = runs.clone();
+        tokio::spawn(async move {
+            idem.operation("report", "r-1")
+                .lease(lease)
+                .run(move || async move {
+                    runs.hit();
+                    let _ = started_tx.send(());
+                    // Several leases long: only renewal keeps the claim.
+                    tokio::time::sleep(lease * 5).await;
+                    Ok::<_, IdemError>("done".to_string())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let dup = ctx
+        .idem
+        .operation("report", "r-1")
+        .lease(lease)
+        .in_flight(InFlight::Wait(Duration::from_secs(30)))
+        .run(|| async {
+            runs.hit();
+            Ok::<_, IdemError>("duplicate".to_string())
+        })
+        .await;
+    assert_eq!(dup.unwrap(), "done");
+    assert_eq!(slow.await.unwrap().unwrap(), "done");
+    assert_eq!(runs.get(), 1);
+}
+
+async fn late_finisher_is_fenced(ctx: Ctx) {
+    let idem = ctx.variant(|b| b.renew_leases(false)).await;
+    let lease = Duration::from_millis(200);
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let late = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.operation("refund", "f-1")
+                .lease(lease)
+                .run(move || async move {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, IdemError>("late".to_string())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let taker = idem
+        .operation("refund", "f-1")
+        .lease(Duration::from_secs(30))
+        .in_flight(InFlight::Wait(Duration::from_secs(30)))
+        .run(|| async { Ok::<_, IdemError>(format!("epoch {}", current().epoch())) })
+        .await
+        .unwrap();
+    assert_eq!(taker, "epoch 2");
+    finish_tx.send(()).unwrap();
+    let r = late.await.unwrap();
+    assert!(matches!(r, Err(IdemError::Fenced { epoch: 1, .. })), "{r:?}");
+    // The late outcome was not written over the takeover's.
+    let again = idem
+        .operation("refund", "f-1")
+        .run(|| async { Ok::<_, IdemError>("third".to_string()) })
+        .await
+        .unwrap();
+    assert_eq!(again, "epoch 2");
+}

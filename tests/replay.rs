@@ -1,0 +1,64 @@
+//! Completed duplicates replay the recorded outcome.
+mod common;
+use common::*;
+use idem_runtime::{IdemError, observe};
+use serde::{Deserialize, Serialize};
+
+suite!(completed_duplicate_replays, replay_survives_a_new_handle, observe_tells_replays_apart);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    id: String,
+    cents: u64,
+    lines: Vec<(String, u32)>,
+}
+
+async fn completed_duplicate_replays(ctx: Ctx) {
+    let runs = Counter::default();
+    let call = || {
+        let runs = runs.clone();
+        ctx.idem.operation("charge", "order-9").run(move || async move {
+            let n = runs.hit();
+            Ok::<_, IdemError>(Receipt {
+                id: format!("rcpt-{n}"),
+                cents: 1999,
+                lines: vec![("widget".into(), 2)],
+            })
+        })
+    };
+    let first = call().await.unwrap();
+    for _ in 0..5 {
+        assert_eq!(call().await.unwrap(), first);
+    }
+    assert_eq!(runs.get(), 1);
+}
+
+async fn replay_survives_a_new_handle(ctx: Ctx) {
+    if ctx.backend == Backend::Memory {
+        return; // a new memory handle is a new store, by design
+    }
+    let first = ctx
+        .idem
+        .operation("email", "welcome-7")
+        .run(|| async { Ok::<_, IdemError>(7u32) })
+        .await
+        .unwrap();
+    let again = ctx.handle(|b| b).await.unwrap();
+    let replayed = again
+        .operation("email", "welcome-7")
+        .run(|| async { Ok::<_, IdemError>(8u32) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, first);
+}
+
+async fn observe_tells_replays_apart(ctx: Ctx) {
+    let call = || ctx.idem.operation("webhook", "evt-1").run(|| async { Ok::<_, IdemError>(1) });
+    let (out, info) = observe(call()).await;
+    assert_eq!(out.unwrap(), 1);
+    assert!(!info.replayed());
+    assert_eq!(info.epoch(), Some(1));
+    let (out, info) = observe(call()).await;
+    assert_eq!(out.unwrap(), 1);
+    assert!(info.replayed());
+}

@@ -1,0 +1,75 @@
+//! Retention, purge and operations queries.
+mod common;
+use common::*;
+use idem_runtime::{IdemError, InFlight, ListFilter};
+use std::time::Duration;
+
+suite!(expired_record_is_absent, purge_removes_only_expired_completed);
+
+async fn expired_record_is_absent(ctx: Ctx) {
+    let runs = Counter::default();
+    let call = |amount: u32| {
+        let runs = runs.clone();
+        ctx.idem
+            .operation("charge", "o-exp")
+            .retain(Duration::from_millis(200))
+            .fingerprint(&amount)
+            .run(move || async move {
+                runs.hit();
+                Ok::<_, IdemError>(amount)
+            })
+    };
+    assert_eq!(call(1).await.unwrap(), 1);
+    assert_eq!(call(1).await.unwrap(), 1);
+    assert_eq!(runs.get(), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Past retention the key is free again, for any payload.
+    assert_eq!(call(2).await.unwrap(), 2);
+    assert_eq!(runs.get(), 2);
+}
+
+async fn purge_removes_only_expired_completed(ctx: Ctx) {
+    let idem = ctx.variant(|b| b.renew_leases(false)).await;
+    // One completed and expiring, one completed and kept, one UNKNOWN, one in progress.
+    idem.operation("a", "expiring")
+        .retain(Duration::from_millis(100))
+        .run(|| async { Ok::<_, IdemError>(()) })
+        .await
+        .unwrap();
+    idem.operation("a", "kept").run(|| async { Ok::<_, IdemError>(()) }).await.unwrap();
+    let _ = idem
+        .operation("a", "unknown")
+        .classify(|_: &AppError| idem_runtime::Disposition::Unknown)
+        .run(|| async { Err::<(), _>(AppError::Timeout) })
+        .await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let holder = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.operation("a", "running")
+                .lease(Duration::from_millis(50))
+                .run(move || async move {
+                    let _ = tx.send(());
+                    std::future::pending::<()>().await;
+                    Ok::<_, IdemError>(())
+                })
+                .await
+        })
+    };
+    rx.await.unwrap();
+    holder.abort();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    assert_eq!(idem.purge_expired().await.unwrap(), 1);
+    assert_eq!(idem.purge_expired().await.unwrap(), 0);
+    let stats = idem.stats().await.unwrap();
+    assert_eq!((stats.completed, stats.unknown, stats.in_progress), (1, 1, 1));
+    assert_eq!(idem.list(&ListFilter::stuck(Duration::from_millis(100))).await.unwrap().len(), 1);
+    // The in-progress record, lease lapsed, is still there to be taken over, not purged.
+    let r = idem
+        .operation("a", "running")
+        .in_flight(InFlight::Reject)
+        .run(|| async { Ok::<_, IdemError>(()) })
+        .await;
+    assert!(r.is_ok(), "{r:?}");
+}

@@ -1,0 +1,128 @@
+//! A store that fails: fail closed, fail open, unrecorded outcomes.
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use idem_runtime::store::MemoryStore;
+use idem_runtime::{
+    Claim, ClaimRequest, Fence, Idem, IdemError, ListFilter, OnStoreError, OperationId, RecordInfo, Stats, Store,
+    StoreError, StoredOutcome,
+};
+
+/// The memory store with switches that make claims or records fail like a dropped
+/// connection.
+#[derive(Default)]
+struct Flaky {
+    inner: MemoryStore,
+    claims_fail: AtomicBool,
+    records_fail: AtomicBool,
+}
+
+fn down() -> StoreError {
+    StoreError::new(true, std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset"))
+}
+
+#[async_trait::async_trait]
+impl Store for Flaky {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        if self.claims_fail.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        self.inner.claim(req).await
+    }
+    async fn record(&self, id: &OperationId, epoch: u64, o: &StoredOutcome, retain: Duration) -> Result<Fence, StoreError> {
+        if self.records_fail.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        self.inner.record(id, epoch, o, retain).await
+    }
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.inner.release(id, epoch).await
+    }
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.inner.mark_unknown(id, epoch).await
+    }
+    async fn renew(&self, id: &OperationId, epoch: u64, lease: Duration) -> Result<Fence, StoreError> {
+        self.inner.renew(id, epoch, lease).await
+    }
+    async fn resolve(&self, id: &OperationId, epoch: u64, c: Option<(&StoredOutcome, Duration)>) -> Result<Fence, StoreError> {
+        self.inner.resolve(id, epoch, c).await
+    }
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        self.inner.purge_expired().await
+    }
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.inner.stats().await
+    }
+    async fn list(&self, f: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        self.inner.list(f).await
+    }
+}
+
+fn flaky() -> (Arc<Flaky>, Idem) {
+    let f = Arc::new(Flaky::default());
+    let idem = Idem::builder().store(f.clone());
+    (f, idem)
+}
+
+#[tokio::test]
+async fn fail_closed_does_not_run_the_body() {
+    let (f, idem) = flaky();
+    f.claims_fail.store(true, Ordering::SeqCst);
+    let mut ran = false;
+    let r = idem
+        .operation("charge", "k")
+        .run(|| async {
+            ran = true;
+            Ok::<_, IdemError>(())
+        })
+        .await;
+    assert!(matches!(&r, Err(e @ IdemError::Store { .. }) if e.is_retryable()), "{r:?}");
+    assert!(!ran);
+}
+
+#[tokio::test]
+async fn fail_open_runs_the_body_unprotected() {
+    let (f, idem) = flaky();
+    f.claims_fail.store(true, Ordering::SeqCst);
+    let r = idem
+        .operation("notify", "k")
+        .on_store_error(OnStoreError::FailOpen)
+        .run(|| async { Ok::<_, IdemError>(idem_runtime::current().epoch()) })
+        .await;
+    assert_eq!(r.unwrap(), 0, "an unprotected run has no epoch");
+}
+
+#[tokio::test]
+async fn unrecorded_outcome_is_reported_and_not_rerun() {
+    let (f, idem) = flaky();
+    f.records_fail.store(true, Ordering::SeqCst);
+    let mut runs = 0;
+    let r = idem
+        .operation("charge", "k2")
+        .lease(Duration::from_millis(300))
+        .run(|| async {
+            runs += 1;
+            Ok::<_, IdemError>(())
+        })
+        .await;
+    assert!(matches!(r, Err(IdemError::Unrecorded { epoch: 1, .. })), "{r:?}");
+    assert_eq!(runs, 1);
+    // The claim stays in progress: a duplicate is told so rather than running again.
+    f.records_fail.store(false, Ordering::SeqCst);
+    let r = idem
+        .operation("charge", "k2")
+        .in_flight(idem_runtime::InFlight::Reject)
+        .run(|| async { Ok::<_, IdemError>(()) })
+        .await;
+    assert!(matches!(r, Err(IdemError::InFlight { .. })), "{r:?}");
+}
+
+#[tokio::test]
+async fn no_store_is_a_clear_error() {
+    let r = idem_runtime::__private::global_operation("x", "k")
+        .run(|| async { Ok::<_, IdemError>(()) })
+        .await;
+    assert!(matches!(r, Err(IdemError::NoStore)), "{r:?}");
+    assert!(IdemError::NoStore.to_string().contains("set_global"));
+}

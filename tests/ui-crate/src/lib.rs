@@ -1,0 +1,1 @@
+//! Compile-time cases for `#[idempotent]`; the cases live under `tests/ui/`.

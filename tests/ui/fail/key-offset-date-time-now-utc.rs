@@ -1,0 +1,14 @@
+use idem_runtime::{idempotent, Idem, IdemError};
+
+#[derive(serde::Serialize)]
+pub struct Order {
+    pub id: u64,
+}
+
+#[idempotent(store = idem, key = time::OffsetDateTime::now_utc().unix_timestamp(), retain = "7d")]
+async fn send_receipt(idem: &Idem, order: &Order) -> Result<(), IdemError> {
+    let _ = (idem, order);
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use idem_runtime::{idempotent, Idem, IdemError};
+
+#[derive(serde::Serialize)]
+pub struct Order {
+    pub id: u64,
+}
+
+#[idempotent(store = idem, key = std::time::SystemTime::now(), retain = "7d")]
+async fn send_receipt(idem: &Idem, order: &Order) -> Result<(), IdemError> {
+    let _ = (idem, order);
+    Ok(())
+}
+
+fn main() {}

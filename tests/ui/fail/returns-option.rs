@@ -1,0 +1,14 @@
+use idem_runtime::{idempotent, Idem};
+
+#[derive(serde::Serialize)]
+pub struct Order {
+    pub id: u64,
+}
+
+#[idempotent(store = idem, key = order.id, retain = "7d")]
+async fn send_receipt(idem: &Idem, order: &Order) -> Option<()> {
+    let _ = (idem, order);
+    Some(())
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use idem_runtime::{idempotent, Idem, IdemError};
+
+#[derive(serde::Serialize)]
+pub struct Order {
+    pub id: u64,
+}
+
+#[idempotent(store = idem, key = order.id, retain = "7d", lease = "0s", timeout = "5s", key = order.id, in_flight = wait("5 sec"))]
+async fn send_receipt(idem: &Idem, order: &Order) -> Result<(), IdemError> {
+    let _ = (idem, order);
+    Ok(())
+}
+
+fn main() {}
