@@ -176,7 +176,12 @@ impl Args {
             set(errors, &mut self.scope, "scope", at.with(input.parse()?));
         } else if lookahead.peek(kw::retain) {
             let at = self.name_eq::<kw::retain>(input)?;
-            set(errors, &mut self.retain, "retain", at.with(duration(input, "retain")?));
+            set(
+                errors,
+                &mut self.retain,
+                "retain",
+                at.with(duration(input, "retain")?),
+            );
         } else if lookahead.peek(kw::store) {
             let at = self.name_eq::<kw::store>(input)?;
             set(errors, &mut self.store, "store", at.with(input.parse()?));
@@ -192,7 +197,12 @@ impl Args {
             set(errors, &mut self.name, "name", at.with(value));
         } else if lookahead.peek(kw::lease) {
             let at = self.name_eq::<kw::lease>(input)?;
-            set(errors, &mut self.lease, "lease", at.with(duration(input, "lease")?));
+            set(
+                errors,
+                &mut self.lease,
+                "lease",
+                at.with(duration(input, "lease")?),
+            );
         } else if lookahead.peek(kw::in_flight) {
             let at = self.name_eq::<kw::in_flight>(input)?;
             let lookahead = input.lookahead1();
@@ -227,7 +237,12 @@ impl Args {
             set(errors, &mut self.errors, "errors", at.with(value));
         } else if lookahead.peek(kw::classify) {
             let at = self.name_eq::<kw::classify>(input)?;
-            set(errors, &mut self.classify, "classify", at.with(fn_path(input, "classify")?));
+            set(
+                errors,
+                &mut self.classify,
+                "classify",
+                at.with(fn_path(input, "classify")?),
+            );
         } else if lookahead.peek(kw::on_takeover) {
             let at = self.name_eq::<kw::on_takeover>(input)?;
             let lookahead = input.lookahead1();
@@ -257,9 +272,9 @@ impl Args {
             let value = if input.peek(Ident) {
                 input.parse()?
             } else {
-                return Err(input.error(
-                    "`tx` expects the name of the transaction parameter: `tx = tx`",
-                ));
+                return Err(
+                    input.error("`tx` expects the name of the transaction parameter: `tx = tx`")
+                );
             };
             set(errors, &mut self.tx, "tx", at.with(value));
         } else if lookahead.peek(kw::on_store_error) {
@@ -273,7 +288,12 @@ impl Args {
             } else {
                 return Err(lookahead.error());
             };
-            set(errors, &mut self.on_store_error, "on_store_error", at.with(value));
+            set(
+                errors,
+                &mut self.on_store_error,
+                "on_store_error",
+                at.with(value),
+            );
         } else if lookahead.peek(kw::version) {
             let at = self.name_eq::<kw::version>(input)?;
             let value = if input.peek(LitInt) {
@@ -286,7 +306,12 @@ impl Args {
             set(errors, &mut self.version, "version", at.with(value));
         } else if lookahead.peek(kw::upgrade) {
             let at = self.name_eq::<kw::upgrade>(input)?;
-            set(errors, &mut self.upgrade, "upgrade", at.with(fn_path(input, "upgrade")?));
+            set(
+                errors,
+                &mut self.upgrade,
+                "upgrade",
+                at.with(fn_path(input, "upgrade")?),
+            );
         } else if lookahead.peek(Token![crate]) {
             let at = self.name_eq::<Token![crate]>(input)?;
             let value = if input.peek(LitStr) {

@@ -11,9 +11,13 @@ use syn::ext::IdentExt;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::visit::{self, Visit};
-use syn::{Error, Expr, ExprPath, FnArg, Ident, LitStr, Pat, Path, ReturnType, Signature, Token, Type};
+use syn::{
+    Error, Expr, ExprPath, FnArg, Ident, LitStr, Pat, Path, ReturnType, Signature, Token, Type,
+};
 
-use crate::attr::{self, Arg, Args, ErrorsArg, Errors, FingerprintArg, InFlightArg, StoreErrorArg, TakeoverArg};
+use crate::attr::{
+    self, Arg, Args, Errors, ErrorsArg, FingerprintArg, InFlightArg, StoreErrorArg, TakeoverArg,
+};
 
 /// Everything the expansion needs, validated.
 pub(crate) struct Plan {
@@ -75,42 +79,13 @@ pub(crate) fn validate(mut args: Args, sig: &Signature) -> syn::Result<Plan> {
         ));
     }
     let ret = result_type(sig, &mut errors);
-
     let params = Params::of(sig, &mut errors);
 
-    let key = match args.key {
-        Some(key) => {
-            let (names, sources) = scan(&key.value, Role::Key, &mut errors);
-            // A random key already has its error; "refers to no parameter" would be noise.
-            if sources == 0 && !names.iter().any(|n| params.names.contains(n)) {
-                errors.push(Error::new_spanned(
-                    &key.value,
-                    format!(
-                        "`key` refers to no parameter of `{}`, so every call would share one key \
-                         and only the first would ever run; build it from the parameters that \
-                         identify the request, e.g. `key = order.id`",
-                        sig.ident
-                    ),
-                ));
-            }
-            Some(key.value)
-        }
-        None => {
-            if report_missing {
-                errors.push(Error::new(
-                    Span::call_site(),
-                    "missing `key`, the operation's identity: one business intent built from \
-                     the parameters, e.g. `key = order.id` or `key = (msg.source, msg.id)`",
-                ));
-            }
-            None
-        }
-    };
-    let scope = args.scope.map(|scope| {
+    let key = key(args.key.take(), sig, &params, report_missing, &mut errors);
+    let scope = args.scope.take().map(|scope| {
         scan(&scope.value, Role::Scope, &mut errors);
         scope.value
     });
-
     let retain = match &args.retain {
         Some(retain) => duration(&retain.value, Dur::Retain, &mut errors),
         None => {
@@ -134,8 +109,78 @@ pub(crate) fn validate(mut args: Args, sig: &Signature) -> syn::Result<Plan> {
         InFlightArg::Wait(lit) => duration(lit, Dur::Wait, &mut errors).map(InFlight::Wait),
         InFlightArg::Reject => Some(InFlight::Reject),
     });
+    let name = name(args.name.take(), sig, &mut errors);
+    let version = args
+        .version
+        .take()
+        .and_then(|v| version(&v.value, &mut errors));
+    let on_err = on_err(args.errors.take(), args.classify.take(), &mut errors);
+    if let Some(tx) = &args.tx {
+        check_tx(tx, &args, sig, &params, &mut errors);
+    }
+    let fingerprint = fingerprint(&mut args, params, &mut errors);
 
-    let name = match args.name {
+    errors.finish()?;
+    let (Some(key), Some(retain), Some(ret)) = (key, retain, ret) else {
+        unreachable!("a missing `key`, `retain` or return type has been reported");
+    };
+    Ok(Plan {
+        krate: args
+            .krate
+            .map_or_else(|| syn::parse_quote!(::idem_runtime), |k| k.value),
+        store: args.store.map(|s| s.value),
+        name,
+        key,
+        scope,
+        retain,
+        lease,
+        in_flight,
+        on_takeover: args.on_takeover.map(|t| t.value),
+        on_store_error: args.on_store_error.map(|e| e.value),
+        fingerprint,
+        version,
+        upgrade: args.upgrade.map(|u| u.value),
+        on_err,
+        tx: args.tx.map(|t| t.value),
+        ret,
+    })
+}
+
+fn key(
+    key: Option<Arg<Expr>>,
+    sig: &Signature,
+    params: &Params,
+    report_missing: bool,
+    errors: &mut Errors,
+) -> Option<Expr> {
+    let Some(key) = key else {
+        if report_missing {
+            errors.push(Error::new(
+                Span::call_site(),
+                "missing `key`, the operation's identity: one business intent built from the \
+                 parameters, e.g. `key = order.id` or `key = (msg.source, msg.id)`",
+            ));
+        }
+        return None;
+    };
+    let (names, sources) = scan(&key.value, Role::Key, errors);
+    // A random key already has its error; "refers to no parameter" would be noise.
+    if sources == 0 && !names.iter().any(|n| params.names.contains(n)) {
+        errors.push(Error::new_spanned(
+            &key.value,
+            format!(
+                "`key` refers to no parameter of `{}`, so every call would share one key and \
+                 only the first would ever run; build it from the parameters that identify the \
+                 request, e.g. `key = order.id`",
+                sig.ident
+            ),
+        ));
+    }
+    Some(key.value)
+}
+
+fn name(name: Option<Arg<LitStr>>, sig: &Signature, errors: &mut Errors) -> String {
+    match name {
         Some(name) if name.value.value().is_empty() => {
             errors.push(Error::new_spanned(
                 &name.value,
@@ -145,24 +190,32 @@ pub(crate) fn validate(mut args: Args, sig: &Signature) -> syn::Result<Plan> {
         }
         Some(name) => name.value.value(),
         None => sig.ident.unraw().to_string(),
-    };
+    }
+}
 
-    let version = args.version.as_ref().and_then(|arg| match arg.value.base10_parse::<u32>() {
+fn version(lit: &syn::LitInt, errors: &mut Errors) -> Option<u32> {
+    match lit.base10_parse::<u32>() {
         Ok(0) => {
             errors.push(Error::new_spanned(
-                &arg.value,
+                lit,
                 "`version` starts at 1 (the default); bump it when the outcome type changes",
             ));
             None
         }
         Ok(v) => Some(v),
         Err(_) => {
-            errors.push(Error::new_spanned(&arg.value, "`version` must fit in a `u32`"));
+            errors.push(Error::new_spanned(lit, "`version` must fit in a `u32`"));
             None
         }
-    });
+    }
+}
 
-    let on_err = match (args.errors, args.classify) {
+fn on_err(
+    errors_arg: Option<Arg<ErrorsArg>>,
+    classify: Option<Arg<ExprPath>>,
+    errors: &mut Errors,
+) -> OnErr {
+    match (errors_arg, classify) {
         (Some(errors_arg), Some(classify)) => {
             let later = if errors_arg.index > classify.index {
                 errors_arg.span
@@ -182,99 +235,82 @@ pub(crate) fn validate(mut args: Args, sig: &Signature) -> syn::Result<Plan> {
         },
         (None, Some(classify)) => OnErr::Classify(classify.value),
         (None, None) => OnErr::Release,
-    };
-
-    if let Some(tx) = &args.tx {
-        if !params.names.contains(&tx.value.to_string()) {
-            errors.push(Error::new(
-                tx.value.span(),
-                format!(
-                    "`tx = {}` names no parameter of `{}`; expected the name of the \
-                     transaction parameter, e.g. `tx: &mut sqlx::Transaction<'_, Postgres>`",
-                    tx.value, sig.ident
-                ),
-            ));
-        }
-        let why_no_lease = "in transactional mode the row lock is the claim and rollback is \
-                            the release, so there is no lease";
-        if let Some(lease) = &args.lease {
-            errors.push(Error::new(
-                lease.span,
-                format!("`lease` cannot be combined with `tx`: {why_no_lease}; remove `lease`"),
-            ));
-        }
-        if let Some(in_flight) = &args.in_flight {
-            errors.push(Error::new(
-                in_flight.span,
-                "`in_flight` cannot be combined with `tx`: a duplicate blocks on the row lock \
-                 (bounded by the database's `lock_timeout` or `busy_timeout`) and then replays; \
-                 remove `in_flight`",
-            ));
-        }
-        if let Some(takeover) = &args.on_takeover {
-            errors.push(Error::new(
-                takeover.span,
-                format!(
-                    "`on_takeover` cannot be combined with `tx`: {why_no_lease} to lapse and no \
-                     takeover; remove `on_takeover`"
-                ),
-            ));
-        }
-        if let Some(Arg {
-            value: StoreErrorArg::FailOpen(span),
-            ..
-        }) = &args.on_store_error
-        {
-            errors.push(Error::new(
-                *span,
-                "`on_store_error = fail_open` cannot be combined with `tx`: the claim is part of \
-                 the caller's transaction, so the body cannot run without the store; remove it",
-            ));
-        }
     }
+}
 
-    let store_param = args.store.as_ref().and_then(|store| simple_ident(&store.value));
-    let tx_param = args.tx.as_ref().map(|tx| tx.value.to_string());
-    let fingerprint = match args.fingerprint.map(|f| f.value) {
+/// Transactional mode: `tx` names a parameter, and nothing that needs a lease is given.
+fn check_tx(tx: &Arg<Ident>, args: &Args, sig: &Signature, params: &Params, errors: &mut Errors) {
+    if !params.names.contains(&tx.value.to_string()) {
+        errors.push(Error::new(
+            tx.value.span(),
+            format!(
+                "`tx = {}` names no parameter of `{}`; expected the name of the transaction \
+                 parameter, e.g. `tx: &mut sqlx::Transaction<'_, Postgres>`",
+                tx.value, sig.ident
+            ),
+        ));
+    }
+    let why_no_lease = "in transactional mode the row lock is the claim and rollback is the \
+                        release, so there is no lease";
+    if let Some(lease) = &args.lease {
+        errors.push(Error::new(
+            lease.span,
+            format!("`lease` cannot be combined with `tx`: {why_no_lease}; remove `lease`"),
+        ));
+    }
+    if let Some(in_flight) = &args.in_flight {
+        errors.push(Error::new(
+            in_flight.span,
+            "`in_flight` cannot be combined with `tx`: a duplicate blocks on the row lock \
+             (bounded by the database's `lock_timeout` or `busy_timeout`) and then replays; \
+             remove `in_flight`",
+        ));
+    }
+    if let Some(takeover) = &args.on_takeover {
+        errors.push(Error::new(
+            takeover.span,
+            format!(
+                "`on_takeover` cannot be combined with `tx`: {why_no_lease} to lapse and no \
+                 takeover; remove `on_takeover`"
+            ),
+        ));
+    }
+    if let Some(Arg {
+        value: StoreErrorArg::FailOpen(span),
+        ..
+    }) = &args.on_store_error
+    {
+        errors.push(Error::new(
+            *span,
+            "`on_store_error = fail_open` cannot be combined with `tx`: the claim is part of the \
+             caller's transaction, so the body cannot run without the store; remove it",
+        ));
+    }
+}
+
+/// The given fingerprint, or by default every parameter but the store, `tx` and skipped ones.
+fn fingerprint(args: &mut Args, params: Params, errors: &mut Errors) -> Fingerprint {
+    match args.fingerprint.take().map(|f| f.value) {
         Some(FingerprintArg::None) => Fingerprint::None,
         Some(FingerprintArg::Expr(expr)) => {
-            scan(&expr, Role::Fingerprint, &mut errors);
+            scan(&expr, Role::Fingerprint, errors);
             Fingerprint::Expr(expr)
         }
-        None => Fingerprint::Params(
-            params
-                .fingerprinted
-                .into_iter()
-                .filter(|ident| {
-                    let name = ident.to_string();
-                    Some(&name) != store_param.as_ref() && Some(&name) != tx_param.as_ref()
-                })
-                .collect(),
-        ),
-    };
-
-    errors.finish()?;
-    Ok(Plan {
-        krate: args
-            .krate
-            .map(|k| k.value)
-            .unwrap_or_else(|| syn::parse_quote!(::idem_runtime)),
-        store: args.store.map(|s| s.value),
-        name,
-        key: key.expect("checked above"),
-        scope,
-        retain: retain.expect("checked above"),
-        lease,
-        in_flight,
-        on_takeover: args.on_takeover.map(|t| t.value),
-        on_store_error: args.on_store_error.map(|e| e.value),
-        fingerprint,
-        version,
-        upgrade: args.upgrade.map(|u| u.value),
-        on_err,
-        tx: args.tx.map(|t| t.value),
-        ret: ret.expect("checked above"),
-    })
+        None => {
+            let store = args.store.as_ref().and_then(|s| simple_ident(&s.value));
+            let tx = args.tx.as_ref().map(|tx| tx.value.to_string());
+            Fingerprint::Params(
+                params
+                    .fingerprinted
+                    .into_iter()
+                    .filter(|ident| {
+                        let name = ident.to_string();
+                        Some(&name) != store.as_ref() && Some(&name) != tx.as_ref()
+                    })
+                    .collect(),
+            )
+        }
+    }
 }
 
 /// The declared return type, if it is `Result<T, E>` or an alias named `…Result`.
@@ -332,7 +368,7 @@ impl Params {
                     let skip = attr::param_skip(&typed.attrs, errors);
                     let mut bound = Vec::new();
                     bound_idents(&typed.pat, &mut bound);
-                    names.extend(bound.iter().map(|i| i.to_string()));
+                    names.extend(bound.iter().map(ToString::to_string));
                     if !skip {
                         fingerprinted.extend(bound);
                     }
@@ -375,7 +411,7 @@ fn bound_idents(pat: &Pat, out: &mut Vec<Ident>) {
 /// `ident` or `&ident`: a store given as a parameter, which is then not fingerprinted.
 fn simple_ident(expr: &Expr) -> Option<String> {
     match expr {
-        Expr::Path(p) if p.qself.is_none() => p.path.get_ident().map(|i| i.to_string()),
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident().map(ToString::to_string),
         Expr::Reference(r) => simple_ident(&r.expr),
         Expr::Paren(p) => simple_ident(&p.expr),
         _ => None,
@@ -399,9 +435,8 @@ fn duration(lit: &LitStr, which: Dur, errors: &mut Errors) -> Option<Duration> {
                     "`retain` must be longer than zero: an outcome kept for no time is never \
                      replayed; {SIZE_RETAIN}"
                 ),
-                Dur::Lease => "`lease` must be longer than zero: a claim owned for no time is \
-                               taken over by every duplicate; make it longer than the body's \
-                               slowest run"
+                Dur::Lease => "`lease` must be longer than zero: a claim owned for no time \
+                               would be taken over by every duplicate while the body runs"
                     .to_owned(),
                 Dur::Wait => "`wait` must be longer than zero; to answer a duplicate at once, \
                               write `in_flight = reject`"
@@ -450,7 +485,10 @@ pub(crate) fn source(segments: &[&str]) -> Option<Source> {
     let (&first, &last) = (segments.first()?, segments.last()?);
 
     // Crates whose every item is about randomness.
-    if matches!(first, "fastrand" | "getrandom" | "nanoid" | "cuid" | "cuid2") {
+    if matches!(
+        first,
+        "fastrand" | "getrandom" | "nanoid" | "cuid" | "cuid2"
+    ) {
         return Some(Source::Random);
     }
     // Well-known names, wherever they appear in a path (`rand::rngs::OsRng`, `OsRng`).
@@ -520,19 +558,23 @@ impl Scan {
     fn check(&mut self, segments: &[String], leading_colon: bool, tokens: &dyn ToTokens) {
         let refs: Vec<&str> = segments.iter().map(String::as_str).collect();
         if let Some(kind) = source(&refs) {
-            let written = format!("{}{}", if leading_colon { "::" } else { "" }, refs.join("::"));
+            let written = format!(
+                "{}{}",
+                if leading_colon { "::" } else { "" },
+                refs.join("::")
+            );
             self.flag(tokens, &written, kind);
         }
     }
 
     fn flag(&mut self, tokens: &dyn ToTokens, written: &str, kind: Source) {
         let what = match kind {
-            Source::Random => "is random",
-            Source::Clock => "reads the clock",
+            Source::Random => "a source of randomness",
+            Source::Clock => "a read of the clock",
         };
         let message = match self.role {
             Role::Key => format!(
-                "`key` must not be built from `{written}`, which {what}: a retry would get a new \
+                "`key` must not depend on `{written}`, {what}: a retry would get a new \
                  key and run the effect again; build the key from the request's own identity \
                  (an order id, a message id, a client-sent idempotency key){}",
                 if kind == Source::Clock {
@@ -542,16 +584,17 @@ impl Scan {
                 }
             ),
             Role::Scope => format!(
-                "`scope` must not be built from `{written}`, which {what}: a retry would land in \
+                "`scope` must not depend on `{written}`, {what}: a retry would land in \
                  a new scope and run the effect again; scope by a stable namespace such as the \
                  tenant or account"
             ),
             Role::Fingerprint => format!(
-                "`fingerprint` must not be built from `{written}`, which {what}: every retry \
+                "`fingerprint` must not depend on `{written}`, {what}: every retry \
                  would be rejected as a payload mismatch; fingerprint the request's payload"
             ),
         };
-        self.found.push(Error::new_spanned(tokens.to_token_stream(), message));
+        self.found
+            .push(Error::new_spanned(tokens.to_token_stream(), message));
     }
 
     /// Macro arguments that do not parse as expressions (`vec![x; n]`, `json!({..})`):
@@ -598,7 +641,15 @@ impl Scan {
         let macro_name = mac.path.segments.last().map(|s| s.ident.to_string());
         if matches!(
             macro_name.as_deref(),
-            Some("concat" | "stringify" | "include" | "include_str" | "include_bytes" | "env" | "option_env")
+            Some(
+                "concat"
+                    | "stringify"
+                    | "include"
+                    | "include_str"
+                    | "include_bytes"
+                    | "env"
+                    | "option_env"
+            )
         ) {
             return;
         }
@@ -631,7 +682,9 @@ impl Scan {
 fn inline_captures(format: &str) -> Vec<String> {
     fn is_ident(s: &str) -> bool {
         let s = s.strip_prefix("r#").unwrap_or(s);
-        s.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+        s.chars()
+            .next()
+            .is_some_and(|c| c.is_alphabetic() || c == '_')
             && s.chars().all(|c| c.is_alphanumeric() || c == '_')
             && s != "_"
     }
@@ -896,7 +949,10 @@ mod tests {
 
     #[test]
     fn inline_captures_skip_escapes_and_positions() {
-        assert_eq!(inline_captures("{{a}} {} {0} {b} {c:?} {:.p$}"), ["b", "c", "p"]);
+        assert_eq!(
+            inline_captures("{{a}} {} {0} {b} {c:?} {:.p$}"),
+            ["b", "c", "p"]
+        );
         assert_eq!(inline_captures("}}{{"), Vec::<String>::new());
     }
 }

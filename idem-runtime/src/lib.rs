@@ -55,6 +55,8 @@ mod idem;
 mod key;
 mod op;
 pub mod store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod tx;
 mod wake;
 
 #[doc(inline)]
@@ -77,6 +79,8 @@ pub use store::{
     StoredOutcome, Takeover,
 };
 pub use wake::WakeHub;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use tx::{TxConnection, TxGuard, TxStep};
 
 /// The SQL idem runs on open, for teams that apply DDL themselves
 /// ([`IdemBuilder::migrate`]`(false)`), with the default table name.
@@ -93,6 +97,8 @@ pub mod schema {
 pub mod __private {
     pub use crate::{Disposition, Idem, IdemError, InFlight, KeyPart, OnStoreError, Operation, Takeover};
     pub use ::core::time::Duration;
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub use crate::tx::TxStep;
 
     /// Not a stable API: an operation on the store given as `store = …`.
     pub fn operation<S: AsRef<Idem> + ?Sized, K: KeyPart + ?Sized>(store: &S, name: &str, key: &K) -> Operation {

@@ -375,6 +375,72 @@ impl<P, U> Operation<P, U> {
         &self.id
     }
 
+    pub(crate) fn decode_outcome<T, E>(&self, outcome: StoredOutcome) -> Result<T, E>
+    where
+        T: DeserializeOwned,
+        E: From<IdemError>,
+        P: ErrorPolicy<E>,
+        U: Upgrade<T>,
+    {
+        let codec = |message: String| IdemError::Codec {
+            name: self.id.name.as_str().to_owned(),
+            message,
+        };
+        if outcome.is_err {
+            if outcome.version != self.version {
+                return Err(codec(format!(
+                    "a recorded error has schema version {} but this build expects version {}; \
+                     resolve the operation or wait for it to expire",
+                    outcome.version, self.version
+                ))
+                .into());
+            }
+            return match self.policy.decode(&outcome.body) {
+                Ok(e) => Err(e),
+                Err(m) => Err(codec(format!("cannot decode the recorded error: {m}")).into()),
+            };
+        }
+        if outcome.version != self.version {
+            let value: serde_json::Value = serde_json::from_slice(&outcome.body)
+                .map_err(|e| codec(format!("the recorded outcome is not JSON: {e}")))?;
+            return Ok(self
+                .upgrade
+                .upgrade(self.id.name.as_str(), outcome.version, self.version, value)?);
+        }
+        serde_json::from_slice(&outcome.body).map_err(|e| {
+            codec(format!(
+                "cannot decode the recorded outcome as this build's type: {e}; if the type \
+                 changed shape, bump `version` and add `upgrade`"
+            ))
+            .into()
+        })
+    }
+
+    /// The first error the builder met (an oversized key, a failed fingerprint).
+    pub(crate) fn take_invalid(&mut self) -> Result<(), IdemError> {
+        self.invalid.take().map_or(Ok(()), Err)
+    }
+
+    pub(crate) fn idem_handle(&self) -> Result<Idem, IdemError> {
+        self.idem.clone().ok_or(IdemError::NoStore)
+    }
+
+    pub(crate) fn fingerprint_bytes(&self) -> [u8; 32] {
+        self.fingerprint.finish()
+    }
+
+    pub(crate) fn policy(&self) -> &P {
+        &self.policy
+    }
+
+    pub(crate) fn version_number(&self) -> u32 {
+        self.version
+    }
+
+    pub(crate) fn retain_for(&self) -> Duration {
+        self.retain
+    }
+
     /// Claims the operation, runs `body` if this call owns it, and records the outcome.
     ///
     /// A completed duplicate gets the recorded outcome without running `body`. See the
@@ -444,7 +510,7 @@ where
         match self.decide().await? {
             Decided::Replay(outcome) => {
                 tracing::debug!(parent: &span, "replay");
-                let out = self.decode(outcome);
+                let out = self.op.decode_outcome(outcome);
                 if out.is_ok() {
                     context::report_replay();
                 }
@@ -573,46 +639,6 @@ where
             }
             OnStoreError::FailClosed => Err(IdemError::store("claim", e)),
         }
-    }
-
-    fn decode<E>(&self, outcome: StoredOutcome) -> Result<T, E>
-    where
-        E: From<IdemError>,
-        P: ErrorPolicy<E>,
-    {
-        let codec = |message: String| IdemError::Codec {
-            name: self.name().to_owned(),
-            message,
-        };
-        if outcome.is_err {
-            if outcome.version != self.op.version {
-                return Err(codec(format!(
-                    "a recorded error has schema version {} but this build expects version {}; \
-                     resolve the operation or wait for it to expire",
-                    outcome.version, self.op.version
-                ))
-                .into());
-            }
-            return match self.op.policy.decode(&outcome.body) {
-                Ok(e) => Err(e),
-                Err(m) => Err(codec(format!("cannot decode the recorded error: {m}")).into()),
-            };
-        }
-        if outcome.version != self.op.version {
-            let value: serde_json::Value = serde_json::from_slice(&outcome.body)
-                .map_err(|e| codec(format!("the recorded outcome is not JSON: {e}")))?;
-            return Ok(self
-                .op
-                .upgrade
-                .upgrade(self.name(), outcome.version, self.op.version, value)?);
-        }
-        serde_json::from_slice(&outcome.body).map_err(|e| {
-            codec(format!(
-                "cannot decode the recorded outcome as this build's type: {e}; if the type \
-                 changed shape, bump `version` and add `upgrade`"
-            ))
-            .into()
-        })
     }
 
     async fn execute<F, Fut, E>(self, epoch: u64, body: F, span: &tracing::Span) -> Result<T, E>
@@ -774,3 +800,4 @@ where
         }
     }
 }
+

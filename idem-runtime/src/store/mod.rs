@@ -288,6 +288,13 @@ pub trait Store: Send + Sync + 'static {
     fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
         let _ = hub;
     }
+
+    /// The store as `Any`, so transactional mode can find the SQL store's table. Not a
+    /// stable API.
+    #[doc(hidden)]
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// A completed record exists but is bound to another fingerprint.
@@ -337,6 +344,9 @@ macro_rules! forward_store {
             }
             fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
                 (**self).attach_wakers(hub)
+            }
+            fn as_any(&self) -> Option<&dyn std::any::Any> {
+                (**self).as_any()
             }
         }
     )*};

@@ -1,0 +1,1657 @@
+//! The production store: one PostgreSQL table, leases by the database's clock.
+//!
+//! Every method is one statement (the claim re-issues itself in one rare race, below).
+//! Times are `clock_timestamp()`, the wall clock at the moment of evaluation; `now()`
+//! would be the start of the transaction, which in a caller's long transaction is old.
+//! Callers waiting in other processes are woken through `LISTEN`/`NOTIFY`.
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Executor, Row};
+
+use super::sql_common::{
+    self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, corrupt, decide, duration_ms,
+    epoch_from_sql, millis, outcome_from_sql, redact_url, sql_epoch, sql_version,
+};
+use super::{
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordInfo, State, Stats,
+    Store, StoredOutcome, Takeover,
+};
+use crate::error::{IdemError, StoreError};
+use crate::wake::WakeHub;
+
+/// The migrations, in order: (version, DDL in the default table name). Each must be
+/// idempotent (`IF NOT EXISTS`), so a table created by hand from
+/// [`POSTGRES_SCHEMA_SQL`](sql_common::POSTGRES_SCHEMA_SQL) can be adopted.
+const MIGRATIONS: &[(i32, &str)] = &[(1, sql_common::POSTGRES_SCHEMA_SQL)];
+
+/// The advisory lock that serializes idem's migrations across processes ("idemmigr").
+const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
+
+/// The channel on which record/release/mark_unknown/resolve announce that an operation
+/// moved on, when someone waits on it. The payload is the JSON of its [`OperationId`].
+const WAKE_CHANNEL: &str = "idem_wake";
+
+/// How often the claim statement is issued before giving up on the snapshot race.
+const CLAIM_ATTEMPTS: usize = 5;
+
+/// Records purged per statement, so a large purge does not lock many rows at once.
+const PURGE_BATCH: i64 = 1000;
+
+/// How many times transactional claim retries when the row it conflicted with vanished
+/// before it could be read.
+const TX_ATTEMPTS: usize = 5;
+
+const LOCK_MIGRATIONS: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// idem's own migration bookkeeping, in the table's schema, one row per (table, version);
+/// never sqlx's `_sqlx_migrations`, which belongs to the application.
+const BOOKKEEPING_DDL: &str = "CREATE TABLE IF NOT EXISTS {bookkeeping} (
+    table_name TEXT        NOT NULL,
+    version    INTEGER     NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (table_name, version)
+)";
+
+/// ?1 the schema (NULL: the one new tables go to), ?2 the table.
+const TABLE_EXISTS: &str = "SELECT 1 FROM information_schema.tables
+    WHERE table_schema = COALESCE($1::text, current_schema()) AND table_name = $2";
+
+const FORGET_MIGRATIONS: &str = "DELETE FROM {bookkeeping} WHERE table_name = $1";
+
+const APPLIED_MIGRATIONS: &str = "SELECT version FROM {bookkeeping} WHERE table_name = $1";
+
+const RECORD_MIGRATION: &str = "INSERT INTO {bookkeeping} (table_name, version) VALUES ($1, $2)";
+
+/// Reads every column idem uses, so a missing or foreign table fails at open, not at the
+/// first claim.
+const PROBE: &str = "SELECT scope, name, key, state, epoch, fingerprint, taken_over, lease_until,
+    created_at, claimed_at, expires_at, outcome, outcome_is_err, outcome_version, waiters
+    FROM {table} LIMIT 0";
+
+/// The record is COMPLETED and its retention has passed: it counts as absent, so the
+/// claim starts afresh (new fingerprint, epoch + 1 so stale writers stay fenced).
+const EXPIRED: &str = "(cur.state = 1 AND cur.expires_at <= EXCLUDED.claimed_at)";
+
+/// The record is IN_PROGRESS, its lease has lapsed, and it is the same request: another
+/// caller may take it over. A different request never takes over (that is a mismatch).
+const LAPSED: &str = "(cur.state = 0 AND cur.lease_until <= EXCLUDED.claimed_at \
+                      AND cur.fingerprint = EXCLUDED.fingerprint)";
+
+/// The claim: one statement, one round trip.
+///
+/// Parameters: $1 scope, $2 name, $3 key, $4 fingerprint, $5 lease (ms), $6 whether a
+/// lapsed lease goes to UNKNOWN.
+///
+/// `ins` inserts a fresh claim (epoch 1), or on conflict updates the row only when it is
+/// claimable (`WHERE {expired} OR {lapsed}`, judged on the latest committed version, which
+/// `ON CONFLICT` locks):
+///
+/// | old row                      | $6    | new row                          |
+/// |------------------------------|-------|----------------------------------|
+/// | COMPLETED, expired           | —     | fresh claim, epoch+1, new fp     |
+/// | IN_PROGRESS, lapsed, same fp | false | takeover: epoch+1, new lease     |
+/// | IN_PROGRESS, lapsed, same fp | true  | UNKNOWN, same epoch              |
+/// | anything else                | —     | not updated: `ins` is empty      |
+///
+/// `EXCLUDED.claimed_at` is the statement's `now`. When `ins` returns a row it is ours
+/// (`mine`). Otherwise the second branch reads the row as it is, for [`decide`] to tell
+/// replay, in-flight, mismatch and UNKNOWN apart.
+///
+/// That read uses the statement's snapshot. Under READ COMMITTED, when the conflicting
+/// row was committed after the statement began (a concurrent first claim), the snapshot
+/// does not have it and the statement returns no row; or it has an older version that
+/// looks claimable (`stale`). Both mean "issue the statement again", which then sees the
+/// committed row.
+const CLAIM: &str = "WITH ins AS (
+    INSERT INTO {table} AS cur (scope, name, key, state, epoch, fingerprint, taken_over,
+        lease_until, created_at, claimed_at, expires_at, outcome, outcome_is_err,
+        outcome_version, waiters)
+    SELECT $1, $2, $3, 0, 1, $4, false, n.now + $5::bigint * interval '1 millisecond',
+        n.now, n.now, NULL, NULL, false, 0, false
+    FROM (SELECT clock_timestamp() AS now) AS n
+    ON CONFLICT (scope, name, key) DO UPDATE SET
+        state = CASE WHEN {expired} OR NOT $6 THEN 0 ELSE 2 END,
+        epoch = CASE WHEN {expired} OR NOT $6 THEN cur.epoch + 1 ELSE cur.epoch END,
+        fingerprint = EXCLUDED.fingerprint,
+        taken_over = CASE WHEN {expired} THEN false WHEN $6 THEN cur.taken_over ELSE true END,
+        lease_until = CASE WHEN {expired} OR NOT $6 THEN EXCLUDED.lease_until
+                           ELSE cur.lease_until END,
+        created_at = CASE WHEN {expired} THEN EXCLUDED.created_at ELSE cur.created_at END,
+        claimed_at = CASE WHEN {expired} OR NOT $6 THEN EXCLUDED.claimed_at
+                          ELSE cur.claimed_at END,
+        expires_at = NULL,
+        outcome = NULL,
+        outcome_is_err = false,
+        outcome_version = 0,
+        waiters = CASE WHEN {expired} THEN false ELSE cur.waiters END
+    WHERE {expired} OR {lapsed}
+    RETURNING true AS mine, false AS stale, cur.state, cur.epoch,
+        true AS same_fingerprint, cur.taken_over, 0::bigint AS retry_after_ms, cur.outcome,
+        cur.outcome_is_err, cur.outcome_version
+)
+SELECT mine, stale, state, epoch, same_fingerprint, taken_over, retry_after_ms, outcome,
+    outcome_is_err, outcome_version
+FROM ins
+UNION ALL
+SELECT false, COALESCE((state = 0 AND lease_until <= clock_timestamp() AND fingerprint = $4)
+        OR (state = 1 AND expires_at <= clock_timestamp()), false),
+    state, epoch, fingerprint = $4, taken_over,
+    greatest(0, (EXTRACT(EPOCH FROM lease_until - clock_timestamp()) * 1000)::bigint),
+    outcome, outcome_is_err, outcome_version
+FROM {table}
+WHERE scope = $1 AND name = $2 AND key = $3 AND NOT EXISTS (SELECT 1 FROM ins)";
+
+/// The replay fast path: read-only. $1..$3 the operation, $4 the fingerprint.
+const PEEK: &str = "SELECT fingerprint = $4 AS same_fingerprint,
+        CASE WHEN fingerprint = $4 THEN outcome END AS outcome, outcome_is_err, outcome_version
+    FROM {table}
+    WHERE scope = $1 AND name = $2 AND key = $3 AND state = 1
+      AND expires_at > clock_timestamp()";
+
+/// The fenced writes that end a claim share one shape: the change in `upd`, then a
+/// `NOTIFY` in the same statement when a caller announced it waits (`waiters`). `held`
+/// is the fence, `woke` whether a notification was sent. $1..$3 the operation, $4 the
+/// epoch, $5 the notification payload.
+///
+/// Record: $6 outcome, $7 is_err, $8 version, $9 retain (ms).
+const RECORD: &str = "WITH upd AS (
+    UPDATE {table}
+    SET state = 1, outcome = $6, outcome_is_err = $7, outcome_version = $8,
+        expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
+    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4 AND state = 0
+    RETURNING waiters
+), woke AS (
+    SELECT pg_notify('idem_wake', $5) FROM upd WHERE waiters
+)
+SELECT (SELECT count(*) FROM upd) AS held, (SELECT count(*) FROM woke) AS woke";
+
+const RELEASE: &str = "WITH upd AS (
+    DELETE FROM {table}
+    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4 AND state = 0
+    RETURNING waiters
+), woke AS (
+    SELECT pg_notify('idem_wake', $5) FROM upd WHERE waiters
+)
+SELECT (SELECT count(*) FROM upd) AS held, (SELECT count(*) FROM woke) AS woke";
+
+const MARK_UNKNOWN: &str = "WITH upd AS (
+    UPDATE {table} SET state = 2
+    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4 AND state = 0
+    RETURNING waiters
+), woke AS (
+    SELECT pg_notify('idem_wake', $5) FROM upd WHERE waiters
+)
+SELECT (SELECT count(*) FROM upd) AS held, (SELECT count(*) FROM woke) AS woke";
+
+/// Parameters as [`RECORD`]; also settles an UNKNOWN record.
+const RESOLVE_RECORD: &str = "WITH upd AS (
+    UPDATE {table}
+    SET state = 1, outcome = $6, outcome_is_err = $7, outcome_version = $8,
+        expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
+    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4 AND state IN (0, 2)
+    RETURNING waiters
+), woke AS (
+    SELECT pg_notify('idem_wake', $5) FROM upd WHERE waiters
+)
+SELECT (SELECT count(*) FROM upd) AS held, (SELECT count(*) FROM woke) AS woke";
+
+const RESOLVE_DELETE: &str = "WITH upd AS (
+    DELETE FROM {table}
+    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4 AND state IN (0, 2)
+    RETURNING waiters
+), woke AS (
+    SELECT pg_notify('idem_wake', $5) FROM upd WHERE waiters
+)
+SELECT (SELECT count(*) FROM upd) AS held, (SELECT count(*) FROM woke) AS woke";
+
+/// $1..$3 the operation, $4 the epoch, $5 the new lease (ms).
+const RENEW: &str = "UPDATE {table}
+    SET lease_until = clock_timestamp() + $5::bigint * interval '1 millisecond'
+    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4 AND state = 0";
+
+/// A caller is about to wait on this claim: later writes that end it will `NOTIFY`.
+const ANNOUNCE_WAIT: &str = "UPDATE {table} SET waiters = true
+    WHERE scope = $1 AND name = $2 AND key = $3 AND state = 0 AND NOT waiters";
+
+/// $1 the batch size. `SKIP LOCKED` leaves rows a claim is reclaiming right now alone;
+/// the outer condition is re-checked on the locked rows.
+const PURGE: &str = "DELETE FROM {table}
+    WHERE (scope, name, key) IN (
+        SELECT scope, name, key FROM {table}
+        WHERE state = 1 AND expires_at <= clock_timestamp()
+        LIMIT $1 FOR UPDATE SKIP LOCKED)
+      AND state = 1 AND expires_at <= clock_timestamp()";
+
+const STATS: &str = "SELECT state, count(*) AS n,
+        greatest(0, (EXTRACT(EPOCH FROM clock_timestamp() - min(claimed_at)) * 1000)::bigint)
+            AS oldest_ms
+    FROM {table} GROUP BY state";
+
+/// $1 state or NULL, $2 name or NULL, $3 minimum age (ms) or NULL, $4 limit.
+const LIST: &str = "SELECT scope, name, key, state, epoch,
+        greatest(0, (EXTRACT(EPOCH FROM clock_timestamp() - claimed_at) * 1000)::bigint)
+            AS age_ms
+    FROM {table}
+    WHERE ($1::smallint IS NULL OR state = $1)
+      AND ($2::text IS NULL OR name = $2)
+      AND ($3::bigint IS NULL
+           OR claimed_at <= clock_timestamp() - $3::bigint * interval '1 millisecond')
+    ORDER BY claimed_at, scope, name, key
+    LIMIT $4";
+
+/// Transactional mode: the claim inside the caller's transaction. No lease: the row lock
+/// is the claim. A concurrent duplicate blocks here until the first transaction ends.
+/// $1..$3 the operation, $4 the fingerprint.
+const TX_CLAIM: &str = "INSERT INTO {table} (scope, name, key, state, epoch, fingerprint,
+        taken_over, lease_until, created_at, claimed_at)
+    SELECT $1, $2, $3, 0, 1, $4, false, n.now, n.now, n.now
+    FROM (SELECT clock_timestamp() AS now) AS n
+    ON CONFLICT (scope, name, key) DO NOTHING
+    RETURNING epoch";
+
+/// Transactional mode: the row that made [`TX_CLAIM`] do nothing. A new statement, so
+/// under READ COMMITTED it sees the row the other transaction committed.
+const TX_READ: &str = "SELECT state, epoch, fingerprint = $4 AS same_fingerprint,
+        COALESCE(state = 1 AND expires_at <= clock_timestamp(), false) AS expired,
+        greatest(0, (EXTRACT(EPOCH FROM lease_until - clock_timestamp()) * 1000)::bigint)
+            AS retry_after_ms,
+        outcome, outcome_is_err, outcome_version
+    FROM {table} WHERE scope = $1 AND name = $2 AND key = $3";
+
+/// Transactional mode: an expired COMPLETED record counts as absent; claim it afresh.
+const TX_RECLAIM_EXPIRED: &str = "UPDATE {table}
+    SET state = 0, epoch = epoch + 1, fingerprint = $4, taken_over = false,
+        lease_until = clock_timestamp(), created_at = clock_timestamp(),
+        claimed_at = clock_timestamp(), expires_at = NULL, outcome = NULL,
+        outcome_is_err = false, outcome_version = 0, waiters = false
+    WHERE scope = $1 AND name = $2 AND key = $3 AND state = 1
+      AND expires_at <= clock_timestamp()
+    RETURNING epoch";
+
+/// Transactional mode: $4 outcome, $5 is_err, $6 version, $7 retain (ms).
+const TX_RECORD: &str = "UPDATE {table}
+    SET state = 1, outcome = $4, outcome_is_err = $5, outcome_version = $6,
+        expires_at = clock_timestamp() + $7::bigint * interval '1 millisecond'
+    WHERE scope = $1 AND name = $2 AND key = $3 AND state = 0";
+
+/// Every statement, rendered once for the configured table.
+#[derive(Debug)]
+struct Statements {
+    claim: String,
+    peek: String,
+    record: String,
+    release: String,
+    mark_unknown: String,
+    renew: String,
+    resolve_record: String,
+    resolve_delete: String,
+    announce_wait: String,
+    purge: String,
+    stats: String,
+    list: String,
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Statements {
+        let r = |sql: &str| table.render(sql, "clock_timestamp()");
+        let claim = CLAIM
+            .replace("{lapsed}", LAPSED)
+            .replace("{expired}", EXPIRED);
+        Statements {
+            claim: r(&claim),
+            peek: r(PEEK),
+            record: r(RECORD),
+            release: r(RELEASE),
+            mark_unknown: r(MARK_UNKNOWN),
+            renew: r(RENEW),
+            resolve_record: r(RESOLVE_RECORD),
+            resolve_delete: r(RESOLVE_DELETE),
+            announce_wait: r(ANNOUNCE_WAIT),
+            purge: r(PURGE),
+            stats: r(STATS),
+            list: r(LIST),
+        }
+    }
+}
+
+/// Aborts the wake listener when the store goes away.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The PostgreSQL [`Store`]: a pool, the statements for its table, and (once wakers are
+/// attached) a background `LISTEN` task that stops with the store.
+#[derive(Debug)]
+pub(crate) struct PgStore {
+    pool: PgPool,
+    table: TableName,
+    sql: Statements,
+    listener: Mutex<Option<AbortOnDrop>>,
+}
+
+/// Connects to `url` and opens the idem table there, creating it unless `opts.migrate`
+/// is false.
+pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemError> {
+    let table = TableName::parse(&opts.table, true)?;
+    let shown = redact_url(url);
+    let connect = PgConnectOptions::from_str(url).map_err(|e| IdemError::Config {
+        message: format!(
+            "invalid PostgreSQL URL `{shown}`: {e}; expected `postgres://user:password@host:port/database`"
+        ),
+    })?;
+    let pool = PgPoolOptions::new()
+        .connect_with(connect)
+        .await
+        .map_err(|e| {
+            let e = map_err(e);
+            IdemError::store(
+                "connecting to PostgreSQL",
+                StoreError::new(
+                    e.retryable,
+                    format!(
+                        "cannot connect to PostgreSQL at `{shown}`: {}; check the server is up \
+                         and the URL's host, port, user and database",
+                        e.source
+                    ),
+                ),
+            )
+        })?;
+    prepare(pool, table, opts.migrate).await
+}
+
+/// Uses an application's pool; creates the idem table unless `opts.migrate` is false.
+pub(crate) async fn from_pool(pool: PgPool, opts: &SqlOptions) -> Result<PgStore, IdemError> {
+    let table = TableName::parse(&opts.table, true)?;
+    prepare(pool, table, opts.migrate).await
+}
+
+async fn prepare(pool: PgPool, table: TableName, migrate: bool) -> Result<PgStore, IdemError> {
+    if migrate {
+        run_migrations(&pool, &table).await.map_err(|e| {
+            open_error(
+                e,
+                format!(
+                    "cannot create the idem table `{table}`; grant CREATE on its schema, or \
+                     create it yourself with `POSTGRES_SCHEMA_SQL` and disable migrate"
+                ),
+            )
+        })?;
+    }
+    let probe = table.render(PROBE, "clock_timestamp()");
+    sqlx::query(&probe).execute(&pool).await.map_err(|e| {
+        open_error(
+            e,
+            format!(
+                "the idem table `{table}` is missing or lacks idem's columns; create it with \
+                 `POSTGRES_SCHEMA_SQL` (renamed to `{table}`) or enable migrate"
+            ),
+        )
+    })?;
+    let sql = Statements::new(&table);
+    Ok(PgStore {
+        pool,
+        table,
+        sql,
+        listener: Mutex::new(None),
+    })
+}
+
+/// Applies the missing migrations in one transaction under an advisory lock, so
+/// processes opening at once apply them one after another and the later ones find
+/// nothing left to do (even `CREATE ... IF NOT EXISTS` can fail on a concurrent create).
+async fn run_migrations(pool: &PgPool, table: &TableName) -> Result<(), sqlx::Error> {
+    let bookkeeping =
+        |sql: &str| sql.replace("{bookkeeping}", &table.sibling("idem_schema_migrations"));
+    let mut tx = pool.begin().await?;
+    sqlx::query(LOCK_MIGRATIONS)
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(schema) = table.schema() {
+        let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
+        tx.execute(create.as_str()).await?;
+    }
+    let ddl = bookkeeping(BOOKKEEPING_DDL);
+    tx.execute(ddl.as_str()).await?;
+    let exists = sqlx::query(TABLE_EXISTS)
+        .bind(table.schema())
+        .bind(table.bare())
+        .fetch_optional(&mut *tx)
+        .await?
+        .is_some();
+    if !exists {
+        // The table was dropped since: its bookkeeping no longer describes anything.
+        let forget = bookkeeping(FORGET_MIGRATIONS);
+        sqlx::query(&forget)
+            .bind(table.bare())
+            .execute(&mut *tx)
+            .await?;
+    }
+    let applied_sql = bookkeeping(APPLIED_MIGRATIONS);
+    let applied: Vec<i32> = sqlx::query_scalar(&applied_sql)
+        .bind(table.bare())
+        .fetch_all(&mut *tx)
+        .await?;
+    let record = bookkeeping(RECORD_MIGRATION);
+    for &(version, ddl) in MIGRATIONS {
+        if applied.contains(&version) {
+            continue;
+        }
+        // No bind parameters: the simple protocol, which runs the file's several statements.
+        let ddl = table.render_ddl(ddl);
+        tx.execute(ddl.as_str()).await?;
+        sqlx::query(&record)
+            .bind(table.bare())
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// An error while opening: transient ones are retryable store errors, the rest are
+/// configuration to fix.
+fn open_error(e: sqlx::Error, what: String) -> IdemError {
+    let e = map_err(e);
+    if e.retryable {
+        IdemError::store(
+            "opening the PostgreSQL store",
+            StoreError::new(true, format!("{what}: {}", e.source)),
+        )
+    } else {
+        IdemError::Config {
+            message: format!("{what}: {}", e.source),
+        }
+    }
+}
+
+/// SQLSTATEs a retry can clear: serialization failure, deadlock, lock timeout, statement
+/// timeout, server shutting down or starting, too many connections, and the connection
+/// exception class.
+fn retryable_code(code: &str) -> bool {
+    matches!(
+        code,
+        "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "53300"
+    ) || code.starts_with("08")
+}
+
+/// Maps a driver error to a [`StoreError`], retryable when a retry can clear it.
+pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
+    sql_common::map_sqlx(e, retryable_code)
+}
+
+fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
+    Ok(ClaimRow {
+        mine: row.try_get("mine")?,
+        stale: row.try_get("stale")?,
+        state: i64::from(row.try_get::<i16, _>("state")?),
+        epoch: row.try_get("epoch")?,
+        same_fingerprint: row.try_get("same_fingerprint")?,
+        taken_over: row.try_get("taken_over")?,
+        retry_after_ms: row.try_get("retry_after_ms")?,
+        outcome: row.try_get("outcome")?,
+        outcome_is_err: row.try_get("outcome_is_err")?,
+        outcome_version: i64::from(row.try_get::<i32, _>("outcome_version")?),
+    })
+}
+
+fn fence(rows: u64) -> Fence {
+    if rows == 0 { Fence::Lost } else { Fence::Held }
+}
+
+/// The `NOTIFY` payload naming an operation.
+fn wake_payload(id: &OperationId) -> Result<String, StoreError> {
+    serde_json::to_string(id).map_err(|e| StoreError::new(false, e))
+}
+
+impl PgStore {
+    /// The table this store uses, for the transactional helpers.
+    pub(crate) fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The pool this store uses.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// One fenced write that ends a claim (and wakes waiters): `held` decides the fence.
+    async fn ending(
+        &self,
+        sql: &str,
+        id: &OperationId,
+        epoch: u64,
+        outcome: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        let Some(epoch) = sql_epoch(epoch) else {
+            return Ok(Fence::Lost);
+        };
+        let mut query = sqlx::query(sql)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(epoch)
+            .bind(wake_payload(id)?);
+        if let Some((outcome, retain)) = outcome {
+            query = query
+                .bind(&outcome.body)
+                .bind(outcome.is_err)
+                .bind(sql_version(outcome.version)?)
+                .bind(millis(retain));
+        }
+        let row = query.fetch_one(&self.pool).await.map_err(map_err)?;
+        let held: i64 = row.try_get("held").map_err(map_err)?;
+        Ok(fence(u64::try_from(held).unwrap_or(0)))
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PgStore {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let row = sqlx::query(&self.sql.claim)
+                .bind(&req.id.scope)
+                .bind(&req.id.name)
+                .bind(&req.id.key)
+                .bind(&req.fingerprint[..])
+                .bind(millis(req.lease))
+                .bind(req.on_takeover == Takeover::Unknown)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_err)?;
+            let Some(row) = row else {
+                tracing::trace!(id = %req.id, "claim raced a concurrent commit; issuing it again");
+                continue;
+            };
+            match decide(claim_row(&row).map_err(map_err)?)? {
+                Decision::Claim(claim) => return Ok(claim),
+                Decision::Reissue => {
+                    tracing::trace!(id = %req.id, "claim read a superseded row; issuing it again");
+                }
+            }
+        }
+        Err(StoreError::new(
+            true,
+            format!(
+                "the claim of `{}` raced concurrent writers {CLAIM_ATTEMPTS} times in a row; retry",
+                req.id
+            ),
+        ))
+    }
+
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        let Some(row) = sqlx::query(&self.sql.peek)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(&fingerprint[..])
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?
+        else {
+            return Ok(None);
+        };
+        let same: bool = row.try_get("same_fingerprint").map_err(map_err)?;
+        if !same {
+            return Ok(Some(Err(Mismatched)));
+        }
+        let outcome = outcome_from_sql(
+            row.try_get("outcome").map_err(map_err)?,
+            row.try_get("outcome_is_err").map_err(map_err)?,
+            i64::from(row.try_get::<i32, _>("outcome_version").map_err(map_err)?),
+        )?;
+        Ok(Some(Ok(outcome)))
+    }
+
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        self.ending(&self.sql.record, id, epoch, Some((outcome, retain)))
+            .await
+    }
+
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.ending(&self.sql.release, id, epoch, None).await
+    }
+
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.ending(&self.sql.mark_unknown, id, epoch, None).await
+    }
+
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
+        let Some(epoch) = sql_epoch(epoch) else {
+            return Ok(Fence::Lost);
+        };
+        let done = sqlx::query(&self.sql.renew)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(epoch)
+            .bind(millis(lease))
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(fence(done.rows_affected()))
+    }
+
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        match completed {
+            None => self.ending(&self.sql.resolve_delete, id, epoch, None).await,
+            Some(outcome) => {
+                self.ending(&self.sql.resolve_record, id, epoch, Some(outcome))
+                    .await
+            }
+        }
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let done = sqlx::query(&self.sql.purge)
+                .bind(PURGE_BATCH)
+                .execute(&self.pool)
+                .await
+                .map_err(map_err)?;
+            total += done.rows_affected();
+            if done.rows_affected() < PURGE_BATCH.unsigned_abs() {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let rows = sqlx::query(&self.sql.stats)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        let mut stats = Stats::default();
+        for row in rows {
+            let code: i16 = row.try_get("state").map_err(map_err)?;
+            let n: i64 = row.try_get("n").map_err(map_err)?;
+            let oldest: i64 = row.try_get("oldest_ms").map_err(map_err)?;
+            let n = u64::try_from(n).unwrap_or(0);
+            match State::from_code(i64::from(code)) {
+                Some(State::InProgress) => {
+                    stats.in_progress = n;
+                    stats.oldest_in_progress = Some(duration_ms(oldest));
+                }
+                Some(State::Completed) => stats.completed = n,
+                Some(State::Unknown) => {
+                    stats.unknown = n;
+                    stats.oldest_unknown = Some(duration_ms(oldest));
+                }
+                None => return Err(corrupt(format!("unknown state code {code}"))),
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        let rows = sqlx::query(&self.sql.list)
+            .bind(filter.state.map(State::code))
+            .bind(filter.name.as_deref())
+            .bind(filter.older_than.map(millis))
+            .bind(i64::from(filter.limit()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter()
+            .map(|row| {
+                let code: i16 = row.try_get("state").map_err(map_err)?;
+                Ok(RecordInfo {
+                    id: OperationId {
+                        scope: row.try_get("scope").map_err(map_err)?,
+                        name: row.try_get("name").map_err(map_err)?,
+                        key: row.try_get("key").map_err(map_err)?,
+                    },
+                    state: State::from_code(i64::from(code))
+                        .ok_or_else(|| corrupt(format!("unknown state code {code}")))?,
+                    epoch: epoch_from_sql(row.try_get("epoch").map_err(map_err)?)?,
+                    age: duration_ms(row.try_get("age_ms").map_err(map_err)?),
+                })
+            })
+            .collect()
+    }
+
+    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.announce_wait)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    fn attach_wakers(&self, hub: Arc<WakeHub>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "idem: no tokio runtime when attaching PostgreSQL wakers; waiters on other \
+                 processes' operations will poll instead of being woken"
+            );
+            return;
+        };
+        let options = (*self.pool.connect_options()).clone();
+        let task = AbortOnDrop(runtime.spawn(listen(options, hub)));
+        let mut listener = self.listener.lock().unwrap_or_else(|p| p.into_inner());
+        // A second attach replaces the first (dropping it aborts the old task).
+        *listener = Some(task);
+    }
+}
+
+/// The wake listener: one dedicated connection (its own pool of one, so it never takes a
+/// connection from the store's pool) that `LISTEN`s on [`WAKE_CHANNEL`] and wakes this
+/// process's waiters. `PgListener` reconnects and re-subscribes by itself; notifications
+/// sent while it was down are lost, and those waiters fall back to polling the lease.
+async fn listen(options: PgConnectOptions, hub: Arc<WakeHub>) {
+    const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+    const MAX_BACKOFF: Duration = Duration::from_secs(30);
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_lazy_with(options);
+    let mut backoff = FIRST_BACKOFF;
+    let mut listener = loop {
+        let connected = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(WAKE_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match connected.await {
+            Ok(listener) => break listener,
+            Err(e) => {
+                tracing::warn!(error = %e, "idem: cannot LISTEN for wake-ups; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    };
+    backoff = FIRST_BACKOFF;
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notification)) => {
+                backoff = FIRST_BACKOFF;
+                match serde_json::from_str::<OperationId>(notification.payload()) {
+                    Ok(id) => hub.wake(&id),
+                    Err(e) => tracing::debug!(error = %e, "idem: ignoring a malformed wake-up"),
+                }
+            }
+            Ok(None) => {
+                tracing::debug!("idem: wake listener reconnected; wake-ups meanwhile were lost");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "idem: wake listener failed; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Transactional mode: claims `id` inside the caller's transaction on `conn`.
+///
+/// A concurrent duplicate's insert blocks on this row until this transaction ends (bound
+/// it with `lock_timeout`), then replays what was committed, or claims if this one rolled
+/// back. Under REPEATABLE READ or SERIALIZABLE the conflict is a serialization failure,
+/// returned as a retryable error.
+pub(crate) async fn tx_claim_pg(
+    conn: &mut PgConnection,
+    table: &TableName,
+    id: &OperationId,
+    fingerprint: &[u8; 32],
+) -> Result<TxClaim, StoreError> {
+    let insert = table.render(TX_CLAIM, "clock_timestamp()");
+    let read = table.render(TX_READ, "clock_timestamp()");
+    let reclaim = table.render(TX_RECLAIM_EXPIRED, "clock_timestamp()");
+    for _ in 0..TX_ATTEMPTS {
+        if tx_step(conn, &insert, id, fingerprint).await?.is_some() {
+            return Ok(TxClaim::Acquired);
+        }
+        let Some(row) = tx_step(conn, &read, id, fingerprint).await? else {
+            continue; // deleted since the insert saw it: try the insert again
+        };
+        let expired: bool = row.try_get("expired").map_err(map_err)?;
+        if expired {
+            if tx_step(conn, &reclaim, id, fingerprint).await?.is_some() {
+                return Ok(TxClaim::Acquired);
+            }
+            continue;
+        }
+        return tx_decide(&row);
+    }
+    Err(StoreError::new(
+        true,
+        "the idem record kept changing under the transactional claim; retry the transaction",
+    ))
+}
+
+/// One transactional statement over ($1 scope, $2 name, $3 key, $4 fingerprint).
+async fn tx_step(
+    conn: &mut PgConnection,
+    sql: &str,
+    id: &OperationId,
+    fingerprint: &[u8; 32],
+) -> Result<Option<PgRow>, StoreError> {
+    sqlx::query(sql)
+        .bind(&id.scope)
+        .bind(&id.name)
+        .bind(&id.key)
+        .bind(&fingerprint[..])
+        .fetch_optional(conn)
+        .await
+        .map_err(map_err)
+}
+
+fn tx_decide(row: &PgRow) -> Result<TxClaim, StoreError> {
+    let same: bool = row.try_get("same_fingerprint").map_err(map_err)?;
+    if !same {
+        return Ok(TxClaim::Mismatch);
+    }
+    let code: i16 = row.try_get("state").map_err(map_err)?;
+    match State::from_code(i64::from(code)) {
+        Some(State::Completed) => Ok(TxClaim::Completed(outcome_from_sql(
+            row.try_get("outcome").map_err(map_err)?,
+            row.try_get("outcome_is_err").map_err(map_err)?,
+            i64::from(row.try_get::<i32, _>("outcome_version").map_err(map_err)?),
+        )?)),
+        Some(State::InProgress) => Ok(TxClaim::InFlight {
+            retry_after: duration_ms(row.try_get("retry_after_ms").map_err(map_err)?),
+        }),
+        Some(State::Unknown) => Ok(TxClaim::Unknown {
+            epoch: epoch_from_sql(row.try_get("epoch").map_err(map_err)?)?,
+        }),
+        None => Err(corrupt(format!("unknown state code {code}"))),
+    }
+}
+
+/// Transactional mode: records the outcome of the claim this transaction holds on `id`.
+pub(crate) async fn tx_record_pg(
+    conn: &mut PgConnection,
+    table: &TableName,
+    id: &OperationId,
+    outcome: &StoredOutcome,
+    retain: Duration,
+) -> Result<Fence, StoreError> {
+    let sql = table.render(TX_RECORD, "clock_timestamp()");
+    let done = sqlx::query(&sql)
+        .bind(&id.scope)
+        .bind(&id.name)
+        .bind(&id.key)
+        .bind(&outcome.body)
+        .bind(outcome.is_err)
+        .bind(sql_version(outcome.version)?)
+        .bind(millis(retain))
+        .execute(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(fence(done.rows_affected()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FP: [u8; 32] = [1; 32];
+    const OTHER_FP: [u8; 32] = [2; 32];
+    const LEASE: Duration = Duration::from_secs(60);
+    const TINY_LEASE: Duration = Duration::from_millis(5);
+    /// Comfortably past [`TINY_LEASE`] (and a tiny retention) by the store's clock.
+    const PAST_TINY: Duration = Duration::from_millis(40);
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn url() -> String {
+        std::env::var("IDEM_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    }
+
+    /// A store on its own table, dropped (with its bookkeeping) by [`TestDb::cleanup`].
+    struct TestDb {
+        store: PgStore,
+        admin: PgPool,
+        table: String,
+    }
+
+    impl TestDb {
+        /// `None` (after one line on stdout) when PostgreSQL is not reachable, unless
+        /// `IDEM_REQUIRE_DB=1`.
+        async fn new(test: &str) -> Option<TestDb> {
+            Self::with_table(&format!("idem_t_{test}_{}", std::process::id())).await
+        }
+
+        async fn with_table(table: &str) -> Option<TestDb> {
+            let url = url();
+            let admin = match PgPoolOptions::new().max_connections(2).connect(&url).await {
+                Ok(pool) => pool,
+                Err(e) if std::env::var("IDEM_REQUIRE_DB").as_deref() != Ok("1") => {
+                    let _ = e;
+                    println!(
+                        "skipping: PostgreSQL not reachable at {} (set IDEM_POSTGRES_URL)",
+                        redact_url(&url)
+                    );
+                    return None;
+                }
+                Err(e) => panic!("PostgreSQL not reachable at {url} and IDEM_REQUIRE_DB=1: {e}"),
+            };
+            drop_table(&admin, table).await;
+            let opts = SqlOptions {
+                table: table.to_owned(),
+                migrate: true,
+            };
+            let store = open(&url, &opts).await.expect("open PostgreSQL store");
+            Some(TestDb {
+                store,
+                admin,
+                table: table.to_owned(),
+            })
+        }
+
+        async fn cleanup(self) {
+            let TestDb {
+                store,
+                admin,
+                table,
+            } = self;
+            store.pool.close().await;
+            drop_table(&admin, &table).await;
+        }
+    }
+
+    async fn drop_table(admin: &PgPool, table: &str) {
+        let name = TableName::parse(table, true).unwrap();
+        let drop = format!("DROP TABLE IF EXISTS {}", name.qualified());
+        admin.execute(drop.as_str()).await.expect("drop test table");
+        let forget = format!(
+            "DO $$ BEGIN IF to_regclass('{bk}') IS NOT NULL THEN \
+             DELETE FROM {bk} WHERE table_name = '{bare}'; END IF; END $$",
+            bk = name.sibling("idem_schema_migrations"),
+            bare = name.bare(),
+        );
+        admin
+            .execute(forget.as_str())
+            .await
+            .expect("forget test bookkeeping");
+    }
+
+    fn op(key: &str) -> OperationId {
+        OperationId {
+            scope: "tenant".into(),
+            name: "charge".into(),
+            key: key.into(),
+        }
+    }
+
+    fn req<'a>(id: &'a OperationId, fingerprint: [u8; 32], lease: Duration) -> ClaimRequest<'a> {
+        ClaimRequest {
+            id,
+            fingerprint,
+            lease,
+            on_takeover: Takeover::Rerun,
+        }
+    }
+
+    fn outcome(body: &str) -> StoredOutcome {
+        StoredOutcome {
+            is_err: false,
+            version: 1,
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    async fn claim(store: &PgStore, id: &OperationId, fp: [u8; 32], lease: Duration) -> Claim {
+        store.claim(&req(id, fp, lease)).await.expect("claim")
+    }
+
+    #[tokio::test]
+    async fn decision_table() {
+        let Some(db) = TestDb::new("decision").await else {
+            return;
+        };
+        let store = &db.store;
+
+        // fresh → in flight → mismatch → replay
+        let id = op("o-1");
+        assert_eq!(
+            claim(store, &id, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+        match claim(store, &id, FP, LEASE).await {
+            Claim::InFlight { retry_after } => {
+                assert!(retry_after <= LEASE && retry_after > Duration::ZERO)
+            }
+            other => panic!("expected InFlight, got {other:?}"),
+        }
+        assert_eq!(claim(store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
+        assert_eq!(store.peek_completed(&id, &FP).await.unwrap(), None);
+        let done = StoredOutcome {
+            is_err: true,
+            version: 3,
+            body: b"{\"declined\":true}".to_vec(),
+        };
+        assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Held);
+        assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Lost);
+        assert_eq!(
+            claim(store, &id, FP, LEASE).await,
+            Claim::Completed(done.clone())
+        );
+        assert_eq!(
+            store.peek_completed(&id, &FP).await.unwrap(),
+            Some(Ok(done))
+        );
+        assert_eq!(claim(store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
+        assert_eq!(
+            store.peek_completed(&id, &OTHER_FP).await.unwrap(),
+            Some(Err(Mismatched))
+        );
+
+        // takeover after a lapse; the old epoch is fenced
+        let lapsed = op("o-2");
+        claim(store, &lapsed, FP, TINY_LEASE).await;
+        tokio::time::sleep(PAST_TINY).await;
+        assert_eq!(
+            claim(store, &lapsed, OTHER_FP, LEASE).await,
+            Claim::Mismatch
+        );
+        assert_eq!(
+            claim(store, &lapsed, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 2,
+                takeover: true
+            }
+        );
+        assert!(matches!(
+            claim(store, &lapsed, FP, LEASE).await,
+            Claim::InFlight { .. }
+        ));
+        assert_eq!(store.renew(&lapsed, 1, LEASE).await.unwrap(), Fence::Lost);
+        assert_eq!(store.release(&lapsed, 1).await.unwrap(), Fence::Lost);
+        assert_eq!(store.mark_unknown(&lapsed, 1).await.unwrap(), Fence::Lost);
+        assert_eq!(
+            store
+                .record(&lapsed, 1, &outcome("late"), DAY)
+                .await
+                .unwrap(),
+            Fence::Lost
+        );
+        assert_eq!(store.renew(&lapsed, 2, LEASE).await.unwrap(), Fence::Held);
+        assert_eq!(
+            store.record(&lapsed, 2, &outcome("ok"), DAY).await.unwrap(),
+            Fence::Held
+        );
+        assert_eq!(
+            claim(store, &lapsed, FP, LEASE).await,
+            Claim::Completed(outcome("ok"))
+        );
+
+        // takeover → UNKNOWN; only resolve moves it on
+        let unknown = op("o-3");
+        claim(store, &unknown, FP, TINY_LEASE).await;
+        tokio::time::sleep(PAST_TINY).await;
+        let to_unknown = ClaimRequest {
+            on_takeover: Takeover::Unknown,
+            ..req(&unknown, FP, LEASE)
+        };
+        assert_eq!(
+            store.claim(&to_unknown).await.unwrap(),
+            Claim::Unknown {
+                epoch: 1,
+                now: true
+            }
+        );
+        assert_eq!(
+            store.claim(&to_unknown).await.unwrap(),
+            Claim::Unknown {
+                epoch: 1,
+                now: false
+            }
+        );
+        assert_eq!(
+            claim(store, &unknown, OTHER_FP, LEASE).await,
+            Claim::Mismatch
+        );
+        assert_eq!(
+            store
+                .record(&unknown, 1, &outcome("late"), DAY)
+                .await
+                .unwrap(),
+            Fence::Lost
+        );
+        let settled = outcome("\"settled\"");
+        assert_eq!(
+            store
+                .resolve(&unknown, 2, Some((&settled, DAY)))
+                .await
+                .unwrap(),
+            Fence::Lost
+        );
+        assert_eq!(
+            store
+                .resolve(&unknown, 1, Some((&settled, DAY)))
+                .await
+                .unwrap(),
+            Fence::Held
+        );
+        assert_eq!(
+            claim(store, &unknown, FP, LEASE).await,
+            Claim::Completed(settled)
+        );
+
+        // resolve(None) and release delete: the next call is fresh
+        let retry = op("o-4");
+        claim(store, &retry, FP, LEASE).await;
+        store.mark_unknown(&retry, 1).await.unwrap();
+        assert_eq!(
+            claim(store, &retry, FP, LEASE).await,
+            Claim::Unknown {
+                epoch: 1,
+                now: false
+            }
+        );
+        assert_eq!(store.resolve(&retry, 1, None).await.unwrap(), Fence::Held);
+        assert_eq!(
+            claim(store, &retry, OTHER_FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+        assert_eq!(store.release(&retry, 2).await.unwrap(), Fence::Lost);
+        assert_eq!(store.release(&retry, 1).await.unwrap(), Fence::Held);
+        assert_eq!(store.release(&retry, u64::MAX).await.unwrap(), Fence::Lost);
+        assert_eq!(
+            claim(store, &retry, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+
+        // expired completed → fresh claim with the new fingerprint and epoch + 1
+        let expired = op("o-5");
+        claim(store, &expired, FP, LEASE).await;
+        store
+            .record(&expired, 1, &outcome("old"), Duration::from_millis(1))
+            .await
+            .unwrap();
+        tokio::time::sleep(PAST_TINY).await;
+        assert_eq!(store.peek_completed(&expired, &FP).await.unwrap(), None);
+        assert_eq!(
+            claim(store, &expired, OTHER_FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 2,
+                takeover: false
+            }
+        );
+        assert_eq!(claim(store, &expired, FP, LEASE).await, Claim::Mismatch);
+        assert_eq!(
+            store
+                .record(&expired, 1, &outcome("stale"), DAY)
+                .await
+                .unwrap(),
+            Fence::Lost
+        );
+
+        db.cleanup().await;
+    }
+
+    #[tokio::test]
+    async fn purge_stats_and_list() {
+        let Some(db) = TestDb::new("purge").await else {
+            return;
+        };
+        let store = &db.store;
+        let (live, expired, running, unknown) =
+            (op("live"), op("expired"), op("running"), op("unknown"));
+        for id in [&live, &expired, &running, &unknown] {
+            claim(store, id, FP, LEASE).await;
+        }
+        store.record(&live, 1, &outcome("1"), DAY).await.unwrap();
+        store
+            .record(&expired, 1, &outcome("1"), Duration::from_millis(1))
+            .await
+            .unwrap();
+        store.mark_unknown(&unknown, 1).await.unwrap();
+        let lapsed = op("lapsed");
+        claim(store, &lapsed, FP, TINY_LEASE).await;
+        tokio::time::sleep(PAST_TINY).await;
+
+        assert_eq!(store.purge_expired().await.unwrap(), 1);
+        assert_eq!(store.purge_expired().await.unwrap(), 0);
+        let stats = store.stats().await.unwrap();
+        assert_eq!(
+            (stats.in_progress, stats.completed, stats.unknown),
+            (2, 1, 1)
+        );
+        assert!(stats.oldest_in_progress.is_some() && stats.oldest_unknown.is_some());
+        assert_eq!(
+            claim(store, &live, FP, LEASE).await,
+            Claim::Completed(outcome("1"))
+        );
+
+        let all = store.list(&ListFilter::default()).await.unwrap();
+        assert_eq!(
+            all.iter().map(|r| r.id.key.as_str()).collect::<Vec<_>>(),
+            ["live", "running", "unknown", "lapsed"]
+        );
+        let queue = store.list(&ListFilter::unknown()).await.unwrap();
+        assert_eq!(queue.len(), 1);
+        assert_eq!(
+            (queue[0].id.clone(), queue[0].state, queue[0].epoch),
+            (unknown, State::Unknown, 1)
+        );
+        assert!(
+            store
+                .list(&ListFilter::stuck(DAY))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            store
+                .list(&ListFilter::stuck(Duration::from_millis(1)))
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        let other_name = ListFilter {
+            name: Some("email".into()),
+            ..Default::default()
+        };
+        assert!(store.list(&other_name).await.unwrap().is_empty());
+        let one = ListFilter {
+            limit: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(store.list(&one).await.unwrap().len(), 1);
+        db.cleanup().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_claims_on_a_fresh_key_acquire_once() {
+        let Some(db) = TestDb::new("concurrent").await else {
+            return;
+        };
+        let store = Arc::new(db.store);
+        for round in 0..3 {
+            let id = Arc::new(op(&format!("hot-{round}")));
+            let barrier = Arc::new(tokio::sync::Barrier::new(50));
+            let tasks: Vec<_> = (0..50)
+                .map(|_| {
+                    let (store, id, barrier) = (store.clone(), id.clone(), barrier.clone());
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        store.claim(&req(&id, FP, LEASE)).await
+                    })
+                })
+                .collect();
+            let mut acquired = 0;
+            for task in tasks {
+                match task.await.unwrap().expect("claim under contention") {
+                    Claim::Acquired {
+                        epoch: 1,
+                        takeover: false,
+                    } => acquired += 1,
+                    Claim::InFlight { .. } => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            assert_eq!(acquired, 1, "round {round}");
+        }
+        let store = Arc::into_inner(store).expect("tasks done");
+        TestDb { store, ..db }.cleanup().await;
+    }
+
+    #[tokio::test]
+    async fn schema_qualified_table_and_reopen() {
+        let schema = format!("idem_s_{}", std::process::id());
+        let table = format!("{schema}.ops");
+        let Some(db) = TestDb::with_table(&table).await else {
+            return;
+        };
+        let id = op("q-1");
+        assert_eq!(
+            claim(&db.store, &id, FP, LEASE).await,
+            Claim::Acquired {
+                epoch: 1,
+                takeover: false
+            }
+        );
+        // Opening again (as another process would) finds the table migrated and keeps it.
+        let opts = SqlOptions {
+            table: table.clone(),
+            migrate: true,
+        };
+        let again = open(&url(), &opts).await.unwrap();
+        assert!(matches!(
+            claim(&again, &id, FP, LEASE).await,
+            Claim::InFlight { .. }
+        ));
+        let no_ddl = SqlOptions {
+            table: table.clone(),
+            migrate: false,
+        };
+        assert!(from_pool(db.admin.clone(), &no_ddl).await.is_ok());
+        let admin = db.admin.clone();
+        db.cleanup().await;
+        let drop = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+        admin.execute(drop.as_str()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn concurrent_opens_migrate_once() {
+        let Some(db) = TestDb::new("opens").await else {
+            return;
+        };
+        db.cleanup().await;
+        let table = format!("idem_t_opens_{}", std::process::id());
+        let opts = SqlOptions {
+            table: table.clone(),
+            migrate: true,
+        };
+        let url = url();
+        let opens: Vec<_> = (0..6)
+            .map(|_| {
+                let (url, opts) = (url.clone(), opts.clone());
+                tokio::spawn(async move { open(&url, &opts).await })
+            })
+            .collect();
+        let mut stores = Vec::new();
+        for handle in opens {
+            stores.push(handle.await.unwrap().expect("concurrent open"));
+        }
+        let admin = stores[0].pool.clone();
+        let versions: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idem_schema_migrations WHERE table_name = $1")
+                .bind(&table)
+                .fetch_one(&admin)
+                .await
+                .unwrap();
+        assert_eq!(versions, i64::try_from(MIGRATIONS.len()).unwrap());
+        drop_table(&admin, &table).await;
+    }
+
+    #[tokio::test]
+    async fn missing_table_without_migrate_is_a_config_error() {
+        let Some(db) = TestDb::new("nomigrate").await else {
+            return;
+        };
+        let opts = SqlOptions {
+            table: format!("idem_t_absent_{}", std::process::id()),
+            migrate: false,
+        };
+        match from_pool(db.admin.clone(), &opts).await {
+            Err(IdemError::Config { message }) => {
+                assert!(message.contains("POSTGRES_SCHEMA_SQL"), "{message}")
+            }
+            other => panic!("expected Config, got {:?}", other.err()),
+        }
+        let bad = SqlOptions {
+            table: "a.b.c".into(),
+            migrate: true,
+        };
+        assert!(matches!(
+            from_pool(db.admin.clone(), &bad).await,
+            Err(IdemError::Config { .. })
+        ));
+        db.cleanup().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn record_wakes_waiters_in_other_processes() {
+        let Some(db) = TestDb::new("wake").await else {
+            return;
+        };
+        let hub = Arc::new(WakeHub::default());
+        db.store.attach_wakers(hub.clone());
+        let wait = |id: &OperationId| hub.register(id, 10).expect("register waiter");
+
+        // Until the listener is subscribed, NOTIFY by hand: this proves it is listening.
+        let probe = op("probe");
+        let waiter = wait(&probe);
+        let payload = wake_payload(&probe).unwrap();
+        let listening = async {
+            loop {
+                let notified = waiter.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                sqlx::query("SELECT pg_notify('idem_wake', $1)")
+                    .bind(&payload)
+                    .execute(&db.admin)
+                    .await
+                    .unwrap();
+                if tokio::time::timeout(Duration::from_millis(200), notified)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), listening)
+            .await
+            .expect("the wake listener never subscribed");
+
+        // Another process (the admin pool) records; the waiter announced itself first.
+        let id = op("w-1");
+        assert!(matches!(
+            claim(&db.store, &id, FP, LEASE).await,
+            Claim::Acquired { .. }
+        ));
+        let waiter = wait(&id);
+        let notified = waiter.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        db.store.announce_wait(&id).await.unwrap();
+        let other = from_pool(
+            db.admin.clone(),
+            &SqlOptions {
+                table: db.table.clone(),
+                migrate: false,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            other.record(&id, 1, &outcome("1"), DAY).await.unwrap(),
+            Fence::Held
+        );
+        tokio::time::timeout(Duration::from_secs(30), notified)
+            .await
+            .expect("record did not wake the waiter");
+
+        // Without an announced waiter, nothing is sent.
+        let quiet = op("w-2");
+        claim(&db.store, &quiet, FP, LEASE).await;
+        let row = sqlx::query(&other.sql.release)
+            .bind(&quiet.scope)
+            .bind(&quiet.name)
+            .bind(&quiet.key)
+            .bind(1_i64)
+            .bind(wake_payload(&quiet).unwrap())
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+        assert_eq!(
+            (row.get::<i64, _>("held"), row.get::<i64, _>("woke")),
+            (1, 0)
+        );
+        db.cleanup().await;
+    }
+
+    #[tokio::test]
+    async fn listener_stops_with_the_store() {
+        let Some(db) = TestDb::new("listener").await else {
+            return;
+        };
+        let hub = Arc::new(WakeHub::default());
+        db.store.attach_wakers(hub.clone());
+        // The task holds a clone of the hub; dropping the store aborts it and frees it.
+        assert_eq!(Arc::strong_count(&hub), 2);
+        let TestDb {
+            store,
+            admin,
+            table,
+        } = db;
+        drop(store);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while Arc::strong_count(&hub) > 1 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("listener task still running after the store was dropped");
+        drop_table(&admin, &table).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn transactional_claim_blocks_then_replays() {
+        let Some(db) = TestDb::new("tx").await else {
+            return;
+        };
+        let store = Arc::new(db.store);
+        let id = op("tx-1");
+        let mut first = store.pool().begin().await.unwrap();
+        assert_eq!(
+            tx_claim_pg(&mut first, store.table(), &id, &FP)
+                .await
+                .unwrap(),
+            TxClaim::Acquired
+        );
+        assert!(matches!(
+            tx_claim_pg(&mut first, store.table(), &id, &FP)
+                .await
+                .unwrap(),
+            TxClaim::InFlight { .. }
+        ));
+
+        // A concurrent duplicate blocks on the row until the first commits, then replays.
+        let second = {
+            let (store, id) = (store.clone(), id.clone());
+            tokio::spawn(async move {
+                let mut tx = store.pool().begin().await.unwrap();
+                let claim = tx_claim_pg(&mut tx, store.table(), &id, &FP).await;
+                tx.rollback().await.unwrap();
+                claim
+            })
+        };
+        let done = outcome("\"tx\"");
+        assert_eq!(
+            tx_record_pg(&mut first, store.table(), &id, &done, DAY)
+                .await
+                .unwrap(),
+            Fence::Held
+        );
+        first.commit().await.unwrap();
+        assert_eq!(
+            second.await.unwrap().unwrap(),
+            TxClaim::Completed(done.clone())
+        );
+
+        let mut tx = store.pool().begin().await.unwrap();
+        assert_eq!(
+            tx_claim_pg(&mut tx, store.table(), &id, &OTHER_FP)
+                .await
+                .unwrap(),
+            TxClaim::Mismatch
+        );
+        tx.rollback().await.unwrap();
+
+        // Rollback is the release: the blocked duplicate claims.
+        let rolled = op("tx-2");
+        let mut first = store.pool().begin().await.unwrap();
+        tx_claim_pg(&mut first, store.table(), &rolled, &FP)
+            .await
+            .unwrap();
+        let second = {
+            let (store, rolled) = (store.clone(), rolled.clone());
+            tokio::spawn(async move {
+                let mut tx = store.pool().begin().await.unwrap();
+                let claim = tx_claim_pg(&mut tx, store.table(), &rolled, &OTHER_FP).await;
+                tx.rollback().await.unwrap();
+                claim
+            })
+        };
+        first.rollback().await.unwrap();
+        assert_eq!(second.await.unwrap().unwrap(), TxClaim::Acquired);
+
+        // Under REPEATABLE READ the conflict is a retryable serialization failure.
+        let serial = op("tx-3");
+        let mut first = store.pool().begin().await.unwrap();
+        tx_claim_pg(&mut first, store.table(), &serial, &FP)
+            .await
+            .unwrap();
+        let second = {
+            let (store, serial) = (store.clone(), serial.clone());
+            tokio::spawn(async move {
+                let mut tx = store.pool().begin().await.unwrap();
+                tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    .await
+                    .unwrap();
+                tx.execute("SELECT 1").await.unwrap(); // take the snapshot now
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let claim = tx_claim_pg(&mut tx, store.table(), &serial, &FP).await;
+                let _ = tx.rollback().await;
+                claim
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        tx_record_pg(&mut first, store.table(), &serial, &done, DAY)
+            .await
+            .unwrap();
+        first.commit().await.unwrap();
+        match second.await.unwrap() {
+            Err(e) => assert!(e.retryable, "{e}"),
+            // The duplicate's snapshot may have started after the commit: then it replays.
+            Ok(claim) => assert_eq!(claim, TxClaim::Completed(done)),
+        }
+
+        let store = Arc::into_inner(store).expect("tasks done");
+        TestDb { store, ..db }.cleanup().await;
+    }
+
+    #[test]
+    fn transient_sqlstates_are_retryable() {
+        for code in ["40001", "40P01", "55P03", "08006", "57P01"] {
+            assert!(retryable_code(code), "{code}");
+        }
+        for code in ["23505", "42P01", "42601", "22P02"] {
+            assert!(!retryable_code(code), "{code}");
+        }
+    }
+}

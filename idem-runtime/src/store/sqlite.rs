@@ -405,7 +405,8 @@ fn retryable_code(code: &str) -> bool {
         .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 15))
 }
 
-fn map_err(e: sqlx::Error) -> StoreError {
+/// Maps a driver error to a [`StoreError`], retryable when a retry can clear it.
+pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
     sql_common::map_sqlx(e, retryable_code)
 }
 
@@ -508,6 +509,10 @@ impl SqliteStore {
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let row = sqlx::query(&self.sql.claim)
             .bind(&req.id.scope)

@@ -5,7 +5,7 @@ pub struct Order {
     pub id: u64,
 }
 
-#[idempotent(store = idem, key = order.id, retain = "7d", lease = "0s", timeout = "5s", key = order.id, in_flight = wait("5 sec"))]
+#[idempotent(store = idem, key = order.id, retain = "7d", lease = "0s", timeout = "5s", key = order.id)]
 async fn send_receipt(idem: &Idem, order: &Order) -> Result<(), IdemError> {
     let _ = (idem, order);
     Ok(())

@@ -1,0 +1,273 @@
+//! Transactional mode: the claim and the record run inside the caller's own sqlx
+//! transaction, beside the body's writes, and commit or roll back with them.
+//!
+//! The row lock is the claim and rollback is the release, so there is no lease,
+//! renewal, takeover or fencing here. The body runs inside a savepoint taken before the
+//! claim: a released `Err` rolls back to it, leaving neither the body's writes nor the
+//! claim in the transaction.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{IdemError, StoreError};
+use crate::op::{Disposition, ErrorPolicy, Operation, Upgrade};
+use crate::store::StoredOutcome;
+use crate::store::sql_common::{TableName, TxClaim};
+
+const SAVEPOINT: &str = "SAVEPOINT idem_body";
+const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_body";
+const ROLLBACK_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
+
+/// What [`Operation::begin_tx`] decided.
+pub enum TxStep<T, E, G> {
+    /// The operation completed in an earlier transaction: its outcome.
+    Replay(Result<T, E>),
+    /// This transaction holds the claim: run the body, then [`TxGuard::finish`].
+    Run(G),
+}
+
+/// A transaction idem can claim in: `sqlx::Transaction` on PostgreSQL or SQLite.
+pub trait TxConnection: sealed::Sealed + Send {
+    #[doc(hidden)]
+    fn idem_conn(&mut self) -> Conn<'_>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The connection under a transaction. Not a stable API.
+#[doc(hidden)]
+pub enum Conn<'a> {
+    #[cfg(feature = "sqlite")]
+    Sqlite(&'a mut sqlx::SqliteConnection),
+    #[cfg(feature = "postgres")]
+    Postgres(&'a mut sqlx::PgConnection),
+}
+
+#[cfg(feature = "sqlite")]
+impl sealed::Sealed for sqlx::Transaction<'_, sqlx::Sqlite> {}
+#[cfg(feature = "sqlite")]
+impl TxConnection for sqlx::Transaction<'_, sqlx::Sqlite> {
+    fn idem_conn(&mut self) -> Conn<'_> {
+        Conn::Sqlite(&mut *self)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl sealed::Sealed for sqlx::Transaction<'_, sqlx::Postgres> {}
+#[cfg(feature = "postgres")]
+impl TxConnection for sqlx::Transaction<'_, sqlx::Postgres> {
+    fn idem_conn(&mut self) -> Conn<'_> {
+        Conn::Postgres(&mut *self)
+    }
+}
+
+impl Conn<'_> {
+    async fn exec(&mut self, sql: &'static str) -> Result<(), StoreError> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(c) => sqlx::query(sql)
+                .execute(&mut **c)
+                .await
+                .map(drop)
+                .map_err(crate::store::sqlite::map_err),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => sqlx::query(sql)
+                .execute(&mut **c)
+                .await
+                .map(drop)
+                .map_err(crate::store::postgres::map_err),
+        }
+    }
+
+    async fn claim(&mut self, table: &TableName, id: &crate::OperationId, fp: &[u8; 32]) -> Result<TxClaim, StoreError> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(c) => crate::store::sqlite::tx_claim_sqlite(c, table, id, fp).await,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => crate::store::postgres::tx_claim_pg(c, table, id, fp).await,
+        }
+    }
+
+    async fn record(
+        &mut self,
+        table: &TableName,
+        id: &crate::OperationId,
+        outcome: &StoredOutcome,
+        retain: std::time::Duration,
+    ) -> Result<crate::Fence, StoreError> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(c) => crate::store::sqlite::tx_record_sqlite(c, table, id, outcome, retain).await,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => crate::store::postgres::tx_record_pg(c, table, id, outcome, retain).await,
+        }
+    }
+
+    /// The table of the idem store on this connection's kind of database.
+    fn table<'s>(&self, idem: &'s crate::Idem) -> Result<&'s TableName, IdemError> {
+        let any = idem.store().as_any();
+        let table = match self {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(_) => any
+                .and_then(|a| a.downcast_ref::<crate::store::sqlite::SqliteStore>())
+                .map(|s| s.table()),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(_) => any
+                .and_then(|a| a.downcast_ref::<crate::store::postgres::PgStore>())
+                .map(|s| s.table()),
+        };
+        table.ok_or_else(|| IdemError::Config {
+            message: "transactional mode (`tx = ...`) needs an idem store on the same kind of \
+                      database as the transaction: open the `Idem` with `Idem::postgres`, \
+                      `Idem::sqlite` or `Idem::from_pool` on that database"
+                .into(),
+        })
+    }
+}
+
+/// The claim this transaction holds; [`finish`](TxGuard::finish) records the outcome.
+#[must_use = "call `finish` with the body's result, or the claim is recorded as nothing"]
+pub struct TxGuard<P, U> {
+    op: Operation<P, U>,
+}
+
+fn store_err(during: &'static str) -> impl Fn(StoreError) -> IdemError {
+    move |e| IdemError::store(during, e)
+}
+
+impl<P, U> Operation<P, U> {
+    /// Transactional mode, first half: claims the operation inside `tx`.
+    ///
+    /// On PostgreSQL a concurrent duplicate blocks on the row until this transaction
+    /// ends (bounded by the caller's `lock_timeout`), then replays the committed
+    /// outcome, or claims afresh if this one rolled back. Under REPEATABLE READ or
+    /// SERIALIZABLE the conflict is a serialization failure: [`IdemError::Store`] with
+    /// `is_retryable() == true`; retry the whole transaction. On SQLite begin the
+    /// transaction with `BEGIN IMMEDIATE` so a duplicate waits on the database lock
+    /// (up to `busy_timeout`) instead of failing on upgrade.
+    pub async fn begin_tx<C, T, E>(mut self, tx: &mut C) -> Result<TxStep<T, E, TxGuard<P, U>>, IdemError>
+    where
+        C: TxConnection,
+        T: Serialize + DeserializeOwned,
+        E: From<IdemError>,
+        P: ErrorPolicy<E>,
+        U: Upgrade<T>,
+    {
+        self.take_invalid()?;
+        let idem = self.idem_handle()?;
+        let mut conn = tx.idem_conn();
+        let table = conn.table(&idem)?;
+        let fp = self.fingerprint_bytes();
+        conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
+        let claim = conn.claim(table, self.id(), &fp).await.map_err(store_err("claim"))?;
+        if claim == TxClaim::Acquired {
+            tracing::debug!(scope = %self.id().scope, name = %self.id().name, "claimed in transaction");
+            return Ok(TxStep::Run(TxGuard { op: self }));
+        }
+        conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("savepoint"))?;
+        let name = self.id().name.clone();
+        match claim {
+            TxClaim::Completed(outcome) => {
+                crate::context::report_replay();
+                Ok(TxStep::Replay(self.decode_outcome(outcome)))
+            }
+            TxClaim::Mismatch => Err(IdemError::Mismatch { name }),
+            TxClaim::Unknown { epoch } => Err(IdemError::Unknown { name, epoch }),
+            TxClaim::InFlight { retry_after } => Err(IdemError::InFlight { name, retry_after }),
+            TxClaim::Acquired => unreachable!("handled above"),
+        }
+    }
+}
+
+impl<P, U> TxGuard<P, U> {
+    /// Transactional mode, second half: records the body's outcome in `tx`, or rolls
+    /// the body and the claim back to the savepoint for a released `Err`.
+    ///
+    /// An `Err` classified `Unknown` is recorded like `Record` here: the body's writes
+    /// commit or roll back with the transaction, so nothing inside it is in doubt, and
+    /// recording keeps a duplicate from running an external effect twice.
+    pub async fn finish<C, T, E>(self, tx: &mut C, out: Result<T, E>) -> Result<T, E>
+    where
+        C: TxConnection,
+        T: Serialize + DeserializeOwned,
+        E: From<IdemError>,
+        P: ErrorPolicy<E>,
+    {
+        let op = self.op;
+        let mut conn = tx.idem_conn();
+        let idem = op.idem_handle()?;
+        let table = conn.table(&idem)?;
+        let name = op.id().name.clone();
+        let (outcome, result) = match out {
+            Ok(v) => match serde_json::to_vec(&v) {
+                Ok(body) => (body, Ok(v)),
+                Err(e) => {
+                    conn.exec(ROLLBACK_SAVEPOINT).await.map_err(store_err("rollback"))?;
+                    conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("rollback"))?;
+                    return Err(IdemError::Codec {
+                        name,
+                        message: format!("cannot serialize the outcome ({e}); the body's writes were rolled back"),
+                    }
+                    .into());
+                }
+            },
+            Err(err) => match op.policy().disposition(&err) {
+                Disposition::Release => {
+                    conn.exec(ROLLBACK_SAVEPOINT).await.map_err(store_err("rollback"))?;
+                    conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("rollback"))?;
+                    return Err(err);
+                }
+                Disposition::Record | Disposition::Unknown => match op.policy().encode(&err) {
+                    Ok(body) => (body, Err(err)),
+                    Err(m) => {
+                        conn.exec(ROLLBACK_SAVEPOINT).await.map_err(store_err("rollback"))?;
+                        conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("rollback"))?;
+                        return Err(IdemError::Codec {
+                            name,
+                            message: format!("cannot serialize the error for recording ({m}); the body's writes were rolled back"),
+                        }
+                        .into());
+                    }
+                },
+            },
+        };
+        let max = idem.max_outcome_bytes();
+        if outcome.len() > max {
+            // Unlike the leased path, nothing escaped: roll the body back with the claim.
+            conn.exec(ROLLBACK_SAVEPOINT).await.map_err(store_err("rollback"))?;
+            conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("rollback"))?;
+            return Err(IdemError::OutcomeTooLarge {
+                name,
+                len: outcome.len(),
+                max,
+            }
+            .into());
+        }
+        let stored = StoredOutcome {
+            is_err: result.is_err(),
+            version: op.version_number(),
+            body: outcome,
+        };
+        match conn
+            .record(table, op.id(), &stored, op.retain_for())
+            .await
+            .map_err(store_err("record"))?
+        {
+            crate::Fence::Held => {}
+            crate::Fence::Lost => {
+                return Err(IdemError::Config {
+                    message: format!(
+                        "the transactional claim on `{name}` vanished before its record; was \
+                         the savepoint `idem_body` released or rolled back by the body?"
+                    ),
+                }
+                .into());
+            }
+        }
+        conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("savepoint"))?;
+        crate::context::report_run(1);
+        result
+    }
+}

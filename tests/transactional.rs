@@ -1,0 +1,204 @@
+//! Transactional mode: the claim and the record commit or roll back with the caller's
+//! own writes.
+mod common;
+use common::*;
+use idem_runtime::{Idem, TxStep};
+use std::sync::Arc;
+
+macro_rules! tx_suite {
+    ($module:ident, $db:ty, $ph:literal, $open:expr, $begin:expr) => {
+        mod $module {
+            use super::*;
+
+            const INSERT: &str = concat!("INSERT INTO orders (id, qty) VALUES (", $ph, ")");
+
+            async fn insert(tx: &mut sqlx::Transaction<'static, $db>, id: &str, qty: i64) -> Result<(), sqlx::Error> {
+                sqlx::query(INSERT).bind(id).bind(qty).execute(&mut **tx).await.map(drop)
+            }
+
+            /// Places an order in `tx`: one business row, claimed and recorded in the
+            /// same transaction. `fail` makes the body write, then return a released error.
+            async fn place(
+                idem: &Idem,
+                tx: &mut sqlx::Transaction<'static, $db>,
+                order: &str,
+                qty: i64,
+                fail: bool,
+            ) -> Result<i64, AppError> {
+                let op = idem.operation("place_order", order).fingerprint(&qty);
+                let guard = match op.begin_tx(&mut *tx).await? {
+                    TxStep::Replay(out) => return out,
+                    TxStep::Run(g) => g,
+                };
+                let out = async {
+                    insert(&mut *tx, order, qty).await.map_err(|e| AppError::Declined(e.to_string()))?;
+                    if fail { Err(AppError::Timeout) } else { Ok(qty * 100) }
+                }
+                .await;
+                guard.finish(&mut *tx, out).await
+            }
+
+            async fn orders(pool: &sqlx::Pool<$db>, table: &str) -> i64 {
+                sqlx::query_scalar(&format!("SELECT count(*) FROM {table}")).fetch_one(pool).await.unwrap()
+            }
+
+            async fn setup(test: &str) -> Option<(sqlx::Pool<$db>, Idem, String, Option<tempfile::TempDir>)> {
+                $open(test).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn committed_once_then_replayed() {
+                let Some((pool, idem, orders_table, _dir)) = setup("committed_once").await else { return };
+                for _ in 0..3 {
+                    let mut tx = $begin(&pool).await;
+                    let got = place(&idem, &mut tx, "o-1", 3, false).await.unwrap();
+                    assert_eq!(got, 300);
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(orders(&pool, &orders_table).await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn released_error_keeps_neither_writes_nor_claim() {
+                let Some((pool, idem, orders_table, _dir)) = setup("released_error").await else { return };
+                let mut tx = $begin(&pool).await;
+                let r = place(&idem, &mut tx, "o-2", 1, true).await;
+                assert_eq!(r, Err(AppError::Timeout));
+                tx.commit().await.unwrap();
+                assert_eq!(orders(&pool, &orders_table).await, 0, "the body's write was rolled back");
+                let mut tx = $begin(&pool).await;
+                assert_eq!(place(&idem, &mut tx, "o-2", 1, false).await.unwrap(), 100);
+                tx.commit().await.unwrap();
+                assert_eq!(orders(&pool, &orders_table).await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn rolled_back_attempt_leaves_nothing() {
+                let Some((pool, idem, orders_table, _dir)) = setup("rolled_back").await else { return };
+                let mut tx = $begin(&pool).await;
+                place(&idem, &mut tx, "o-3", 2, false).await.unwrap();
+                tx.rollback().await.unwrap();
+                assert_eq!(idem.stats().await.unwrap().completed, 0);
+                let mut tx = $begin(&pool).await;
+                assert_eq!(place(&idem, &mut tx, "o-3", 5, false).await.unwrap(), 500, "the key is free again");
+                tx.commit().await.unwrap();
+                assert_eq!(orders(&pool, &orders_table).await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn mismatch_in_transaction() {
+                let Some((pool, idem, _t, _dir)) = setup("mismatch_tx").await else { return };
+                let mut tx = $begin(&pool).await;
+                place(&idem, &mut tx, "o-4", 2, false).await.unwrap();
+                tx.commit().await.unwrap();
+                let mut tx = $begin(&pool).await;
+                let r = place(&idem, &mut tx, "o-4", 9, false).await;
+                assert!(matches!(&r, Err(AppError::Idem(m)) if m.contains("different payload")), "{r:?}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_duplicates_write_once() {
+                let Some((pool, idem, orders_table, _dir)) = setup("concurrent_tx").await else { return };
+                const KEYS: usize = 50;
+                const CALLERS: usize = 4;
+                let barrier = Arc::new(tokio::sync::Barrier::new(KEYS * CALLERS));
+                let tasks: Vec<_> = (0..KEYS * CALLERS)
+                    .map(|i| {
+                        let (pool, idem, barrier) = (pool.clone(), idem.clone(), barrier.clone());
+                        tokio::spawn(async move {
+                            barrier.wait().await;
+                            let key = format!("c-{}", i % KEYS);
+                            // Serialization failures and lock timeouts are retryable: retry
+                            // the whole transaction, as a caller would.
+                            for _ in 0..50 {
+                                let mut tx = $begin(&pool).await;
+                                match place(&idem, &mut tx, &key, 1, false).await {
+                                    Ok(v) => {
+                                        if tx.commit().await.is_ok() {
+                                            return v;
+                                        }
+                                    }
+                                    Err(AppError::Idem(m)) if m.contains("store error") => {}
+                                    Err(e) => panic!("{e:?}"),
+                                }
+                            }
+                            panic!("no attempt committed");
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    assert_eq!(t.await.unwrap(), 100);
+                }
+                assert_eq!(orders(&pool, &orders_table).await, KEYS as i64);
+            }
+        }
+    };
+}
+
+async fn open_sqlite(test: &str) -> Option<(sqlx::SqlitePool, Idem, String, Option<tempfile::TempDir>)> {
+    let _ = test;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.path().join("app.db"))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_secs(30));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(8).connect_with(opts).await.unwrap();
+    sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let idem = Idem::from_pool(pool.clone()).await.unwrap();
+    Some((pool, idem, "orders".into(), Some(dir)))
+}
+
+async fn begin_sqlite(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sqlx::Sqlite> {
+    // SQLite has no row locks: take the write lock up front so a duplicate waits on it.
+    pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
+}
+
+tx_suite!(sqlite, sqlx::Sqlite, "?1, ?2", open_sqlite, begin_sqlite);
+
+#[cfg(feature = "postgres")]
+async fn open_pg(test: &str) -> Option<(sqlx::PgPool, Idem, String, Option<tempfile::TempDir>)> {
+    let pool = match sqlx::postgres::PgPoolOptions::new().max_connections(20).connect(&postgres_url()).await {
+        Ok(p) => p,
+        Err(e) if !db_required() => {
+            eprintln!("skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL", postgres_url());
+            return None;
+        }
+        Err(e) => panic!("PostgreSQL required: {e}"),
+    };
+    let schema = unique_table(test);
+    for stmt in [
+        format!("CREATE SCHEMA {schema}"),
+        format!("CREATE TABLE {schema}.orders (id TEXT PRIMARY KEY, qty BIGINT NOT NULL)"),
+    ] {
+        sqlx::query(&stmt).execute(&pool).await.unwrap();
+    }
+    let idem = Idem::builder().table(format!("{schema}.idem_operations")).pool(pool.clone()).await.unwrap();
+    // The business table is found through the search path of each connection.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(20)
+        .after_connect({
+            let schema = schema.clone();
+            move |conn, _| {
+                let schema = schema.clone();
+                Box::pin(async move {
+                    sqlx::query(&format!("SET search_path TO {schema}")).execute(conn).await.map(drop)
+                })
+            }
+        })
+        .connect(&postgres_url())
+        .await
+        .unwrap();
+    Some((pool, idem, format!("{schema}.orders"), None))
+}
+
+#[cfg(feature = "postgres")]
+async fn begin_pg(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    pool.begin().await.unwrap()
+}
+
+#[cfg(feature = "postgres")]
+tx_suite!(postgres, sqlx::Postgres, "$1, $2", open_pg, begin_pg);
