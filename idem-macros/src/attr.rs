@@ -166,6 +166,17 @@ impl Parse for Args {
 }
 
 impl Args {
+    /// Parses `NAME =`.
+    fn name_eq<K: Parse + Spanned>(&mut self, input: ParseStream<'_>) -> syn::Result<At> {
+        let span = input.parse::<K>()?.span();
+        input.parse::<Token![=]>()?;
+        self.given += 1;
+        Ok(At {
+            span,
+            index: self.given,
+        })
+    }
+
     fn parse_one(&mut self, input: ParseStream<'_>, errors: &mut Errors) -> syn::Result<()> {
         let lookahead = input.lookahead1();
         if lookahead.peek(kw::key) {
@@ -346,19 +357,6 @@ impl At {
     }
 }
 
-impl Args {
-    /// Parses `NAME =`.
-    fn name_eq<K: Parse + Spanned>(&mut self, input: ParseStream<'_>) -> syn::Result<At> {
-        let span = input.parse::<K>()?.span();
-        input.parse::<Token![=]>()?;
-        self.given += 1;
-        Ok(At {
-            span,
-            index: self.given,
-        })
-    }
-}
-
 /// Stores a value, or reports a duplicate at its second occurrence.
 fn set<T>(errors: &mut Errors, slot: &mut Option<Arg<T>>, name: &str, arg: Arg<T>) {
     if slot.is_some() {
@@ -465,5 +463,80 @@ pub(crate) fn strip_param_attrs(sig: &mut syn::Signature) {
             syn::FnArg::Typed(typed) => &mut typed.attrs,
         };
         attrs.retain(|a| !a.path().is_ident("idem"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &str) -> (Args, Vec<String>) {
+        let mut args: Args = syn::parse_str(args).expect("recovers from every argument error");
+        let errors = std::mem::take(&mut args.parse_errors)
+            .finish()
+            .err()
+            .map(|e| e.into_iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default();
+        (args, errors)
+    }
+
+    #[test]
+    fn every_mistake_is_collected_and_the_rest_still_parses() {
+        let (args, errors) =
+            parse(r#"key = order.id, ttl = "7d", retain = 7, lease = "1s", retain = "1d""#);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("unknown argument `ttl`; expected one of `key`, `scope`"));
+        assert!(errors[0].ends_with("how long an outcome is replayed is `retain`"));
+        assert!(errors[1].starts_with("`retain` expects a duration string"));
+        assert!(args.key.is_some() && args.lease.is_some());
+        assert_eq!(args.retain.unwrap().value.value(), "1d");
+    }
+
+    #[test]
+    fn a_duplicate_is_reported_once_and_the_first_value_kept() {
+        let (args, errors) = parse(r#"retain = "1d", key = a, retain = "2d""#);
+        assert_eq!(
+            errors,
+            ["duplicate argument `retain`; each argument may be given once"]
+        );
+        let retain = args.retain.unwrap();
+        assert_eq!((retain.value.value().as_str(), retain.index), ("1d", 1));
+    }
+
+    #[test]
+    fn fingerprint_none_is_the_keyword_only_on_its_own() {
+        for (given, is_none) in [
+            ("fingerprint = none", true),
+            ("fingerprint = none, key = a", true),
+            ("fingerprint = none_of(a)", false),
+            ("fingerprint = none.a", false),
+        ] {
+            let (args, errors) = parse(given);
+            assert!(errors.is_empty(), "{given}: {errors:?}");
+            let none = matches!(args.fingerprint.unwrap().value, FingerprintArg::None);
+            assert_eq!(none, is_none, "{given}");
+        }
+    }
+
+    #[test]
+    fn modes_and_paths_parse() {
+        let (args, errors) = parse(
+            r#"in_flight = wait("2s"), errors = record, on_takeover = unknown, tx = tx,
+               on_store_error = fail_open, version = 2, upgrade = Self::up, crate = "a::b""#,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(matches!(args.in_flight.unwrap().value, InFlightArg::Wait(w) if w.value() == "2s"));
+        assert!(matches!(args.errors.unwrap().value, ErrorsArg::Record));
+        assert!(matches!(
+            args.on_takeover.unwrap().value,
+            TakeoverArg::Unknown
+        ));
+        assert!(matches!(
+            args.on_store_error.unwrap().value,
+            StoreErrorArg::FailOpen(_)
+        ));
+        assert_eq!(args.krate.unwrap().value.segments.len(), 2);
+        let (_, errors) = parse("in_flight = queue");
+        assert_eq!(errors, ["expected `wait` or `reject`"]);
     }
 }

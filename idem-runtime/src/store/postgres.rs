@@ -519,11 +519,6 @@ impl PgStore {
         &self.table
     }
 
-    /// The pool this store uses.
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
     /// One fenced write that ends a claim (and wakes waiters): `held` decides the fence.
     async fn ending(
         &self,
@@ -1546,7 +1541,7 @@ mod tests {
         };
         let store = Arc::new(db.store);
         let id = op("tx-1");
-        let mut first = store.pool().begin().await.unwrap();
+        let mut first = store.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_pg(&mut first, store.table(), &id, &FP)
                 .await
@@ -1564,7 +1559,7 @@ mod tests {
         let second = {
             let (store, id) = (store.clone(), id.clone());
             tokio::spawn(async move {
-                let mut tx = store.pool().begin().await.unwrap();
+                let mut tx = store.pool.begin().await.unwrap();
                 let claim = tx_claim_pg(&mut tx, store.table(), &id, &FP).await;
                 tx.rollback().await.unwrap();
                 claim
@@ -1583,7 +1578,7 @@ mod tests {
             TxClaim::Completed(done.clone())
         );
 
-        let mut tx = store.pool().begin().await.unwrap();
+        let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_pg(&mut tx, store.table(), &id, &OTHER_FP)
                 .await
@@ -1594,14 +1589,14 @@ mod tests {
 
         // Rollback is the release: the blocked duplicate claims.
         let rolled = op("tx-2");
-        let mut first = store.pool().begin().await.unwrap();
+        let mut first = store.pool.begin().await.unwrap();
         tx_claim_pg(&mut first, store.table(), &rolled, &FP)
             .await
             .unwrap();
         let second = {
             let (store, rolled) = (store.clone(), rolled.clone());
             tokio::spawn(async move {
-                let mut tx = store.pool().begin().await.unwrap();
+                let mut tx = store.pool.begin().await.unwrap();
                 let claim = tx_claim_pg(&mut tx, store.table(), &rolled, &OTHER_FP).await;
                 tx.rollback().await.unwrap();
                 claim
@@ -1612,14 +1607,14 @@ mod tests {
 
         // Under REPEATABLE READ the conflict is a retryable serialization failure.
         let serial = op("tx-3");
-        let mut first = store.pool().begin().await.unwrap();
+        let mut first = store.pool.begin().await.unwrap();
         tx_claim_pg(&mut first, store.table(), &serial, &FP)
             .await
             .unwrap();
         let second = {
             let (store, serial) = (store.clone(), serial.clone());
             tokio::spawn(async move {
-                let mut tx = store.pool().begin().await.unwrap();
+                let mut tx = store.pool.begin().await.unwrap();
                 tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                     .await
                     .unwrap();

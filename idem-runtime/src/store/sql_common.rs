@@ -9,12 +9,14 @@ use crate::store::{Claim, StoredOutcome};
 /// The operations table as idem creates it on SQLite, with the default table name.
 ///
 /// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+#[cfg(feature = "sqlite")]
 pub const SQLITE_SCHEMA_SQL: &str =
     include_str!("../../migrations/sqlite/0001_create_operations.sql");
 
 /// The operations table as idem creates it on PostgreSQL, with the default table name.
 ///
 /// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+#[cfg(feature = "postgres")]
 pub const POSTGRES_SCHEMA_SQL: &str =
     include_str!("../../migrations/postgres/0001_create_operations.sql");
 
@@ -101,6 +103,7 @@ impl TableName {
     }
 
     /// The schema, if the name was qualified.
+    #[cfg(feature = "postgres")]
     pub(crate) fn schema(&self) -> Option<&str> {
         self.schema.as_deref()
     }
@@ -201,6 +204,7 @@ pub(crate) fn epoch_from_sql(epoch: i64) -> Result<u64, StoreError> {
 }
 
 /// An outcome version as PostgreSQL's `INTEGER`.
+#[cfg(feature = "postgres")]
 pub(crate) fn sql_version(version: u32) -> Result<i32, StoreError> {
     i32::try_from(version).map_err(|_| {
         StoreError::new(
@@ -361,6 +365,7 @@ pub(crate) fn map_sqlx(e: sqlx::Error, retryable_code: fn(&str) -> bool) -> Stor
 }
 
 /// `user:password@` in a database URL replaced by `user:***@`, for error messages.
+#[cfg(feature = "postgres")]
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
@@ -400,26 +405,30 @@ mod tests {
         assert!(TableName::parse("s.t", false).is_err());
         let t = TableName::parse("s.t", true).unwrap();
         assert_eq!(t.qualified(), "\"s\".\"t\"");
-        assert_eq!(t.schema(), Some("s"));
         assert_eq!(t.bare(), "t");
         assert!(TableName::parse("s.t.u", true).is_err());
         assert!(TableName::parse(".t", true).is_err());
     }
 
+    #[cfg(feature = "postgres")]
     #[test]
-    fn ddl_is_renamed_with_its_indexes() {
+    fn schema_qualified_ddl_is_renamed_with_its_indexes() {
         let t = TableName::parse("app.jobs", true).unwrap();
+        assert_eq!(t.schema(), Some("app"));
         let sql = t.render_ddl(POSTGRES_SCHEMA_SQL);
         assert!(!sql.contains("idem_operations"), "{sql}");
-        assert!(
-            sql.contains("INDEX IF NOT EXISTS \"jobs_purge_idx\""),
-            "{sql}"
-        );
+        assert!(sql.contains("INDEX IF NOT EXISTS \"jobs_purge_idx\""), "{sql}");
         assert!(sql.contains("ON \"app\".\"jobs\" (expires_at)"), "{sql}");
-        let long = TableName::parse(&"t".repeat(63), true).unwrap();
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn long_table_names_keep_index_suffixes() {
+        let long = TableName::parse(&"t".repeat(63), false).unwrap();
         let sql = long.render_ddl(SQLITE_SCHEMA_SQL);
         let purge = format!("\"{}_purge_idx\"", "t".repeat(53));
         assert!(sql.contains(&purge), "{sql}");
+        assert!(!sql.contains("idem_operations"), "{sql}");
     }
 
     #[test]
@@ -430,6 +439,7 @@ mod tests {
         assert_eq!(sql_epoch(u64::MAX), None);
     }
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn urls_are_redacted() {
         assert_eq!(

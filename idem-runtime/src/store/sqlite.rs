@@ -459,11 +459,6 @@ impl SqliteStore {
         &self.table
     }
 
-    /// The pool this store uses.
-    pub(crate) fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-
     /// One fenced statement over `(scope, name, key, epoch)` that reports whether it hit.
     async fn fenced(&self, sql: &str, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         let Some(epoch) = sql_epoch(epoch) else {
@@ -1293,7 +1288,7 @@ mod tests {
 
     async fn transactional(store: SqliteStore) {
         let id = op("tx-1");
-        let mut tx = store.pool().begin().await.unwrap();
+        let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_sqlite(&mut tx, store.table(), &id, &FP)
                 .await
@@ -1316,7 +1311,7 @@ mod tests {
         );
         tx.commit().await.unwrap();
 
-        let mut tx = store.pool().begin().await.unwrap();
+        let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_sqlite(&mut tx, store.table(), &id, &FP)
                 .await
@@ -1333,12 +1328,12 @@ mod tests {
 
         // Rollback is the release.
         let rolled = op("tx-2");
-        let mut tx = store.pool().begin().await.unwrap();
+        let mut tx = store.pool.begin().await.unwrap();
         tx_claim_sqlite(&mut tx, store.table(), &rolled, &FP)
             .await
             .unwrap();
         tx.rollback().await.unwrap();
-        let mut tx = store.pool().begin().await.unwrap();
+        let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_sqlite(&mut tx, store.table(), &rolled, &OTHER_FP)
                 .await
@@ -1355,7 +1350,7 @@ mod tests {
             .await
             .unwrap();
         tokio::time::sleep(PAST_TINY).await;
-        let mut tx = store.pool().begin().await.unwrap();
+        let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_sqlite(&mut tx, store.table(), &expired, &OTHER_FP)
                 .await
@@ -1367,7 +1362,7 @@ mod tests {
         let unknown = op("tx-4");
         claim(&store, &unknown, FP, LEASE).await;
         store.mark_unknown(&unknown, 1).await.unwrap();
-        let mut tx = store.pool().begin().await.unwrap();
+        let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_sqlite(&mut tx, store.table(), &unknown, &FP)
                 .await

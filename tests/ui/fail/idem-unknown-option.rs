@@ -1,4 +1,4 @@
-use idem_runtime::{idempotent, Idem, IdemError};
+use idem_runtime::{Idem, IdemError, idempotent};
 
 #[derive(serde::Serialize)]
 pub struct Order {
@@ -6,7 +6,11 @@ pub struct Order {
 }
 
 #[idempotent(store = idem, key = order.id, retain = "7d")]
-async fn send_receipt(idem: &Idem, order: &Order, #[idem(skp)] trace: &str) -> Result<(), IdemError> {
+async fn send_receipt(
+    idem: &Idem,
+    order: &Order,
+    #[idem(skp)] trace: &str,
+) -> Result<(), IdemError> {
     let _ = (idem, order, trace);
     Ok(())
 }

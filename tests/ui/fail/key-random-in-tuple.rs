@@ -1,4 +1,4 @@
-use idem_runtime::{idempotent, Idem, IdemError};
+use idem_runtime::{Idem, IdemError, idempotent};
 
 #[derive(serde::Serialize)]
 pub struct Order {

@@ -1,4 +1,4 @@
-use idem_runtime::{idempotent, Idem};
+use idem_runtime::{Idem, idempotent};
 
 #[derive(serde::Serialize)]
 pub struct Order {

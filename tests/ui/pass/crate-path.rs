@@ -6,7 +6,7 @@ mod reexport {
     pub use idem_runtime as idem;
 }
 
-use idem_runtime::{idempotent, Idem, IdemError};
+use idem_runtime::{Idem, IdemError, idempotent};
 
 #[idempotent(crate = idem_runtime, store = idem, key = id, retain = "1d")]
 async fn plain(idem: &Idem, id: u64) -> Result<(), IdemError> {

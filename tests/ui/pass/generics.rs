@@ -2,9 +2,9 @@
 #![deny(warnings)]
 #![allow(dead_code)]
 
-use idem_runtime::{idempotent, Idem, IdemError, KeyPart};
-use serde::de::DeserializeOwned;
+use idem_runtime::{Idem, IdemError, KeyPart, idempotent};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 #[idempotent(store = store, key = id, retain = "1h")]
 async fn publish<S, K, T>(store: &S, id: &K, payload: T) -> Result<T, IdemError>

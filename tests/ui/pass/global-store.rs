@@ -2,7 +2,7 @@
 #![deny(warnings)]
 #![allow(dead_code)]
 
-use idem_runtime::{idempotent, IdemError};
+use idem_runtime::{IdemError, idempotent};
 
 #[idempotent(key = (user_id, template), retain = "1d")]
 pub async fn send_email(user_id: u64, template: &str) -> Result<(), IdemError> {

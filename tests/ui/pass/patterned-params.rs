@@ -2,7 +2,7 @@
 #![deny(warnings)]
 #![allow(dead_code)]
 
-use idem_runtime::{idempotent, Idem, IdemError};
+use idem_runtime::{Idem, IdemError, idempotent};
 use serde::Serialize;
 
 /// An extractor-style wrapper, as agent tool frameworks use.
@@ -15,12 +15,19 @@ pub struct TransferArgs {
 }
 
 #[idempotent(store = idem, key = args.idempotency_key, retain = "1d")]
-async fn transfer(idem: &Idem, Parameters(args): Parameters<TransferArgs>) -> Result<u64, IdemError> {
+async fn transfer(
+    idem: &Idem,
+    Parameters(args): Parameters<TransferArgs>,
+) -> Result<u64, IdemError> {
     Ok(args.cents)
 }
 
 #[idempotent(store = idem, key = (from, to), retain = "1d")]
-async fn link(idem: &Idem, (from, to): (u64, u64), Point { x, y: _ }: Point) -> Result<u64, IdemError> {
+async fn link(
+    idem: &Idem,
+    (from, to): (u64, u64),
+    Point { x, y: _ }: Point,
+) -> Result<u64, IdemError> {
     Ok(from + to + x)
 }
 

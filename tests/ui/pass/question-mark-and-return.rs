@@ -2,7 +2,7 @@
 #![deny(warnings)]
 #![allow(dead_code)]
 
-use idem_runtime::{idempotent, Idem, IdemError};
+use idem_runtime::{Idem, IdemError, idempotent};
 
 #[derive(Debug)]
 pub enum AppError {
