@@ -23,7 +23,7 @@ static GLOBAL: RwLock<Option<Idem>> = RwLock::new(None);
 /// let idem = Idem::sqlite("sqlite::memory:").await?;
 /// let sent = idem
 ///     .operation("send_welcome", "user-7")
-///     .run(|| async { Ok::<_, idem_runtime::IdemError>("sent") })
+///     .run(|| async { Ok::<_, idem_runtime::IdemError>("sent".to_string()) })
 ///     .await?;
 /// assert_eq!(sent, "sent");
 /// # Ok(()) }

@@ -154,8 +154,9 @@ const PEEK: &str = "SELECT fingerprint = $4 AS same_fingerprint,
 
 /// The fenced writes that end a claim share one shape: the change in `upd`, then a
 /// `NOTIFY` in the same statement when a caller announced it waits (`waiters`). `held`
-/// is the fence, `woke` whether a notification was sent. $1..$3 the operation, $4 the
-/// epoch, $5 the notification payload.
+/// is the fence, `woke` whether a notification was sent (selecting from `woke` is also
+/// what makes PostgreSQL run it: an unreferenced read-only CTE is skipped). $1..$3 the
+/// operation, $4 the epoch, $5 the notification payload.
 ///
 /// Record: $6 outcome, $7 is_err, $8 version, $9 retain (ms).
 const RECORD: &str = "WITH upd AS (
@@ -565,8 +566,19 @@ impl Store for PgStore {
                 .bind(millis(req.lease))
                 .bind(req.on_takeover == Takeover::Unknown)
                 .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
+                .await;
+            let row = match row {
+                // Under a SERIALIZABLE or REPEATABLE READ default the race surfaces as a
+                // serialization failure instead; the statement is its own transaction, so
+                // issuing it again is as safe as for the empty result below.
+                Err(sqlx::Error::Database(e))
+                    if matches!(e.code().as_deref(), Some("40001" | "40P01")) =>
+                {
+                    tracing::trace!(id = %req.id, error = %e, "claim conflicted; issuing it again");
+                    continue;
+                }
+                row => row.map_err(map_err)?,
+            };
             let Some(row) = row else {
                 tracing::trace!(id = %req.id, "claim raced a concurrent commit; issuing it again");
                 continue;

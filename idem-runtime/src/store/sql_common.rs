@@ -417,7 +417,10 @@ mod tests {
         assert_eq!(t.schema(), Some("app"));
         let sql = t.render_ddl(POSTGRES_SCHEMA_SQL);
         assert!(!sql.contains("idem_operations"), "{sql}");
-        assert!(sql.contains("INDEX IF NOT EXISTS \"jobs_purge_idx\""), "{sql}");
+        assert!(
+            sql.contains("INDEX IF NOT EXISTS \"jobs_purge_idx\""),
+            "{sql}"
+        );
         assert!(sql.contains("ON \"app\".\"jobs\" (expires_at)"), "{sql}");
     }
 

@@ -1371,6 +1371,20 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn unopenable_path_says_what_to_check() {
+        let url = "/nonexistent-idem-dir/sub/idem.db";
+        match open(url, &SqlOptions::default()).await {
+            Err(IdemError::Config { message }) => {
+                assert!(
+                    message.contains(url) && message.contains("writable"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected Config, got {:?}", other.err()),
+        }
+    }
+
     #[test]
     fn memory_urls_are_recognised() {
         for url in [

@@ -1,0 +1,172 @@
+//! PostgreSQL under real contention: a big pool on one key, many keys, two OS
+//! processes, and serialization failures in transactional mode.
+#![cfg(feature = "postgres")]
+mod common;
+use common::*;
+use idem_runtime::{Idem, IdemError, InFlight, TxStep};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Barrier;
+
+async fn pool(test: &str, max: u32) -> Option<sqlx::PgPool> {
+    match sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect(&postgres_url())
+        .await
+    {
+        Ok(p) => Some(p),
+        Err(e) if !db_required() => {
+            eprintln!("skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL", postgres_url());
+            None
+        }
+        Err(e) => panic!("PostgreSQL required: {e}"),
+    }
+}
+
+async fn schema(pool: &sqlx::PgPool, test: &str) -> String {
+    let schema = unique_table(test);
+    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(pool).await.unwrap();
+    schema
+}
+
+async fn idem_on(pool: &sqlx::PgPool, schema: &str) -> Idem {
+    Idem::builder()
+        .table(format!("{schema}.idem_operations"))
+        .pool(pool.clone())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_tasks_twenty_connections_one_key() {
+    let Some(pool) = pool("two_hundred", 20).await else { return };
+    let schema = schema(&pool, "two_hundred").await;
+    let idem = idem_on(&pool, &schema).await;
+    const TASKS: usize = 200;
+    for round in 0..50u32 {
+        let runs = Counter::default();
+        let barrier = Arc::new(Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (idem, runs, barrier) = (idem.clone(), runs.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    idem.operation("charge", &round)
+                        .in_flight(InFlight::Wait(Duration::from_secs(120)))
+                        .run(move || async move {
+                            tokio::task::yield_now().await;
+                            Ok::<_, IdemError>(runs.hit())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap(), 1);
+        }
+        assert_eq!(runs.get(), 1, "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_thousand_keys_four_callers_each() {
+    let Some(pool) = pool("ten_thousand", 20).await else { return };
+    let schema = schema(&pool, "ten_thousand").await;
+    let idem = idem_on(&pool, &schema).await;
+    const KEYS: usize = 10_000;
+    const CALLERS: usize = 4;
+    let runs = Counter::default();
+    let barrier = Arc::new(Barrier::new(KEYS * CALLERS));
+    let tasks: Vec<_> = (0..KEYS * CALLERS)
+        .map(|i| {
+            let (idem, runs, barrier) = (idem.clone(), runs.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let key = i % KEYS;
+                idem.operation("deliver", &key)
+                    .in_flight(InFlight::Wait(Duration::from_secs(300)))
+                    .run(move || async move {
+                        runs.hit();
+                        Ok::<_, IdemError>(key)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap().unwrap(), i % KEYS);
+    }
+    assert_eq!(runs.get(), KEYS);
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.idem_operations WHERE state = 1"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, KEYS as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_race_on_the_same_keys() {
+    let Some(pool) = pool("two_processes", 4).await else { return };
+    let schema = schema(&pool, "two_processes").await;
+    sqlx::query(&format!("CREATE TABLE {schema}.effects (key BIGINT PRIMARY KEY, worker TEXT NOT NULL)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Create idem's table before the race, so both workers race on claims, not DDL.
+    idem_on(&pool, &schema).await;
+    const KEYS: u32 = 1_000;
+    let spawn = |worker: &str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-race-worker"))
+            .args([postgres_url(), schema.clone(), KEYS.to_string(), worker.to_string()])
+            .output()
+    };
+    let (a, b) = tokio::join!(spawn("a"), spawn("b"));
+    let mut ran = 0;
+    for out in [a.unwrap(), b.unwrap()] {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "worker failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+        ran += stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RAN="))
+            .and_then(|n| n.parse::<u32>().ok())
+            .expect("worker printed its count");
+    }
+    assert_eq!(ran, KEYS, "each key's body ran once in total");
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.effects"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, i64::from(KEYS));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeatable_read_conflict_is_a_retryable_store_error() {
+    let Some(pool) = pool("repeatable_read", 4).await else { return };
+    let schema = schema(&pool, "repeatable_read").await;
+    let idem = idem_on(&pool, &schema).await;
+    let op = || idem.operation("book", "seat-1");
+
+    let mut first = pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *first).await.unwrap();
+    let guard = match op().begin_tx::<_, u32, IdemError>(&mut first).await.unwrap() {
+        TxStep::Run(g) => g,
+        TxStep::Replay(_) => panic!("fresh key"),
+    };
+
+    let mut second = pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *second).await.unwrap();
+    // Take the snapshot now, before the first commits.
+    sqlx::query("SELECT 1").execute(&mut *second).await.unwrap();
+    let blocked = tokio::spawn(async move {
+        let r = idem.operation("book", "seat-1").begin_tx::<_, u32, IdemError>(&mut second).await;
+        r.map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(guard.finish(&mut first, Ok::<u32, IdemError>(7)).await.unwrap(), 7);
+    first.commit().await.unwrap();
+    match blocked.await.unwrap() {
+        Err(e @ IdemError::Store { .. }) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("expected a retryable store error, got {other:?}"),
+    }
+}
