@@ -39,12 +39,14 @@ async fn place_order(
         // A released error: the savepoint rolls back, so no claim is left behind.
         return Err(OrderError::OutOfStock);
     };
-    let id: i64 = sqlx::query_scalar("INSERT INTO example_orders (order_ref, sku, qty) VALUES ($1, $2, $3) RETURNING id")
-        .bind(order_id)
-        .bind(sku)
-        .bind(qty)
-        .fetch_one(&mut **tx)
-        .await?;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO example_orders (order_ref, sku, qty) VALUES ($1, $2, $3) RETURNING id",
+    )
+    .bind(order_id)
+    .bind(sku)
+    .bind(qty)
+    .fetch_one(&mut **tx)
+    .await?;
     Ok(id)
 }
 
@@ -56,7 +58,8 @@ async fn stock(pool: &PgPool) -> Result<i32, sqlx::Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("IDEM_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let pool = PgPool::connect(&url).await?;
     for ddl in [
         "DROP TABLE IF EXISTS example_orders, example_stock",
@@ -66,8 +69,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         sqlx::query(ddl).execute(&pool).await?;
     }
-    let idem = Idem::builder().table("example_idem").pool(pool.clone()).await?;
-    sqlx::query("DELETE FROM example_idem").execute(&pool).await?;
+    let idem = Idem::builder()
+        .table("example_idem")
+        .pool(pool.clone())
+        .await?;
+    sqlx::query("DELETE FROM example_idem")
+        .execute(&pool)
+        .await?;
     println!("stock before: {}", stock(&pool).await?);
 
     for attempt in 1..=2 {
@@ -79,7 +87,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             stock(&pool).await?
         );
     }
-    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM example_orders").fetch_one(&pool).await?;
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM example_orders")
+        .fetch_one(&pool)
+        .await?;
     println!("orders placed: {orders}; stock dropped once, by 3");
 
     let mut tx = pool.begin().await?;

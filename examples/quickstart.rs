@@ -92,7 +92,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..order.clone()
     };
     match billing.charge("acme", &tampered).await {
-        Err(PayError::Idem(e @ IdemError::Mismatch { .. })) => println!("other amount: refused: {e}"),
+        Err(PayError::Idem(e @ IdemError::Mismatch { .. })) => {
+            println!("other amount: refused: {e}")
+        }
         other => println!("other amount: unexpected {other:?}"),
     }
 

@@ -35,7 +35,11 @@ impl Billing {
         if cents == 0 {
             return Err(AppError::Declined("zero amount".into()));
         }
-        Ok(Receipt { order, cents, attempt })
+        Ok(Receipt {
+            order,
+            cents,
+            attempt,
+        })
     }
 }
 
@@ -52,7 +56,10 @@ async fn method_with_self_store_replays(ctx: Ctx) {
     // Another tenant is another operation; another amount under the same key is refused.
     assert_eq!(billing.charge("globex", 1, 500).await.unwrap().attempt, 2);
     let r = billing.charge("acme", 1, 900).await;
-    assert!(matches!(&r, Err(AppError::Idem(m)) if m.contains("different payload")), "{r:?}");
+    assert!(
+        matches!(&r, Err(AppError::Idem(m)) if m.contains("different payload")),
+        "{r:?}"
+    );
     // A released error (the default) runs again.
     assert!(billing.charge("acme", 2, 0).await.is_err());
     assert!(billing.charge("acme", 2, 0).await.is_err());
@@ -96,12 +103,24 @@ async fn transfer(idem: &Idem, account: &str, seq: u32, outcome: &str) -> Result
 
 async fn classify_decides_per_error(ctx: Ctx) {
     let idem = &ctx.idem;
-    assert_eq!(transfer(idem, "a", 1, "declined").await, Err(AppError::Declined("insufficient funds".into())));
+    assert_eq!(
+        transfer(idem, "a", 1, "declined").await,
+        Err(AppError::Declined("insufficient funds".into()))
+    );
     // Recorded: replayed even though the fingerprint's `outcome` is the same.
-    assert_eq!(transfer(idem, "a", 1, "declined").await, Err(AppError::Declined("insufficient funds".into())));
-    assert_eq!(transfer(idem, "a", 2, "timeout").await, Err(AppError::Timeout));
+    assert_eq!(
+        transfer(idem, "a", 1, "declined").await,
+        Err(AppError::Declined("insufficient funds".into()))
+    );
+    assert_eq!(
+        transfer(idem, "a", 2, "timeout").await,
+        Err(AppError::Timeout)
+    );
     let r = transfer(idem, "a", 2, "timeout").await;
-    assert!(matches!(&r, Err(AppError::Idem(m)) if m.contains("UNKNOWN")), "{r:?}");
+    assert!(
+        matches!(&r, Err(AppError::Idem(m)) if m.contains("UNKNOWN")),
+        "{r:?}"
+    );
 }
 
 static NOTIFY_RUNS: AtomicUsize = AtomicUsize::new(0);
@@ -153,7 +172,10 @@ async fn name_and_version_upgrade(ctx: Ctx) {
     assert_eq!(price_v1(&ctx.idem, 3).await.unwrap(), 300);
     assert_eq!(price_v2(&ctx.idem, 3).await.unwrap(), (300, "EUR".into()));
     let r = price_v2_no_upgrade(&ctx.idem, 3).await;
-    assert!(matches!(&r, Err(IdemError::Codec { message, .. }) if message.contains("version 1")), "{r:?}");
+    assert!(
+        matches!(&r, Err(IdemError::Codec { message, .. }) if message.contains("version 1")),
+        "{r:?}"
+    );
 }
 
 #[idempotent(store = idem, key = id, retain = "1d")]
@@ -162,7 +184,9 @@ async fn ship(idem: &Idem, id: u64, carrier: &str) -> Result<String, IdemError> 
     assert_eq!(cur.epoch(), 1);
     assert!(idem_runtime::try_current().is_some());
     // Not visible in tasks the body spawns.
-    let spawned = tokio::spawn(async { idem_runtime::try_current().is_none() }).await.unwrap();
+    let spawned = tokio::spawn(async { idem_runtime::try_current().is_none() })
+        .await
+        .unwrap();
     assert!(spawned);
     Ok(cur.downstream_key(carrier))
 }

@@ -3,7 +3,11 @@ mod common;
 use common::*;
 use idem_runtime::{IdemError, ListFilter};
 
-suite!(oversized_key_is_refused, oversized_scope_is_refused, oversized_outcome_is_refused_and_not_rerun);
+suite!(
+    oversized_key_is_refused,
+    oversized_scope_is_refused,
+    oversized_outcome_is_refused_and_not_rerun
+);
 
 async fn oversized_key_is_refused(ctx: Ctx) {
     let runs = Counter::default();
@@ -16,10 +20,17 @@ async fn oversized_key_is_refused(ctx: Ctx) {
             Ok::<_, IdemError>(())
         })
         .await;
-    assert!(matches!(r, Err(IdemError::KeyTooLong { len, max: 255, .. }) if len > 300), "{r:?}");
+    assert!(
+        matches!(r, Err(IdemError::KeyTooLong { len, max: 255, .. }) if len > 300),
+        "{r:?}"
+    );
     assert_eq!(runs.get(), 0);
     // Just under the cap is fine ("s250:" + 250 bytes = 255).
-    ctx.idem.operation("op", &"k".repeat(250)).run(|| async { Ok::<_, IdemError>(()) }).await.unwrap();
+    ctx.idem
+        .operation("op", &"k".repeat(250))
+        .run(|| async { Ok::<_, IdemError>(()) })
+        .await
+        .unwrap();
 }
 
 async fn oversized_scope_is_refused(ctx: Ctx) {
@@ -43,7 +54,10 @@ async fn oversized_outcome_is_refused_and_not_rerun(ctx: Ctx) {
         })
     };
     let r = call().await;
-    assert!(matches!(r, Err(IdemError::OutcomeTooLarge { max: 1024, .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(IdemError::OutcomeTooLarge { max: 1024, .. })),
+        "{r:?}"
+    );
     // The body ran: it is parked in UNKNOWN, not released for a second run.
     let r = call().await;
     assert!(matches!(r, Err(IdemError::Unknown { .. })), "{r:?}");

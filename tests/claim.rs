@@ -3,7 +3,12 @@ mod common;
 use common::*;
 use idem_runtime::IdemError;
 
-suite!(first_call_runs, mismatch_is_refused, scopes_separate_operations, keys_are_typed);
+suite!(
+    first_call_runs,
+    mismatch_is_refused,
+    scopes_separate_operations,
+    keys_are_typed
+);
 
 async fn first_call_runs(ctx: Ctx) {
     let runs = Counter::default();
@@ -71,10 +76,30 @@ async fn keys_are_typed(ctx: Ctx) {
             Ok::<_, IdemError>(())
         }
     };
-    ctx.idem.operation("op", &42).run(body.clone()).await.unwrap();
-    ctx.idem.operation("op", "42").run(body.clone()).await.unwrap();
-    ctx.idem.operation("op", &("a:b", "c")).run(body.clone()).await.unwrap();
-    ctx.idem.operation("op", &("a", "b:c")).run(body.clone()).await.unwrap();
+    ctx.idem
+        .operation("op", &42)
+        .run(body.clone())
+        .await
+        .unwrap();
+    ctx.idem
+        .operation("op", "42")
+        .run(body.clone())
+        .await
+        .unwrap();
+    ctx.idem
+        .operation("op", &("a:b", "c"))
+        .run(body.clone())
+        .await
+        .unwrap();
+    ctx.idem
+        .operation("op", &("a", "b:c"))
+        .run(body.clone())
+        .await
+        .unwrap();
     ctx.idem.operation("op", &42u8).run(body).await.unwrap();
-    assert_eq!(runs.get(), 4, "42 and \"42\" differ, the tuples differ, 42u8 is 42");
+    assert_eq!(
+        runs.get(),
+        4,
+        "42 and \"42\" differ, the tuples differ, 42u8 is 42"
+    );
 }

@@ -34,9 +34,18 @@ async fn many_callers_one_key_run_once(ctx: Ctx) {
             })
             .collect();
         for t in tasks {
-            assert_eq!(t.await.unwrap().unwrap(), 1, "every caller sees the one execution");
+            assert_eq!(
+                t.await.unwrap().unwrap(),
+                1,
+                "every caller sees the one execution"
+            );
         }
-        assert_eq!(runs.get(), 1, "round {round}: the body ran {} times", runs.get());
+        assert_eq!(
+            runs.get(),
+            1,
+            "round {round}: the body ran {} times",
+            runs.get()
+        );
     }
 }
 

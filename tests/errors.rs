@@ -4,7 +4,12 @@ use common::*;
 use idem_runtime::{Disposition, IdemError, ListFilter, Resolution, State};
 use std::time::Duration;
 
-suite!(released_error_runs_again, recorded_error_replays, classified_unknown_blocks_until_resolved, resolve_completed_replays);
+suite!(
+    released_error_runs_again,
+    recorded_error_replays,
+    classified_unknown_blocks_until_resolved,
+    resolve_completed_replays
+);
 
 async fn released_error_runs_again(ctx: Ctx) {
     let runs = Counter::default();
@@ -28,10 +33,13 @@ async fn recorded_error_replays(ctx: Ctx) {
     let runs = Counter::default();
     let call = || {
         let runs = runs.clone();
-        ctx.idem.operation("charge", "o-2").record_errors().run(move || async move {
-            runs.hit();
-            Err::<String, _>(AppError::Declined("card expired".into()))
-        })
+        ctx.idem
+            .operation("charge", "o-2")
+            .record_errors()
+            .run(move || async move {
+                runs.hit();
+                Err::<String, _>(AppError::Declined("card expired".into()))
+            })
     };
     let first = call().await;
     assert_eq!(first, Err(AppError::Declined("card expired".into())));
@@ -51,13 +59,16 @@ async fn classified_unknown_blocks_until_resolved(ctx: Ctx) {
     let runs = Counter::default();
     let call = || {
         let runs = runs.clone();
-        ctx.idem.operation("charge", "o-3").classify(classify).run(move || async move {
-            if runs.hit() == 1 {
-                Err(AppError::Timeout)
-            } else {
-                Ok(5u32)
-            }
-        })
+        ctx.idem
+            .operation("charge", "o-3")
+            .classify(classify)
+            .run(move || async move {
+                if runs.hit() == 1 {
+                    Err(AppError::Timeout)
+                } else {
+                    Ok(5u32)
+                }
+            })
     };
     assert_eq!(call().await, Err(AppError::Timeout));
     // The effect may have happened: duplicates are told, the body does not run.
@@ -74,9 +85,15 @@ async fn classified_unknown_blocks_until_resolved(ctx: Ctx) {
 
     // A stale epoch cannot resolve it; the right one can.
     let id = unknown[0].id.clone();
-    let stale = ctx.idem.resolve(&id, unknown[0].epoch + 1, Resolution::Retry).await;
+    let stale = ctx
+        .idem
+        .resolve(&id, unknown[0].epoch + 1, Resolution::Retry)
+        .await;
     assert!(matches!(stale, Err(IdemError::Fenced { .. })), "{stale:?}");
-    ctx.idem.resolve(&id, unknown[0].epoch, Resolution::Retry).await.unwrap();
+    ctx.idem
+        .resolve(&id, unknown[0].epoch, Resolution::Retry)
+        .await
+        .unwrap();
     assert_eq!(call().await.unwrap(), 5);
     assert_eq!(runs.get(), 2);
 }
@@ -89,10 +106,13 @@ async fn resolve_completed_replays(ctx: Ctx) {
     let runs = Counter::default();
     let call = || {
         let runs = runs.clone();
-        ctx.idem.operation("email", "e-1").classify(classify).run(move || async move {
-            runs.hit();
-            Err::<u32, _>(AppError::Timeout)
-        })
+        ctx.idem
+            .operation("email", "e-1")
+            .classify(classify)
+            .run(move || async move {
+                runs.hit();
+                Err::<u32, _>(AppError::Timeout)
+            })
     };
     assert_eq!(call().await, Err(AppError::Timeout));
     let id = ctx.idem.operation("email", "e-1").id().clone();

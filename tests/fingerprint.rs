@@ -39,7 +39,12 @@ fn hashmap_fingerprint_is_the_same_in_two_processes() {
     let mine = hex(fingerprint(&order()).unwrap());
     // Each process seeds its HashMaps differently, so iteration orders differ.
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_prints_fingerprint", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_prints_fingerprint",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("IDEM_FP_CHILD", "1")
         .output()
         .expect("run child");

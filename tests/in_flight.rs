@@ -5,10 +5,22 @@ use idem_runtime::{IdemError, InFlight};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-suite!(reject_answers_at_once_with_retry_after, waiter_gets_the_outcome, waiter_mismatch_is_checked_first, waiters_are_capped);
+suite!(
+    reject_answers_at_once_with_retry_after,
+    waiter_gets_the_outcome,
+    waiter_mismatch_is_checked_first,
+    waiters_are_capped
+);
 
 /// Holds a claim on `key` until the returned sender fires.
-async fn hold(idem: &idem_runtime::Idem, key: &'static str, payload: u32) -> (oneshot::Sender<()>, tokio::task::JoinHandle<Result<u32, IdemError>>) {
+async fn hold(
+    idem: &idem_runtime::Idem,
+    key: &'static str,
+    payload: u32,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<u32, IdemError>>,
+) {
     let (started_tx, started_rx) = oneshot::channel();
     let (go_tx, go_rx) = oneshot::channel::<()>();
     let idem = idem.clone();
@@ -39,7 +51,10 @@ async fn reject_answers_at_once_with_retry_after(ctx: Ctx) {
         Err(e @ IdemError::InFlight { .. }) => {
             assert!(e.is_retryable());
             let after = e.retry_after().unwrap();
-            assert!(after > Duration::ZERO && after <= Duration::from_secs(60), "{after:?}");
+            assert!(
+                after > Duration::ZERO && after <= Duration::from_secs(60),
+                "{after:?}"
+            );
         }
         other => panic!("expected in-flight, got {other:?}"),
     }

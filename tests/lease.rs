@@ -45,7 +45,9 @@ async fn cancelled_body_keeps_claim_until_lease_then_taken_over(ctx: Ctx) {
         .run(|| async { Ok::<_, IdemError>(1u64) })
         .await;
     match r {
-        Err(IdemError::InFlight { retry_after, .. }) => assert!(retry_after <= Duration::from_secs(2)),
+        Err(IdemError::InFlight { retry_after, .. }) => {
+            assert!(retry_after <= Duration::from_secs(2))
+        }
         other => panic!("expected in-flight, got {other:?}"),
     }
 
@@ -80,7 +82,10 @@ async fn lapsed_claim_goes_unknown_when_asked(ctx: Ctx) {
             Ok::<_, IdemError>(1u64)
         })
         .await;
-    assert!(matches!(r, Err(IdemError::Unknown { epoch: 1, .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(IdemError::Unknown { epoch: 1, .. })),
+        "{r:?}"
+    );
     assert_eq!(runs.get(), 0);
     let listed = ctx.idem.list(&ListFilter::unknown()).await.unwrap();
     assert_eq!(listed.len(), 1);
@@ -152,7 +157,10 @@ async fn late_finisher_is_fenced(ctx: Ctx) {
     assert_eq!(taker, "epoch 2");
     finish_tx.send(()).unwrap();
     let r = late.await.unwrap();
-    assert!(matches!(r, Err(IdemError::Fenced { epoch: 1, .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(IdemError::Fenced { epoch: 1, .. })),
+        "{r:?}"
+    );
     // The late outcome was not written over the takeover's.
     let again = idem
         .operation("refund", "f-1")

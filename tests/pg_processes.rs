@@ -17,7 +17,10 @@ async fn pool(test: &str, max: u32) -> Option<sqlx::PgPool> {
     {
         Ok(p) => Some(p),
         Err(e) if !db_required() => {
-            eprintln!("skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL", postgres_url());
+            eprintln!(
+                "skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL",
+                postgres_url()
+            );
             None
         }
         Err(e) => panic!("PostgreSQL required: {e}"),
@@ -26,7 +29,10 @@ async fn pool(test: &str, max: u32) -> Option<sqlx::PgPool> {
 
 async fn schema(pool: &sqlx::PgPool, test: &str) -> String {
     let schema = unique_table(test);
-    sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(pool).await.unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(pool)
+        .await
+        .unwrap();
     schema
 }
 
@@ -40,7 +46,9 @@ async fn idem_on(pool: &sqlx::PgPool, schema: &str) -> Idem {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_tasks_twenty_connections_one_key() {
-    let Some(pool) = pool("two_hundred", 20).await else { return };
+    let Some(pool) = pool("two_hundred", 20).await else {
+        return;
+    };
     let schema = schema(&pool, "two_hundred").await;
     let idem = idem_on(&pool, &schema).await;
     const TASKS: usize = 200;
@@ -67,11 +75,14 @@ async fn two_hundred_tasks_twenty_connections_one_key() {
         }
         assert_eq!(runs.get(), 1, "round {round}");
     }
+    drop_schema(&pool, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ten_thousand_keys_four_callers_each() {
-    let Some(pool) = pool("ten_thousand", 20).await else { return };
+    let Some(pool) = pool("ten_thousand", 20).await else {
+        return;
+    };
     let schema = schema(&pool, "ten_thousand").await;
     let idem = idem_on(&pool, &schema).await;
     const KEYS: usize = 10_000;
@@ -98,34 +109,50 @@ async fn ten_thousand_keys_four_callers_each() {
         assert_eq!(t.await.unwrap().unwrap(), i % KEYS);
     }
     assert_eq!(runs.get(), KEYS);
-    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.idem_operations WHERE state = 1"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let rows: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {schema}.idem_operations WHERE state = 1"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(rows, KEYS as i64);
+    drop_schema(&pool, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_race_on_the_same_keys() {
-    let Some(pool) = pool("two_processes", 4).await else { return };
+    let Some(pool) = pool("two_processes", 4).await else {
+        return;
+    };
     let schema = schema(&pool, "two_processes").await;
-    sqlx::query(&format!("CREATE TABLE {schema}.effects (key BIGINT PRIMARY KEY, worker TEXT NOT NULL)"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE {schema}.effects (key BIGINT PRIMARY KEY, worker TEXT NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
     // Create idem's table before the race, so both workers race on claims, not DDL.
     idem_on(&pool, &schema).await;
     const KEYS: u32 = 1_000;
     let spawn = |worker: &str| {
         tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-race-worker"))
-            .args([postgres_url(), schema.clone(), KEYS.to_string(), worker.to_string()])
+            .args([
+                postgres_url(),
+                schema.clone(),
+                KEYS.to_string(),
+                worker.to_string(),
+            ])
             .output()
     };
     let (a, b) = tokio::join!(spawn("a"), spawn("b"));
     let mut ran = 0;
     for out in [a.unwrap(), b.unwrap()] {
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "worker failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "worker failed: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         ran += stdout
             .lines()
             .find_map(|l| l.strip_prefix("RAN="))
@@ -138,35 +165,58 @@ async fn two_processes_race_on_the_same_keys() {
         .await
         .unwrap();
     assert_eq!(rows, i64::from(KEYS));
+    drop_schema(&pool, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeatable_read_conflict_is_a_retryable_store_error() {
-    let Some(pool) = pool("repeatable_read", 4).await else { return };
+    let Some(pool) = pool("repeatable_read", 4).await else {
+        return;
+    };
     let schema = schema(&pool, "repeatable_read").await;
     let idem = idem_on(&pool, &schema).await;
     let op = || idem.operation("book", "seat-1");
 
     let mut first = pool.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *first).await.unwrap();
-    let guard = match op().begin_tx::<_, u32, IdemError>(&mut first).await.unwrap() {
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    let guard = match op()
+        .begin_tx::<_, u32, IdemError>(&mut first)
+        .await
+        .unwrap()
+    {
         TxStep::Run(g) => g,
         TxStep::Replay(_) => panic!("fresh key"),
     };
 
     let mut second = pool.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *second).await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *second)
+        .await
+        .unwrap();
     // Take the snapshot now, before the first commits.
     sqlx::query("SELECT 1").execute(&mut *second).await.unwrap();
     let blocked = tokio::spawn(async move {
-        let r = idem.operation("book", "seat-1").begin_tx::<_, u32, IdemError>(&mut second).await;
+        let r = idem
+            .operation("book", "seat-1")
+            .begin_tx::<_, u32, IdemError>(&mut second)
+            .await;
         r.map(|_| ())
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(guard.finish(&mut first, Ok::<u32, IdemError>(7)).await.unwrap(), 7);
+    assert_eq!(
+        guard
+            .finish(&mut first, Ok::<u32, IdemError>(7))
+            .await
+            .unwrap(),
+        7
+    );
     first.commit().await.unwrap();
     match blocked.await.unwrap() {
         Err(e @ IdemError::Store { .. }) => assert!(e.is_retryable(), "{e}"),
         other => panic!("expected a retryable store error, got {other:?}"),
     }
+    drop_schema(&pool, &schema).await;
 }

@@ -4,7 +4,11 @@ use common::*;
 use idem_runtime::{IdemError, observe};
 use serde::{Deserialize, Serialize};
 
-suite!(completed_duplicate_replays, replay_survives_a_new_handle, observe_tells_replays_apart);
+suite!(
+    completed_duplicate_replays,
+    replay_survives_a_new_handle,
+    observe_tells_replays_apart
+);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Receipt {
@@ -17,14 +21,16 @@ async fn completed_duplicate_replays(ctx: Ctx) {
     let runs = Counter::default();
     let call = || {
         let runs = runs.clone();
-        ctx.idem.operation("charge", "order-9").run(move || async move {
-            let n = runs.hit();
-            Ok::<_, IdemError>(Receipt {
-                id: format!("rcpt-{n}"),
-                cents: 1999,
-                lines: vec![("widget".into(), 2)],
+        ctx.idem
+            .operation("charge", "order-9")
+            .run(move || async move {
+                let n = runs.hit();
+                Ok::<_, IdemError>(Receipt {
+                    id: format!("rcpt-{n}"),
+                    cents: 1999,
+                    lines: vec![("widget".into(), 2)],
+                })
             })
-        })
     };
     let first = call().await.unwrap();
     for _ in 0..5 {
@@ -53,7 +59,11 @@ async fn replay_survives_a_new_handle(ctx: Ctx) {
 }
 
 async fn observe_tells_replays_apart(ctx: Ctx) {
-    let call = || ctx.idem.operation("webhook", "evt-1").run(|| async { Ok::<_, IdemError>(1) });
+    let call = || {
+        ctx.idem
+            .operation("webhook", "evt-1")
+            .run(|| async { Ok::<_, IdemError>(1) })
+    };
     let (out, info) = observe(call()).await;
     assert_eq!(out.unwrap(), 1);
     assert!(!info.replayed());

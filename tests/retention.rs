@@ -4,7 +4,10 @@ use common::*;
 use idem_runtime::{IdemError, InFlight, ListFilter};
 use std::time::Duration;
 
-suite!(expired_record_is_absent, purge_removes_only_expired_completed);
+suite!(
+    expired_record_is_absent,
+    purge_removes_only_expired_completed
+);
 
 async fn expired_record_is_absent(ctx: Ctx) {
     let runs = Counter::default();
@@ -36,7 +39,10 @@ async fn purge_removes_only_expired_completed(ctx: Ctx) {
         .run(|| async { Ok::<_, IdemError>(()) })
         .await
         .unwrap();
-    idem.operation("a", "kept").run(|| async { Ok::<_, IdemError>(()) }).await.unwrap();
+    idem.operation("a", "kept")
+        .run(|| async { Ok::<_, IdemError>(()) })
+        .await
+        .unwrap();
     let _ = idem
         .operation("a", "unknown")
         .classify(|_: &AppError| idem_runtime::Disposition::Unknown)
@@ -63,8 +69,17 @@ async fn purge_removes_only_expired_completed(ctx: Ctx) {
     assert_eq!(idem.purge_expired().await.unwrap(), 1);
     assert_eq!(idem.purge_expired().await.unwrap(), 0);
     let stats = idem.stats().await.unwrap();
-    assert_eq!((stats.completed, stats.unknown, stats.in_progress), (1, 1, 1));
-    assert_eq!(idem.list(&ListFilter::stuck(Duration::from_millis(100))).await.unwrap().len(), 1);
+    assert_eq!(
+        (stats.completed, stats.unknown, stats.in_progress),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        idem.list(&ListFilter::stuck(Duration::from_millis(100)))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     // The in-progress record, lease lapsed, is still there to be taken over, not purged.
     let r = idem
         .operation("a", "running")

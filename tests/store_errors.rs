@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use idem_runtime::store::MemoryStore;
 use idem_runtime::{
-    Claim, ClaimRequest, Fence, Idem, IdemError, ListFilter, OnStoreError, OperationId, RecordInfo, Stats, Store,
-    StoreError, StoredOutcome,
+    Claim, ClaimRequest, Fence, Idem, IdemError, ListFilter, OnStoreError, OperationId, RecordInfo,
+    Stats, Store, StoreError, StoredOutcome,
 };
 
 /// The memory store with switches that make claims or records fail like a dropped
@@ -19,7 +19,10 @@ struct Flaky {
 }
 
 fn down() -> StoreError {
-    StoreError::new(true, std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset"))
+    StoreError::new(
+        true,
+        std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset"),
+    )
 }
 
 #[async_trait::async_trait]
@@ -30,7 +33,13 @@ impl Store for Flaky {
         }
         self.inner.claim(req).await
     }
-    async fn record(&self, id: &OperationId, epoch: u64, o: &StoredOutcome, retain: Duration) -> Result<Fence, StoreError> {
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        o: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
         if self.records_fail.load(Ordering::SeqCst) {
             return Err(down());
         }
@@ -42,10 +51,20 @@ impl Store for Flaky {
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         self.inner.mark_unknown(id, epoch).await
     }
-    async fn renew(&self, id: &OperationId, epoch: u64, lease: Duration) -> Result<Fence, StoreError> {
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
         self.inner.renew(id, epoch, lease).await
     }
-    async fn resolve(&self, id: &OperationId, epoch: u64, c: Option<(&StoredOutcome, Duration)>) -> Result<Fence, StoreError> {
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        c: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
         self.inner.resolve(id, epoch, c).await
     }
     async fn purge_expired(&self) -> Result<u64, StoreError> {
@@ -77,7 +96,10 @@ async fn fail_closed_does_not_run_the_body() {
             Ok::<_, IdemError>(())
         })
         .await;
-    assert!(matches!(&r, Err(e @ IdemError::Store { .. }) if e.is_retryable()), "{r:?}");
+    assert!(
+        matches!(&r, Err(e @ IdemError::Store { .. }) if e.is_retryable()),
+        "{r:?}"
+    );
     assert!(!ran);
 }
 
@@ -106,7 +128,10 @@ async fn unrecorded_outcome_is_reported_and_not_rerun() {
             Ok::<_, IdemError>(())
         })
         .await;
-    assert!(matches!(r, Err(IdemError::Unrecorded { epoch: 1, .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(IdemError::Unrecorded { epoch: 1, .. })),
+        "{r:?}"
+    );
     assert_eq!(runs, 1);
     // The claim stays in progress: a duplicate is told so rather than running again.
     f.records_fail.store(false, Ordering::SeqCst);

@@ -42,6 +42,13 @@ macro_rules! tx_suite {
                 sqlx::query_scalar(&format!("SELECT count(*) FROM {table}")).fetch_one(pool).await.unwrap()
             }
 
+            /// Drops what a PostgreSQL test made: the schema holding both tables.
+            async fn drop_orders(pool: &sqlx::Pool<$db>, orders_table: &str) {
+                if let Some((schema, _)) = orders_table.split_once('.') {
+                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).execute(pool).await;
+                }
+            }
+
             async fn setup(test: &str) -> Option<(sqlx::Pool<$db>, Idem, String, Option<tempfile::TempDir>)> {
                 $open(test).await
             }
@@ -56,6 +63,7 @@ macro_rules! tx_suite {
                     tx.commit().await.unwrap();
                 }
                 assert_eq!(orders(&pool, &orders_table).await, 1);
+                drop_orders(&pool, &orders_table).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -70,6 +78,7 @@ macro_rules! tx_suite {
                 assert_eq!(place(&idem, &mut tx, "o-2", 1, false).await.unwrap(), 100);
                 tx.commit().await.unwrap();
                 assert_eq!(orders(&pool, &orders_table).await, 1);
+                drop_orders(&pool, &orders_table).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -83,6 +92,7 @@ macro_rules! tx_suite {
                 assert_eq!(place(&idem, &mut tx, "o-3", 5, false).await.unwrap(), 500, "the key is free again");
                 tx.commit().await.unwrap();
                 assert_eq!(orders(&pool, &orders_table).await, 1);
+                drop_orders(&pool, &orders_table).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -94,6 +104,8 @@ macro_rules! tx_suite {
                 let mut tx = $begin(&pool).await;
                 let r = place(&idem, &mut tx, "o-4", 9, false).await;
                 assert!(matches!(&r, Err(AppError::Idem(m)) if m.contains("different payload")), "{r:?}");
+                drop(tx);
+                drop_orders(&pool, &_t).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -130,12 +142,15 @@ macro_rules! tx_suite {
                     assert_eq!(t.await.unwrap(), 100);
                 }
                 assert_eq!(orders(&pool, &orders_table).await, KEYS as i64);
+                drop_orders(&pool, &orders_table).await;
             }
         }
     };
 }
 
-async fn open_sqlite(test: &str) -> Option<(sqlx::SqlitePool, Idem, String, Option<tempfile::TempDir>)> {
+async fn open_sqlite(
+    test: &str,
+) -> Option<(sqlx::SqlitePool, Idem, String, Option<tempfile::TempDir>)> {
     let _ = test;
     let dir = tempfile::tempdir().unwrap();
     let opts = sqlx::sqlite::SqliteConnectOptions::new()
@@ -143,7 +158,11 @@ async fn open_sqlite(test: &str) -> Option<(sqlx::SqlitePool, Idem, String, Opti
         .create_if_missing(true)
         .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
         .busy_timeout(std::time::Duration::from_secs(30));
-    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(8).connect_with(opts).await.unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(opts)
+        .await
+        .unwrap();
     sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
         .execute(&pool)
         .await
@@ -161,10 +180,17 @@ tx_suite!(sqlite, sqlx::Sqlite, "?1, ?2", open_sqlite, begin_sqlite);
 
 #[cfg(feature = "postgres")]
 async fn open_pg(test: &str) -> Option<(sqlx::PgPool, Idem, String, Option<tempfile::TempDir>)> {
-    let pool = match sqlx::postgres::PgPoolOptions::new().max_connections(20).connect(&postgres_url()).await {
+    let pool = match sqlx::postgres::PgPoolOptions::new()
+        .max_connections(20)
+        .connect(&postgres_url())
+        .await
+    {
         Ok(p) => p,
         Err(e) if !db_required() => {
-            eprintln!("skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL", postgres_url());
+            eprintln!(
+                "skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL",
+                postgres_url()
+            );
             return None;
         }
         Err(e) => panic!("PostgreSQL required: {e}"),
@@ -176,7 +202,11 @@ async fn open_pg(test: &str) -> Option<(sqlx::PgPool, Idem, String, Option<tempf
     ] {
         sqlx::query(&stmt).execute(&pool).await.unwrap();
     }
-    let idem = Idem::builder().table(format!("{schema}.idem_operations")).pool(pool.clone()).await.unwrap();
+    let idem = Idem::builder()
+        .table(format!("{schema}.idem_operations"))
+        .pool(pool.clone())
+        .await
+        .unwrap();
     // The business table is found through the search path of each connection.
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(20)
@@ -185,7 +215,10 @@ async fn open_pg(test: &str) -> Option<(sqlx::PgPool, Idem, String, Option<tempf
             move |conn, _| {
                 let schema = schema.clone();
                 Box::pin(async move {
-                    sqlx::query(&format!("SET search_path TO {schema}")).execute(conn).await.map(drop)
+                    sqlx::query(&format!("SET search_path TO {schema}"))
+                        .execute(conn)
+                        .await
+                        .map(drop)
                 })
             }
         })

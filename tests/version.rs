@@ -3,7 +3,10 @@ mod common;
 use common::*;
 use idem_runtime::IdemError;
 
-suite!(changed_version_is_a_clear_error, upgrade_converts_old_outcomes);
+suite!(
+    changed_version_is_a_clear_error,
+    upgrade_converts_old_outcomes
+);
 
 async fn record_v1(ctx: &Ctx) {
     ctx.idem
@@ -28,7 +31,10 @@ async fn changed_version_is_a_clear_error(ctx: Ctx) {
     match r {
         Err(IdemError::Codec { name, message }) => {
             assert_eq!(name, "quote");
-            assert!(message.contains("version 1") && message.contains("version 2"), "{message}");
+            assert!(
+                message.contains("version 1") && message.contains("version 2"),
+                "{message}"
+            );
         }
         other => panic!("expected a codec error, got {other:?}"),
     }

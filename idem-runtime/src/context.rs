@@ -94,7 +94,9 @@ pub(crate) async fn scope_body<F: Future>(id: &OperationId, epoch: u64, fut: F) 
     };
     // A fresh observe slot: idempotent calls nested in the body must not report
     // themselves as the outer call.
-    CURRENT.scope(cur, OBSERVED.scope(Cell::new(None), fut)).await
+    CURRENT
+        .scope(cur, OBSERVED.scope(Cell::new(None), fut))
+        .await
 }
 
 /// How an idempotent call was answered, as [`observe`] reports it.

@@ -24,9 +24,7 @@ pub enum IdemError {
     },
 
     /// Another call with the same key is running.
-    #[error(
-        "operation `{name}` with this key is already running; retry after {retry_after:?}"
-    )]
+    #[error("operation `{name}` with this key is already running; retry after {retry_after:?}")]
     InFlight {
         /// The operation's name.
         name: String,

@@ -15,7 +15,11 @@ pub(crate) struct FingerprintBuilder {
 }
 
 impl FingerprintBuilder {
-    pub(crate) fn add<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), String> {
+    pub(crate) fn add<T: Serialize + ?Sized>(
+        &mut self,
+        name: &str,
+        value: &T,
+    ) -> Result<(), String> {
         self.buf.push(b'P');
         write_str(&mut self.buf, name);
         value
@@ -45,10 +49,11 @@ impl FingerprintBuilder {
 /// ```
 pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<[u8; 32], crate::IdemError> {
     let mut b = FingerprintBuilder::default();
-    b.add("", value).map_err(|message| crate::IdemError::Codec {
-        name: String::new(),
-        message: format!("cannot fingerprint the value: {message}"),
-    })?;
+    b.add("", value)
+        .map_err(|message| crate::IdemError::Codec {
+            name: String::new(),
+            message: format!("cannot fingerprint the value: {message}"),
+        })?;
     Ok(b.finish())
 }
 
@@ -90,18 +95,28 @@ struct Compound<'a> {
 impl<'a> Compound<'a> {
     fn seq(out: &'a mut Vec<u8>) -> Self {
         out.push(b'L');
-        Compound { out, entries: None, pending_key: Vec::new() }
+        Compound {
+            out,
+            entries: None,
+            pending_key: Vec::new(),
+        }
     }
     fn map(out: &'a mut Vec<u8>) -> Self {
         out.push(b'M');
-        Compound { out, entries: Some(Vec::new()), pending_key: Vec::new() }
+        Compound {
+            out,
+            entries: Some(Vec::new()),
+            pending_key: Vec::new(),
+        }
     }
     fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
         v.serialize(Canonical { out: self.out })
     }
     fn key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), CanonError> {
         self.pending_key.clear();
-        k.serialize(Canonical { out: &mut self.pending_key })
+        k.serialize(Canonical {
+            out: &mut self.pending_key,
+        })
     }
     fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
         let mut entry = std::mem::take(&mut self.pending_key);
@@ -217,13 +232,22 @@ impl<'a> ser::Serializer for Canonical<'a> {
     fn serialize_unit_struct(self, _: &'static str) -> Result<(), CanonError> {
         self.serialize_none()
     }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<(), CanonError> {
+    fn serialize_unit_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+    ) -> Result<(), CanonError> {
         // Variant names, not indices: reordering an enum must not change fingerprints.
         self.out.push(b'V');
         write_str(self.out, variant);
         Ok(())
     }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<(), CanonError> {
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        value: &T,
+    ) -> Result<(), CanonError> {
         value.serialize(self)
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -332,7 +356,11 @@ impl ser::SerializeMap for Compound<'_> {
 impl ser::SerializeStruct for Compound<'_> {
     type Ok = ();
     type Error = CanonError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> Result<(), CanonError> {
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        v: &T,
+    ) -> Result<(), CanonError> {
         self.field(name, v)
     }
     fn end(self) -> Result<(), CanonError> {
@@ -342,7 +370,11 @@ impl ser::SerializeStruct for Compound<'_> {
 impl ser::SerializeStructVariant for Compound<'_> {
     type Ok = ();
     type Error = CanonError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> Result<(), CanonError> {
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        v: &T,
+    ) -> Result<(), CanonError> {
         self.field(name, v)
     }
     fn end(self) -> Result<(), CanonError> {
@@ -360,9 +392,15 @@ mod tests {
         let h: HashMap<String, u32> = (0..50).map(|i| (format!("k{i}"), i)).collect();
         let b: BTreeMap<String, u32> = h.clone().into_iter().collect();
         assert_eq!(fingerprint(&h).unwrap(), fingerprint(&b).unwrap());
-        assert_ne!(fingerprint(&("a:b", "c")).unwrap(), fingerprint(&("a", "b:c")).unwrap());
+        assert_ne!(
+            fingerprint(&("a:b", "c")).unwrap(),
+            fingerprint(&("a", "b:c")).unwrap()
+        );
         assert_ne!(fingerprint(&Some(1)).unwrap(), fingerprint(&1).unwrap());
-        assert_ne!(fingerprint(&vec![1, 2]).unwrap(), fingerprint(&vec![2, 1]).unwrap());
+        assert_ne!(
+            fingerprint(&vec![1, 2]).unwrap(),
+            fingerprint(&vec![2, 1]).unwrap()
+        );
     }
 
     #[test]
@@ -370,7 +408,11 @@ mod tests {
         // A change to the canonical encoding would silently turn every retry into a
         // mismatch; this pins it.
         let v: BTreeMap<&str, (i32, &str)> = [("a", (1, "x"))].into_iter().collect();
-        let hex: String = fingerprint(&v).unwrap().iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = fingerprint(&v)
+            .unwrap()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         assert_eq!(hex, PINNED);
     }
     const PINNED: &str = "1a74a0d03fad766ecfe0c2e0eb475fdb5c8477fef4d74e86721f304d0b8d7f25";

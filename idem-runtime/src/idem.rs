@@ -9,8 +9,7 @@ use crate::error::IdemError;
 use crate::key::KeyPart;
 use crate::op::Operation;
 use crate::store::{ListFilter, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome};
-use crate::wake::{WakeHub, Waiter};
-
+use crate::wake::{Waiter, WakeHub};
 
 static GLOBAL: RwLock<Option<Idem>> = RwLock::new(None);
 
@@ -51,7 +50,9 @@ struct Config {
 
 impl std::fmt::Debug for Idem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Idem").field("config", &self.inner.cfg).finish_non_exhaustive()
+        f.debug_struct("Idem")
+            .field("config", &self.inner.cfg)
+            .finish_non_exhaustive()
     }
 }
 
@@ -145,7 +146,10 @@ impl Idem {
 
     /// Counts by state and the age of the oldest stuck records, for alerting.
     pub async fn stats(&self) -> Result<Stats, IdemError> {
-        self.store().stats().await.map_err(|e| IdemError::store("stats", e))
+        self.store()
+            .stats()
+            .await
+            .map_err(|e| IdemError::store("stats", e))
     }
 
     /// Records matching `filter`, oldest first, for reconciliation.
@@ -159,7 +163,12 @@ impl Idem {
     /// Settles an UNKNOWN (or stuck IN_PROGRESS) operation at `epoch` (from
     /// [`Idem::list`] or [`IdemError::Unknown`]). Returns [`IdemError::Fenced`] when the
     /// record is no longer at that epoch.
-    pub async fn resolve(&self, id: &OperationId, epoch: u64, resolution: Resolution) -> Result<(), IdemError> {
+    pub async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        resolution: Resolution,
+    ) -> Result<(), IdemError> {
         let completed = match &resolution {
             Resolution::Retry => None,
             Resolution::Completed {
@@ -254,7 +263,12 @@ impl Idem {
     }
 
     /// Keeps the lease of a running body alive; stops when the guard is dropped.
-    pub(crate) fn spawn_renewal(&self, id: &OperationId, epoch: u64, lease: Duration) -> Option<RenewGuard> {
+    pub(crate) fn spawn_renewal(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Option<RenewGuard> {
         if !self.inner.cfg.renew_leases {
             return None;
         }

@@ -118,7 +118,10 @@ impl<T: KeyPart> KeyPart for Option<T> {
 impl KeyPart for uuid::Uuid {
     fn write_key(&self, out: &mut String) {
         out.push('u');
-        out.push_str(self.as_hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
+        out.push_str(
+            self.as_hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer()),
+        );
         out.push(';');
     }
 }

@@ -84,9 +84,11 @@ impl<E> ErrorPolicy<E> for ReleaseErrors {
         Err("this operation releases errors and cannot record them".into())
     }
     fn decode(&self, _: &[u8]) -> Result<E, String> {
-        Err("a recorded error was found, but this operation releases errors; \
+        Err(
+            "a recorded error was found, but this operation releases errors; \
              was it built with `errors = record` before?"
-            .into())
+                .into(),
+        )
     }
 }
 
@@ -125,7 +127,13 @@ impl<E: Serialize + DeserializeOwned, F: Fn(&E) -> Disposition> ErrorPolicy<E> f
 /// How an outcome recorded under another schema version becomes today's `T`.
 pub trait Upgrade<T> {
     /// Converts the outcome recorded under `from` (as JSON) for the operation `name`.
-    fn upgrade(&self, name: &str, from: u32, to: u32, outcome: serde_json::Value) -> Result<T, IdemError>;
+    fn upgrade(
+        &self,
+        name: &str,
+        from: u32,
+        to: u32,
+        outcome: serde_json::Value,
+    ) -> Result<T, IdemError>;
 }
 
 /// No upgrade: an outcome of another version is an [`IdemError::Codec`].
@@ -133,7 +141,13 @@ pub trait Upgrade<T> {
 pub struct NoUpgrade;
 
 impl<T> Upgrade<T> for NoUpgrade {
-    fn upgrade(&self, name: &str, from: u32, to: u32, _: serde_json::Value) -> Result<T, IdemError> {
+    fn upgrade(
+        &self,
+        name: &str,
+        from: u32,
+        to: u32,
+        _: serde_json::Value,
+    ) -> Result<T, IdemError> {
         Err(IdemError::Codec {
             name: name.to_owned(),
             message: format!(
@@ -150,7 +164,13 @@ impl<T> Upgrade<T> for NoUpgrade {
 pub struct UpgradeWith<F>(F);
 
 impl<T, F: Fn(u32, serde_json::Value) -> Result<T, IdemError>> Upgrade<T> for UpgradeWith<F> {
-    fn upgrade(&self, _: &str, from: u32, _: u32, outcome: serde_json::Value) -> Result<T, IdemError> {
+    fn upgrade(
+        &self,
+        _: &str,
+        from: u32,
+        _: u32,
+        outcome: serde_json::Value,
+    ) -> Result<T, IdemError> {
         (self.0)(from, outcome)
     }
 }
@@ -261,7 +281,8 @@ impl<P, U> Operation<P, U> {
     pub fn retain(mut self, retain: Duration) -> Self {
         if retain.is_zero() {
             self.fail(IdemError::Config {
-                message: "`retain` must be more than zero; size it from the longest retry horizon".into(),
+                message: "`retain` must be more than zero; size it from the longest retry horizon"
+                    .into(),
             });
         }
         self.retain = retain;
@@ -403,9 +424,12 @@ impl<P, U> Operation<P, U> {
         if outcome.version != self.version {
             let value: serde_json::Value = serde_json::from_slice(&outcome.body)
                 .map_err(|e| codec(format!("the recorded outcome is not JSON: {e}")))?;
-            return Ok(self
-                .upgrade
-                .upgrade(self.id.name.as_str(), outcome.version, self.version, value)?);
+            return Ok(self.upgrade.upgrade(
+                self.id.name.as_str(),
+                outcome.version,
+                self.version,
+                value,
+            )?);
         }
         serde_json::from_slice(&outcome.body).map_err(|e| {
             codec(format!(
@@ -429,18 +453,6 @@ impl<P, U> Operation<P, U> {
         self.fingerprint.finish()
     }
 
-    pub(crate) fn policy(&self) -> &P {
-        &self.policy
-    }
-
-    pub(crate) fn version_number(&self) -> u32 {
-        self.version
-    }
-
-    pub(crate) fn retain_for(&self) -> Duration {
-        self.retain
-    }
-
     /// Claims the operation, runs `body` if this call owns it, and records the outcome.
     ///
     /// A completed duplicate gets the recorded outcome without running `body`. See the
@@ -454,19 +466,31 @@ impl<P, U> Operation<P, U> {
         P: ErrorPolicy<E>,
         U: Upgrade<T>,
     {
-        if let Some(e) = self.invalid {
-            return Err(e.into());
-        }
-        let Some(idem) = self.idem.clone() else {
-            return Err(IdemError::NoStore.into());
-        };
+        let mut this = self;
+        this.take_invalid()?;
         let run = Run {
-            idem,
-            op: &self,
-            fingerprint: self.fingerprint.finish(),
+            idem: this.idem_handle()?,
+            op: &this,
+            fingerprint: this.fingerprint_bytes(),
             _t: PhantomData,
         };
         run.go(body).await
+    }
+}
+
+/// What transactional mode reads of an operation.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<P, U> Operation<P, U> {
+    pub(crate) fn policy(&self) -> &P {
+        &self.policy
+    }
+
+    pub(crate) fn version_number(&self) -> u32 {
+        self.version
+    }
+
+    pub(crate) fn retain_for(&self) -> Duration {
+        self.retain
     }
 }
 
@@ -549,7 +573,9 @@ where
         };
         let mut waiter = None;
         loop {
-            let notified = waiter.as_ref().map(|w: &crate::wake::Waiter| w.notify.clone());
+            let notified = waiter
+                .as_ref()
+                .map(|w: &crate::wake::Waiter| w.notify.clone());
             let notified = notified.as_deref().map(|n| n.notified());
             tokio::pin!(notified);
             if let Some(n) = notified.as_mut().as_pin_mut() {
@@ -574,7 +600,10 @@ where
                 Claim::Mismatch => return Err(self.mismatch()),
                 Claim::Unknown { epoch, now } => {
                     if now {
-                        tracing::warn!(epoch, "lapsed claim moved to UNKNOWN (on_takeover = unknown)");
+                        tracing::warn!(
+                            epoch,
+                            "lapsed claim moved to UNKNOWN (on_takeover = unknown)"
+                        );
                         self.idem.wake(id);
                     }
                     return Err(IdemError::Unknown {
@@ -681,8 +710,12 @@ where
             Err(err) => match self.op.policy.disposition(&err) {
                 Disposition::Release => {
                     match self.idem.store().release(id, epoch).await {
-                        Ok(Fence::Held) => tracing::debug!(parent: span, epoch, "released after error"),
-                        Ok(Fence::Lost) => tracing::warn!(parent: span, epoch, "fenced: claim lost before release"),
+                        Ok(Fence::Held) => {
+                            tracing::debug!(parent: span, epoch, "released after error")
+                        }
+                        Ok(Fence::Lost) => {
+                            tracing::warn!(parent: span, epoch, "fenced: claim lost before release")
+                        }
                         // The lease will lapse and a retry takes over: the contract allows
                         // a released error to run again.
                         Err(e) => tracing::warn!(parent: span, epoch, error = %e, "release failed"),
@@ -746,7 +779,12 @@ where
         let id = &self.op.id;
         let mut backoff = Duration::from_millis(20);
         loop {
-            match self.idem.store().record(id, epoch, outcome, self.op.retain).await {
+            match self
+                .idem
+                .store()
+                .record(id, epoch, outcome, self.op.retain)
+                .await
+            {
                 Ok(Fence::Held) => {
                     tracing::debug!(parent: span, epoch, "recorded");
                     self.idem.wake(id);
@@ -800,4 +838,3 @@ where
         }
     }
 }
-

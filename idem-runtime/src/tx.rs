@@ -81,7 +81,12 @@ impl Conn<'_> {
         }
     }
 
-    async fn claim(&mut self, table: &TableName, id: &crate::OperationId, fp: &[u8; 32]) -> Result<TxClaim, StoreError> {
+    async fn claim(
+        &mut self,
+        table: &TableName,
+        id: &crate::OperationId,
+        fp: &[u8; 32],
+    ) -> Result<TxClaim, StoreError> {
         match self {
             #[cfg(feature = "sqlite")]
             Conn::Sqlite(c) => crate::store::sqlite::tx_claim_sqlite(c, table, id, fp).await,
@@ -99,9 +104,13 @@ impl Conn<'_> {
     ) -> Result<crate::Fence, StoreError> {
         match self {
             #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => crate::store::sqlite::tx_record_sqlite(c, table, id, outcome, retain).await,
+            Conn::Sqlite(c) => {
+                crate::store::sqlite::tx_record_sqlite(c, table, id, outcome, retain).await
+            }
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => crate::store::postgres::tx_record_pg(c, table, id, outcome, retain).await,
+            Conn::Postgres(c) => {
+                crate::store::postgres::tx_record_pg(c, table, id, outcome, retain).await
+            }
         }
     }
 
@@ -147,7 +156,10 @@ impl<P, U> Operation<P, U> {
     /// `is_retryable() == true`; retry the whole transaction. On SQLite begin the
     /// transaction with `BEGIN IMMEDIATE` so a duplicate waits on the database lock
     /// (up to `busy_timeout`) instead of failing on upgrade.
-    pub async fn begin_tx<C, T, E>(mut self, tx: &mut C) -> Result<TxStep<T, E, TxGuard<P, U>>, IdemError>
+    pub async fn begin_tx<C, T, E>(
+        mut self,
+        tx: &mut C,
+    ) -> Result<TxStep<T, E, TxGuard<P, U>>, IdemError>
     where
         C: TxConnection,
         T: Serialize + DeserializeOwned,
@@ -161,12 +173,17 @@ impl<P, U> Operation<P, U> {
         let table = conn.table(&idem)?;
         let fp = self.fingerprint_bytes();
         conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
-        let claim = conn.claim(table, self.id(), &fp).await.map_err(store_err("claim"))?;
+        let claim = conn
+            .claim(table, self.id(), &fp)
+            .await
+            .map_err(store_err("claim"))?;
         if claim == TxClaim::Acquired {
             tracing::debug!(scope = %self.id().scope, name = %self.id().name, "claimed in transaction");
             return Ok(TxStep::Run(TxGuard { op: self }));
         }
-        conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("savepoint"))?;
+        conn.exec(RELEASE_SAVEPOINT)
+            .await
+            .map_err(store_err("savepoint"))?;
         let name = self.id().name.clone();
         match claim {
             TxClaim::Completed(outcome) => {
@@ -201,29 +218,43 @@ impl<P, U> TxGuard<P, U> {
         let table = conn.table(&idem)?;
         let name = op.id().name.clone();
         let (outcome, result) = match out {
-            Ok(v) => match serde_json::to_vec(&v) {
-                Ok(body) => (body, Ok(v)),
-                Err(e) => {
-                    conn.exec(ROLLBACK_SAVEPOINT).await.map_err(store_err("rollback"))?;
-                    conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("rollback"))?;
-                    return Err(IdemError::Codec {
+            Ok(v) => {
+                match serde_json::to_vec(&v) {
+                    Ok(body) => (body, Ok(v)),
+                    Err(e) => {
+                        conn.exec(ROLLBACK_SAVEPOINT)
+                            .await
+                            .map_err(store_err("rollback"))?;
+                        conn.exec(RELEASE_SAVEPOINT)
+                            .await
+                            .map_err(store_err("rollback"))?;
+                        return Err(IdemError::Codec {
                         name,
                         message: format!("cannot serialize the outcome ({e}); the body's writes were rolled back"),
                     }
                     .into());
+                    }
                 }
-            },
+            }
             Err(err) => match op.policy().disposition(&err) {
                 Disposition::Release => {
-                    conn.exec(ROLLBACK_SAVEPOINT).await.map_err(store_err("rollback"))?;
-                    conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("rollback"))?;
+                    conn.exec(ROLLBACK_SAVEPOINT)
+                        .await
+                        .map_err(store_err("rollback"))?;
+                    conn.exec(RELEASE_SAVEPOINT)
+                        .await
+                        .map_err(store_err("rollback"))?;
                     return Err(err);
                 }
                 Disposition::Record | Disposition::Unknown => match op.policy().encode(&err) {
                     Ok(body) => (body, Err(err)),
                     Err(m) => {
-                        conn.exec(ROLLBACK_SAVEPOINT).await.map_err(store_err("rollback"))?;
-                        conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("rollback"))?;
+                        conn.exec(ROLLBACK_SAVEPOINT)
+                            .await
+                            .map_err(store_err("rollback"))?;
+                        conn.exec(RELEASE_SAVEPOINT)
+                            .await
+                            .map_err(store_err("rollback"))?;
                         return Err(IdemError::Codec {
                             name,
                             message: format!("cannot serialize the error for recording ({m}); the body's writes were rolled back"),
@@ -236,8 +267,12 @@ impl<P, U> TxGuard<P, U> {
         let max = idem.max_outcome_bytes();
         if outcome.len() > max {
             // Unlike the leased path, nothing escaped: roll the body back with the claim.
-            conn.exec(ROLLBACK_SAVEPOINT).await.map_err(store_err("rollback"))?;
-            conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("rollback"))?;
+            conn.exec(ROLLBACK_SAVEPOINT)
+                .await
+                .map_err(store_err("rollback"))?;
+            conn.exec(RELEASE_SAVEPOINT)
+                .await
+                .map_err(store_err("rollback"))?;
             return Err(IdemError::OutcomeTooLarge {
                 name,
                 len: outcome.len(),
@@ -266,7 +301,9 @@ impl<P, U> TxGuard<P, U> {
                 .into());
             }
         }
-        conn.exec(RELEASE_SAVEPOINT).await.map_err(store_err("savepoint"))?;
+        conn.exec(RELEASE_SAVEPOINT)
+            .await
+            .map_err(store_err("savepoint"))?;
         crate::context::report_run(1);
         result
     }

@@ -13,7 +13,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: idem-race-worker <postgres-url> <schema> <keys> <worker-id>".into());
     };
     let keys: u32 = keys.parse()?;
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(8).connect(url).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(url)
+        .await?;
     let idem = Idem::builder()
         .table(format!("{schema}.idem_operations"))
         .pool(pool.clone())
@@ -22,7 +25,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut ran = 0u32;
     let tasks: Vec<_> = (0..keys)
         .map(|key| {
-            let (pool, idem, insert, worker) = (pool.clone(), idem.clone(), insert.clone(), worker.clone());
+            let (pool, idem, insert, worker) =
+                (pool.clone(), idem.clone(), insert.clone(), worker.clone());
             tokio::spawn(async move {
                 loop {
                     let mut tx = pool.begin().await?;
@@ -43,7 +47,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         .execute(&mut *tx)
                         .await
                         .map(|_| true)
-                        .map_err(|e| IdemError::Config { message: e.to_string() });
+                        .map_err(|e| IdemError::Config {
+                            message: e.to_string(),
+                        });
                     match guard.finish(&mut tx, out).await {
                         Ok(ran) => {
                             tx.commit().await?;

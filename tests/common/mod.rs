@@ -29,7 +29,8 @@ enum Target {
 }
 
 pub fn postgres_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 pub fn db_required() -> bool {
@@ -41,7 +42,10 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 /// A table name of its own for each test, so counts are exact and tests run in parallel.
 pub fn unique_table(test: &str) -> String {
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let mut t: String = test.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    let mut t: String = test
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
     t.truncate(30);
     format!("idem_t_{t}_{}_{n}", std::process::id())
 }
@@ -53,7 +57,11 @@ impl Ctx {
         Self::open_with(backend, test, |b| b).await
     }
 
-    pub async fn open_with(backend: Backend, test: &str, f: impl Fn(IdemBuilder) -> IdemBuilder) -> Option<Ctx> {
+    pub async fn open_with(
+        backend: Backend,
+        test: &str,
+        f: impl Fn(IdemBuilder) -> IdemBuilder,
+    ) -> Option<Ctx> {
         let (target, dir) = match backend {
             Backend::Memory => (Target::Memory, None),
             Backend::Sqlite => {
@@ -81,7 +89,10 @@ impl Ctx {
                 Some(ctx)
             }
             Err(e) if backend == Backend::Postgres && !db_required() => {
-                eprintln!("skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL", postgres_url());
+                eprintln!(
+                    "skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL",
+                    postgres_url()
+                );
                 None
             }
             Err(e) => panic!("cannot open {backend:?} store for {test}: {e}"),
@@ -109,6 +120,44 @@ impl Ctx {
     pub async fn variant(&self, f: impl Fn(IdemBuilder) -> IdemBuilder) -> Idem {
         self.handle(f).await.expect("open a second handle")
     }
+}
+
+/// What a test leaves behind on PostgreSQL, dropped after it passes (a failed test's
+/// table stays for inspection).
+pub struct Cleanup(Option<(String, String)>);
+
+impl Ctx {
+    pub fn cleanup(&self) -> Cleanup {
+        match &self.target {
+            Target::Postgres { url, table } => Cleanup(Some((url.clone(), table.clone()))),
+            _ => Cleanup(None),
+        }
+    }
+}
+
+impl Cleanup {
+    pub async fn run(self) {
+        #[cfg(feature = "postgres")]
+        if let Some((url, table)) = self.0 {
+            if let Ok(pool) = sqlx::PgPool::connect(&url).await {
+                let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+                    .execute(&pool)
+                    .await;
+                let _ = sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = $1")
+                    .bind(&table)
+                    .execute(&pool)
+                    .await;
+            }
+        }
+    }
+}
+
+/// Drops a schema a test made, with everything in it.
+#[cfg(feature = "postgres")]
+pub async fn drop_schema(pool: &sqlx::PgPool, schema: &str) {
+    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(pool)
+        .await;
 }
 
 /// Counts body executions.
@@ -147,7 +196,9 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Memory, stringify!($name)).await {
+                        let cleanup = ctx.cleanup();
                         super::$name(ctx).await;
+                        cleanup.run().await;
                     }
                 }
             )*
@@ -157,7 +208,9 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Sqlite, stringify!($name)).await {
+                        let cleanup = ctx.cleanup();
                         super::$name(ctx).await;
+                        cleanup.run().await;
                     }
                 }
             )*
@@ -167,7 +220,9 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Postgres, stringify!($name)).await {
+                        let cleanup = ctx.cleanup();
                         super::$name(ctx).await;
+                        cleanup.run().await;
                     }
                 }
             )*

@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordInfo, State, Stats, Store,
-    StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordInfo, State, Stats,
+    Store, StoredOutcome, Takeover,
 };
 use crate::error::StoreError;
 
@@ -41,7 +41,13 @@ impl MemoryStore {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn fenced(&self, id: &OperationId, epoch: u64, states: &[State], f: impl FnOnce(&mut HashMap<OperationId, Record>)) -> Fence {
+    fn fenced(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        states: &[State],
+        f: impl FnOnce(&mut HashMap<OperationId, Record>),
+    ) -> Fence {
         let mut map = self.lock();
         match map.get(id) {
             Some(r) if r.epoch == epoch && states.contains(&r.state) => {
@@ -85,7 +91,11 @@ impl Store for MemoryStore {
             return Ok(Claim::Mismatch);
         }
         Ok(match rec.state {
-            State::Completed => Claim::Completed(rec.outcome.clone().expect("completed record has an outcome")),
+            State::Completed => Claim::Completed(
+                rec.outcome
+                    .clone()
+                    .expect("completed record has an outcome"),
+            ),
             State::Unknown => Claim::Unknown {
                 epoch: rec.epoch,
                 now: false,
@@ -122,11 +132,13 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let map = self.lock();
         Ok(match map.get(id) {
-            Some(r) if r.state == State::Completed && !r.expired(now) => Some(if &r.fingerprint == fingerprint {
-                Ok(r.outcome.clone().expect("completed record has an outcome"))
-            } else {
-                Err(Mismatched)
-            }),
+            Some(r) if r.state == State::Completed && !r.expired(now) => {
+                Some(if &r.fingerprint == fingerprint {
+                    Ok(r.outcome.clone().expect("completed record has an outcome"))
+                } else {
+                    Err(Mismatched)
+                })
+            }
             _ => None,
         })
     }
@@ -158,7 +170,12 @@ impl Store for MemoryStore {
         }))
     }
 
-    async fn renew(&self, id: &OperationId, epoch: u64, lease: Duration) -> Result<Fence, StoreError> {
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
         Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
             map.get_mut(id).expect("checked").lease_until = Instant::now() + lease;
         }))
@@ -170,17 +187,22 @@ impl Store for MemoryStore {
         epoch: u64,
         completed: Option<(&StoredOutcome, Duration)>,
     ) -> Result<Fence, StoreError> {
-        Ok(self.fenced(id, epoch, &[State::InProgress, State::Unknown], |map| match completed {
-            None => {
-                map.remove(id);
-            }
-            Some((outcome, retain)) => {
-                let r = map.get_mut(id).expect("checked");
-                r.state = State::Completed;
-                r.outcome = Some(outcome.clone());
-                r.expires_at = Instant::now().checked_add(retain);
-            }
-        }))
+        Ok(self.fenced(
+            id,
+            epoch,
+            &[State::InProgress, State::Unknown],
+            |map| match completed {
+                None => {
+                    map.remove(id);
+                }
+                Some((outcome, retain)) => {
+                    let r = map.get_mut(id).expect("checked");
+                    r.state = State::Completed;
+                    r.outcome = Some(outcome.clone());
+                    r.expires_at = Instant::now().checked_add(retain);
+                }
+            },
+        ))
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
@@ -229,7 +251,7 @@ impl Store for MemoryStore {
                 age: now - r.claimed_at,
             })
             .collect();
-        rows.sort_by(|a, b| b.age.cmp(&a.age));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.age));
         rows.truncate(filter.limit() as usize);
         Ok(rows)
     }

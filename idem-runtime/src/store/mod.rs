@@ -8,17 +8,19 @@ mod memory;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
-#[cfg(feature = "sqlite")]
-pub(crate) mod sqlite;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql_common;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
 
 use std::time::Duration;
 
 use crate::error::StoreError;
 
 /// The identity of one operation: its scope, name and key, each already encoded.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct OperationId {
     /// The encoded scope (`""` for the empty scope).
     pub scope: String,
@@ -255,7 +257,12 @@ pub trait Store: Send + Sync + 'static {
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError>;
 
     /// Extends the lease of `epoch` to `lease` from now.
-    async fn renew(&self, id: &OperationId, epoch: u64, lease: Duration) -> Result<Fence, StoreError>;
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError>;
 
     /// Settles an UNKNOWN or IN_PROGRESS record held at `epoch`: `None` removes it (the
     /// next call runs the body), `Some` records that outcome for `retain`.

@@ -263,9 +263,11 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<SqliteStore, Id
     if !url.contains("mode=") {
         connect = connect.create_if_missing(true);
     }
+    // FULL, not WAL's usual NORMAL: under NORMAL a power loss can drop the last
+    // commits, and a lost claim or record lets a retry run the body a second time.
     connect = connect
         .busy_timeout(BUSY_TIMEOUT)
-        .synchronous(SqliteSynchronous::Normal);
+        .synchronous(SqliteSynchronous::Full);
     let pool = if memory {
         // An in-memory database lives as long as a connection to it. sqlx gives
         // `sqlite::memory:` a unique shared-cache name, so every connection of this pool
