@@ -127,9 +127,20 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
             let __idem_op = #op;
             __idem_op.run(move || async move { #fake_return #block }).await
         },
-        Some(tx) => quote! {
+        Some(tx) => {
+            // Spanned on the parameter's type, where a wrong transaction type is fixed.
+            let tx_ty = sig.inputs.iter().find_map(|arg| match arg {
+                syn::FnArg::Typed(pt) => match &*pt.pat {
+                    syn::Pat::Ident(pi) if pi.ident == *tx => Some(pt.ty.span()),
+                    _ => None,
+                },
+                syn::FnArg::Receiver(_) => None,
+            });
+            let begin =
+                quote_spanned!(tx_ty.unwrap_or_else(|| tx.span())=> __idem_op.begin_tx(&mut *#tx));
+            quote! {
             let __idem_op = #op;
-            let __idem_guard = match __idem_op.begin_tx(&mut *#tx).await {
+            let __idem_guard = match #begin.await {
                 ::core::result::Result::Ok(#private::TxStep::Replay(__idem_v)) => return __idem_v,
                 ::core::result::Result::Ok(#private::TxStep::Run(__idem_g)) => __idem_g,
                 ::core::result::Result::Err(__idem_e) => {
@@ -142,7 +153,8 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
                 async move { #fake_return #block }.await
             };
             __idem_guard.finish(&mut *#tx, __idem_out).await
-        },
+            }
+        }
     };
     quote! {
         #(#attrs)*

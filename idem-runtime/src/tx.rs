@@ -9,13 +9,23 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::{IdemError, StoreError};
-use crate::op::{Disposition, ErrorPolicy, Operation, Upgrade};
+use crate::error::IdemError;
+use crate::op::{ErrorPolicy, Operation, Upgrade};
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::error::StoreError;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::op::Disposition;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::store::StoredOutcome;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::store::sql_common::{TableName, TxClaim};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 const SAVEPOINT: &str = "SAVEPOINT idem_body";
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_body";
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 const ROLLBACK_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 
 /// What [`Operation::begin_tx`] decided.
@@ -27,6 +37,11 @@ pub enum TxStep<T, E, G> {
 }
 
 /// A transaction idem can claim in: `sqlx::Transaction` on PostgreSQL or SQLite.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a transaction idem can claim in",
+    label = "the `tx` parameter must be `&mut sqlx::Transaction<'_, Postgres>` or `&mut sqlx::Transaction<'_, Sqlite>`",
+    note = "enable the `postgres` or `sqlite` feature of idem-runtime for the matching transaction type"
+)]
 pub trait TxConnection: sealed::Sealed + Send {
     #[doc(hidden)]
     fn idem_conn(&mut self) -> Conn<'_>;
@@ -43,6 +58,12 @@ pub enum Conn<'a> {
     Sqlite(&'a mut sqlx::SqliteConnection),
     #[cfg(feature = "postgres")]
     Postgres(&'a mut sqlx::PgConnection),
+    /// Without a SQL store there is no transaction type, so no value of this.
+    #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+    None(
+        std::convert::Infallible,
+        std::marker::PhantomData<&'a mut ()>,
+    ),
 }
 
 #[cfg(feature = "sqlite")]
@@ -63,6 +84,7 @@ impl TxConnection for sqlx::Transaction<'_, sqlx::Postgres> {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl Conn<'_> {
     async fn exec(&mut self, sql: &'static str) -> Result<(), StoreError> {
         match self {
@@ -142,6 +164,7 @@ pub struct TxGuard<P, U> {
     op: Operation<P, U>,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn store_err(during: &'static str) -> impl Fn(StoreError) -> IdemError {
     move |e| IdemError::store(during, e)
 }
@@ -157,7 +180,7 @@ impl<P, U> Operation<P, U> {
     /// transaction with `BEGIN IMMEDIATE` so a duplicate waits on the database lock
     /// (up to `busy_timeout`) instead of failing on upgrade.
     pub async fn begin_tx<C, T, E>(
-        mut self,
+        self,
         tx: &mut C,
     ) -> Result<TxStep<T, E, TxGuard<P, U>>, IdemError>
     where
@@ -167,33 +190,41 @@ impl<P, U> Operation<P, U> {
         P: ErrorPolicy<E>,
         U: Upgrade<T>,
     {
-        self.take_invalid()?;
-        let idem = self.idem_handle()?;
-        let mut conn = tx.idem_conn();
-        let table = conn.table(&idem)?;
-        let fp = self.fingerprint_bytes();
-        conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
-        let claim = conn
-            .claim(table, self.id(), &fp)
-            .await
-            .map_err(store_err("claim"))?;
-        if claim == TxClaim::Acquired {
-            tracing::debug!(scope = %self.id().scope, name = %self.id().name, "claimed in transaction");
-            return Ok(TxStep::Run(TxGuard { op: self }));
+        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+        match tx.idem_conn() {
+            Conn::None(never, _) => match never {},
         }
-        conn.exec(RELEASE_SAVEPOINT)
-            .await
-            .map_err(store_err("savepoint"))?;
-        let name = self.id().name.clone();
-        match claim {
-            TxClaim::Completed(outcome) => {
-                crate::context::report_replay();
-                Ok(TxStep::Replay(self.decode_outcome(outcome)))
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        {
+            let mut this = self;
+            this.take_invalid()?;
+            let idem = this.idem_handle()?;
+            let mut conn = tx.idem_conn();
+            let table = conn.table(&idem)?;
+            let fp = this.fingerprint_bytes();
+            conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
+            let claim = conn
+                .claim(table, this.id(), &fp)
+                .await
+                .map_err(store_err("claim"))?;
+            if claim == TxClaim::Acquired {
+                tracing::debug!(scope = %this.id().scope, name = %this.id().name, "claimed in transaction");
+                return Ok(TxStep::Run(TxGuard { op: this }));
             }
-            TxClaim::Mismatch => Err(IdemError::Mismatch { name }),
-            TxClaim::Unknown { epoch } => Err(IdemError::Unknown { name, epoch }),
-            TxClaim::InFlight { retry_after } => Err(IdemError::InFlight { name, retry_after }),
-            TxClaim::Acquired => unreachable!("handled above"),
+            conn.exec(RELEASE_SAVEPOINT)
+                .await
+                .map_err(store_err("savepoint"))?;
+            let name = this.id().name.clone();
+            match claim {
+                TxClaim::Completed(outcome) => {
+                    crate::context::report_replay();
+                    Ok(TxStep::Replay(this.decode_outcome(outcome)))
+                }
+                TxClaim::Mismatch => Err(IdemError::Mismatch { name }),
+                TxClaim::Unknown { epoch } => Err(IdemError::Unknown { name, epoch }),
+                TxClaim::InFlight { retry_after } => Err(IdemError::InFlight { name, retry_after }),
+                TxClaim::Acquired => unreachable!("handled above"),
+            }
         }
     }
 }
@@ -212,14 +243,22 @@ impl<P, U> TxGuard<P, U> {
         E: From<IdemError>,
         P: ErrorPolicy<E>,
     {
-        let op = self.op;
-        let mut conn = tx.idem_conn();
-        let idem = op.idem_handle()?;
-        let table = conn.table(&idem)?;
-        let name = op.id().name.clone();
-        let (outcome, result) = match out {
-            Ok(v) => {
-                match serde_json::to_vec(&v) {
+        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+        {
+            let _ = (self.op, out);
+            match tx.idem_conn() {
+                Conn::None(never, _) => match never {},
+            }
+        }
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        {
+            let op = self.op;
+            let mut conn = tx.idem_conn();
+            let idem = op.idem_handle()?;
+            let table = conn.table(&idem)?;
+            let name = op.id().name.clone();
+            let (outcome, result) = match out {
+                Ok(v) => match serde_json::to_vec(&v) {
                     Ok(body) => (body, Ok(v)),
                     Err(e) => {
                         conn.exec(ROLLBACK_SAVEPOINT)
@@ -229,82 +268,82 @@ impl<P, U> TxGuard<P, U> {
                             .await
                             .map_err(store_err("rollback"))?;
                         return Err(IdemError::Codec {
-                        name,
-                        message: format!("cannot serialize the outcome ({e}); the body's writes were rolled back"),
+                            name,
+                            message: format!("cannot serialize the outcome ({e}); the body's writes were rolled back"),
+                        }
+                        .into());
                     }
-                    .into());
-                    }
-                }
-            }
-            Err(err) => match op.policy().disposition(&err) {
-                Disposition::Release => {
-                    conn.exec(ROLLBACK_SAVEPOINT)
-                        .await
-                        .map_err(store_err("rollback"))?;
-                    conn.exec(RELEASE_SAVEPOINT)
-                        .await
-                        .map_err(store_err("rollback"))?;
-                    return Err(err);
-                }
-                Disposition::Record | Disposition::Unknown => match op.policy().encode(&err) {
-                    Ok(body) => (body, Err(err)),
-                    Err(m) => {
+                },
+                Err(err) => match op.policy().disposition(&err) {
+                    Disposition::Release => {
                         conn.exec(ROLLBACK_SAVEPOINT)
                             .await
                             .map_err(store_err("rollback"))?;
                         conn.exec(RELEASE_SAVEPOINT)
                             .await
                             .map_err(store_err("rollback"))?;
-                        return Err(IdemError::Codec {
-                            name,
-                            message: format!("cannot serialize the error for recording ({m}); the body's writes were rolled back"),
-                        }
-                        .into());
+                        return Err(err);
                     }
+                    Disposition::Record | Disposition::Unknown => match op.policy().encode(&err) {
+                        Ok(body) => (body, Err(err)),
+                        Err(m) => {
+                            conn.exec(ROLLBACK_SAVEPOINT)
+                                .await
+                                .map_err(store_err("rollback"))?;
+                            conn.exec(RELEASE_SAVEPOINT)
+                                .await
+                                .map_err(store_err("rollback"))?;
+                            return Err(IdemError::Codec {
+                                name,
+                                message: format!("cannot serialize the error for recording ({m}); the body's writes were rolled back"),
+                            }
+                            .into());
+                        }
+                    },
                 },
-            },
-        };
-        let max = idem.max_outcome_bytes();
-        if outcome.len() > max {
-            // Unlike the leased path, nothing escaped: roll the body back with the claim.
-            conn.exec(ROLLBACK_SAVEPOINT)
-                .await
-                .map_err(store_err("rollback"))?;
-            conn.exec(RELEASE_SAVEPOINT)
-                .await
-                .map_err(store_err("rollback"))?;
-            return Err(IdemError::OutcomeTooLarge {
-                name,
-                len: outcome.len(),
-                max,
-            }
-            .into());
-        }
-        let stored = StoredOutcome {
-            is_err: result.is_err(),
-            version: op.version_number(),
-            body: outcome,
-        };
-        match conn
-            .record(table, op.id(), &stored, op.retain_for())
-            .await
-            .map_err(store_err("record"))?
-        {
-            crate::Fence::Held => {}
-            crate::Fence::Lost => {
-                return Err(IdemError::Config {
-                    message: format!(
-                        "the transactional claim on `{name}` vanished before its record; was \
-                         the savepoint `idem_body` released or rolled back by the body?"
-                    ),
+            };
+            let max = idem.max_outcome_bytes();
+            if outcome.len() > max {
+                // Unlike the leased path, nothing escaped: roll the body back with the claim.
+                conn.exec(ROLLBACK_SAVEPOINT)
+                    .await
+                    .map_err(store_err("rollback"))?;
+                conn.exec(RELEASE_SAVEPOINT)
+                    .await
+                    .map_err(store_err("rollback"))?;
+                return Err(IdemError::OutcomeTooLarge {
+                    name,
+                    len: outcome.len(),
+                    max,
                 }
                 .into());
             }
+            let stored = StoredOutcome {
+                is_err: result.is_err(),
+                version: op.version_number(),
+                body: outcome,
+            };
+            match conn
+                .record(table, op.id(), &stored, op.retain_for())
+                .await
+                .map_err(store_err("record"))?
+            {
+                crate::Fence::Held => {}
+                crate::Fence::Lost => {
+                    return Err(IdemError::Config {
+                        message: format!(
+                            "the transactional claim on `{name}` vanished before its record; was \
+                             the savepoint `idem_body` released or rolled back by the body?"
+                        ),
+                    }
+                    .into());
+                }
+            }
+            conn.exec(RELEASE_SAVEPOINT)
+                .await
+                .map_err(store_err("savepoint"))?;
+            crate::context::report_run(1);
+            result
         }
-        conn.exec(RELEASE_SAVEPOINT)
-            .await
-            .map_err(store_err("savepoint"))?;
-        crate::context::report_run(1);
-        result
     }
 }

@@ -138,16 +138,16 @@ impl Ctx {
 impl Cleanup {
     pub async fn run(self) {
         #[cfg(feature = "postgres")]
-        if let Some((url, table)) = self.0 {
-            if let Ok(pool) = sqlx::PgPool::connect(&url).await {
-                let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-                    .execute(&pool)
-                    .await;
-                let _ = sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = $1")
-                    .bind(&table)
-                    .execute(&pool)
-                    .await;
-            }
+        if let Some((url, table)) = self.0
+            && let Ok(pool) = sqlx::PgPool::connect(&url).await
+        {
+            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+                .execute(&pool)
+                .await;
+            let _ = sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = $1")
+                .bind(&table)
+                .execute(&pool)
+                .await;
         }
     }
 }
