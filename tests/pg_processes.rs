@@ -220,3 +220,22 @@ async fn repeatable_read_conflict_is_a_retryable_store_error() {
     }
     drop_schema(&pool, &schema).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_neither_locks_nor_writes_the_row() {
+    let Some(pool) = pool("replay_no_write", 4).await else { return };
+    let schema = schema(&pool, "replay_no_write").await;
+    let idem = idem_on(&pool, &schema).await;
+    let call = || idem.operation("quote", "q-1").run(|| async { Ok::<_, IdemError>(42u32) });
+    assert_eq!(call().await.unwrap(), 42);
+    // xmin changes on a write, xmax on a row lock (ON CONFLICT DO UPDATE takes one even
+    // when its WHERE is false).
+    let version = format!("SELECT xmin::text || '/' || xmax::text FROM {schema}.idem_operations");
+    let before: String = sqlx::query_scalar(&version).fetch_one(&pool).await.unwrap();
+    for _ in 0..20 {
+        assert_eq!(call().await.unwrap(), 42);
+    }
+    let after: String = sqlx::query_scalar(&version).fetch_one(&pool).await.unwrap();
+    assert_eq!(before, after, "a replay touched the row");
+    drop_schema(&pool, &schema).await;
+}

@@ -17,8 +17,8 @@ use super::sql_common::{
     epoch_from_sql, millis, outcome_from_sql, redact_url, sql_epoch, sql_version,
 };
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordInfo, State, Stats,
-    Store, StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordInfo, State, Stats, Store,
+    StoredOutcome, Takeover,
 };
 use crate::error::{IdemError, StoreError};
 use crate::wake::WakeHub;
@@ -81,14 +81,17 @@ const EXPIRED: &str = "(cur.state = 1 AND cur.expires_at <= EXCLUDED.claimed_at)
 const LAPSED: &str = "(cur.state = 0 AND cur.lease_until <= EXCLUDED.claimed_at \
                       AND cur.fingerprint = EXCLUDED.fingerprint)";
 
-/// The claim: one statement, one round trip.
+/// The claim: one statement, one round trip, for fresh claims and replays alike.
 ///
 /// Parameters: $1 scope, $2 name, $3 key, $4 fingerprint, $5 lease (ms), $6 whether a
 /// lapsed lease goes to UNKNOWN.
 ///
-/// `ins` inserts a fresh claim (epoch 1), or on conflict updates the row only when it is
-/// claimable (`WHERE {expired} OR {lapsed}`, judged on the latest committed version, which
-/// `ON CONFLICT` locks):
+/// `seen` reads the row in the statement's snapshot. When it shows a row that cannot be
+/// claimed (COMPLETED and unexpired, a live IN_PROGRESS, UNKNOWN, another fingerprint),
+/// `ins` inserts nothing, so a replay neither locks nor writes the row: it costs one
+/// primary-key read. Otherwise `ins` inserts a fresh claim (epoch 1), or on conflict
+/// updates the row only when it is claimable (`WHERE {expired} OR {lapsed}`, judged on
+/// the latest committed version, which `ON CONFLICT` locks):
 ///
 /// | old row                      | $6    | new row                          |
 /// |------------------------------|-------|----------------------------------|
@@ -98,21 +101,31 @@ const LAPSED: &str = "(cur.state = 0 AND cur.lease_until <= EXCLUDED.claimed_at 
 /// | anything else                | —     | not updated: `ins` is empty      |
 ///
 /// `EXCLUDED.claimed_at` is the statement's `now`. When `ins` returns a row it is ours
-/// (`mine`). Otherwise the second branch reads the row as it is, for [`decide`] to tell
-/// replay, in-flight, mismatch and UNKNOWN apart.
+/// (`mine`). Otherwise the row `seen` is returned, for [`decide`] to tell replay,
+/// in-flight, mismatch and UNKNOWN apart. Skipping the insert on what the snapshot shows
+/// is safe: a COMPLETED outcome is immutable until it expires, and the other
+/// unclaimable states are answered as a read would answer them a moment earlier.
 ///
-/// That read uses the statement's snapshot. Under READ COMMITTED, when the conflicting
-/// row was committed after the statement began (a concurrent first claim), the snapshot
-/// does not have it and the statement returns no row; or it has an older version that
-/// looks claimable (`stale`). Both mean "issue the statement again", which then sees the
-/// committed row.
-const CLAIM: &str = "WITH ins AS (
+/// Under READ COMMITTED, when the conflicting row was committed after the statement
+/// began (a concurrent first claim), the snapshot does not have it and the statement
+/// returns no row; or it has an older version that looks claimable (`stale`). Both mean
+/// "issue the statement again", which then sees the committed row.
+const CLAIM: &str = "WITH seen AS (
+    SELECT state, epoch, fingerprint, taken_over, lease_until, expires_at, outcome,
+        outcome_is_err, outcome_version, clock_timestamp() AS now
+    FROM {table}
+    WHERE scope = $1 AND name = $2 AND key = $3
+), ins AS (
     INSERT INTO {table} AS cur (scope, name, key, state, epoch, fingerprint, taken_over,
         lease_until, created_at, claimed_at, expires_at, outcome, outcome_is_err,
         outcome_version, waiters)
     SELECT $1, $2, $3, 0, 1, $4, false, n.now + $5::bigint * interval '1 millisecond',
         n.now, n.now, NULL, NULL, false, 0, false
     FROM (SELECT clock_timestamp() AS now) AS n
+    WHERE NOT EXISTS (
+        SELECT 1 FROM seen
+        WHERE NOT ((state = 0 AND lease_until <= now AND fingerprint = $4)
+                   OR (state = 1 AND expires_at <= now)))
     ON CONFLICT (scope, name, key) DO UPDATE SET
         state = CASE WHEN {expired} OR NOT $6 THEN 0 ELSE 2 END,
         epoch = CASE WHEN {expired} OR NOT $6 THEN cur.epoch + 1 ELSE cur.epoch END,
@@ -137,20 +150,13 @@ SELECT mine, stale, state, epoch, same_fingerprint, taken_over, retry_after_ms, 
     outcome_is_err, outcome_version
 FROM ins
 UNION ALL
-SELECT false, COALESCE((state = 0 AND lease_until <= clock_timestamp() AND fingerprint = $4)
-        OR (state = 1 AND expires_at <= clock_timestamp()), false),
+SELECT false, (state = 0 AND lease_until <= now AND fingerprint = $4)
+        OR (state = 1 AND expires_at <= now),
     state, epoch, fingerprint = $4, taken_over,
-    greatest(0, (EXTRACT(EPOCH FROM lease_until - clock_timestamp()) * 1000)::bigint),
-    outcome, outcome_is_err, outcome_version
-FROM {table}
-WHERE scope = $1 AND name = $2 AND key = $3 AND NOT EXISTS (SELECT 1 FROM ins)";
-
-/// The replay fast path: read-only. $1..$3 the operation, $4 the fingerprint.
-const PEEK: &str = "SELECT fingerprint = $4 AS same_fingerprint,
-        CASE WHEN fingerprint = $4 THEN outcome END AS outcome, outcome_is_err, outcome_version
-    FROM {table}
-    WHERE scope = $1 AND name = $2 AND key = $3 AND state = 1
-      AND expires_at > clock_timestamp()";
+    greatest(0, (EXTRACT(EPOCH FROM lease_until - now) * 1000)::bigint),
+    CASE WHEN fingerprint = $4 THEN outcome END, outcome_is_err, outcome_version
+FROM seen
+WHERE NOT EXISTS (SELECT 1 FROM ins)";
 
 /// The fenced writes that end a claim share one shape: the change in `upd`, then a
 /// `NOTIFY` in the same statement when a caller announced it waits (`waiters`). `held`
@@ -283,7 +289,6 @@ const TX_RECORD: &str = "UPDATE {table}
 #[derive(Debug)]
 struct Statements {
     claim: String,
-    peek: String,
     record: String,
     release: String,
     mark_unknown: String,
@@ -304,7 +309,6 @@ impl Statements {
             .replace("{expired}", EXPIRED);
         Statements {
             claim: r(&claim),
-            peek: r(PEEK),
             record: r(RECORD),
             release: r(RELEASE),
             mark_unknown: r(MARK_UNKNOWN),
@@ -597,34 +601,6 @@ impl Store for PgStore {
                 req.id
             ),
         ))
-    }
-
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-        let Some(row) = sqlx::query(&self.sql.peek)
-            .bind(&id.scope)
-            .bind(&id.name)
-            .bind(&id.key)
-            .bind(&fingerprint[..])
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?
-        else {
-            return Ok(None);
-        };
-        let same: bool = row.try_get("same_fingerprint").map_err(map_err)?;
-        if !same {
-            return Ok(Some(Err(Mismatched)));
-        }
-        let outcome = outcome_from_sql(
-            row.try_get("outcome").map_err(map_err)?,
-            row.try_get("outcome_is_err").map_err(map_err)?,
-            i64::from(row.try_get::<i32, _>("outcome_version").map_err(map_err)?),
-        )?;
-        Ok(Some(Ok(outcome)))
     }
 
     async fn record(
@@ -1064,7 +1040,6 @@ mod tests {
             other => panic!("expected InFlight, got {other:?}"),
         }
         assert_eq!(claim(store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
-        assert_eq!(store.peek_completed(&id, &FP).await.unwrap(), None);
         let done = StoredOutcome {
             is_err: true,
             version: 3,
@@ -1076,15 +1051,7 @@ mod tests {
             claim(store, &id, FP, LEASE).await,
             Claim::Completed(done.clone())
         );
-        assert_eq!(
-            store.peek_completed(&id, &FP).await.unwrap(),
-            Some(Ok(done))
-        );
         assert_eq!(claim(store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
-        assert_eq!(
-            store.peek_completed(&id, &OTHER_FP).await.unwrap(),
-            Some(Err(Mismatched))
-        );
 
         // takeover after a lapse; the old epoch is fenced
         let lapsed = op("o-2");
@@ -1216,7 +1183,6 @@ mod tests {
             .await
             .unwrap();
         tokio::time::sleep(PAST_TINY).await;
-        assert_eq!(store.peek_completed(&expired, &FP).await.unwrap(), None);
         assert_eq!(
             claim(store, &expired, OTHER_FP, LEASE).await,
             Claim::Acquired {
