@@ -19,8 +19,28 @@ use proc_macro::TokenStream;
 /// **claim → execute → record** against a durable store, so the body runs at most once
 /// per key (within `retain`), and a retry gets the recorded outcome back.
 ///
-/// ```ignore
+/// ```
 /// use idem_runtime::{idempotent, Idem};
+/// # use idem_runtime::IdemError;
+/// # use std::sync::atomic::{AtomicUsize, Ordering};
+/// # #[derive(serde::Serialize)]
+/// # struct Order { id: u64, cents: u64 }
+/// # #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// # struct Receipt { cents: u64 }
+/// # #[derive(Debug)]
+/// # struct PayError;
+/// # impl From<IdemError> for PayError {
+/// #     fn from(_: IdemError) -> Self { PayError }
+/// # }
+/// # struct Psp(AtomicUsize);
+/// # impl Psp {
+/// #     async fn charge(&self, order: &Order) -> Result<Receipt, PayError> {
+/// #         self.0.fetch_add(1, Ordering::SeqCst);
+/// #         Ok(Receipt { cents: order.cents })
+/// #     }
+/// # }
+/// # #[allow(non_upper_case_globals)]
+/// # static psp: Psp = Psp(AtomicUsize::new(0));
 ///
 /// #[idempotent(store = idem, key = order.id, scope = tenant, retain = "7d")]
 /// async fn charge(idem: &Idem, tenant: &str, order: &Order) -> Result<Receipt, PayError> {
@@ -28,6 +48,16 @@ use proc_macro::TokenStream;
 ///     // a retry gets the recorded Receipt back without running the body again
 ///     psp.charge(order).await
 /// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), PayError> {
+/// let idem = Idem::memory();
+/// let order = Order { id: 42, cents: 1999 };
+/// let receipt = charge(&idem, "acme", &order).await?;
+/// let retry = charge(&idem, "acme", &order).await?; // replayed
+/// assert_eq!(retry, receipt);
+/// # assert_eq!(psp.0.load(Ordering::SeqCst), 1);
+/// # Ok(()) }
 /// ```
 ///
 /// The function must be an `async fn` (free function or method; `&self`, generics and
@@ -69,9 +99,35 @@ use proc_macro::TokenStream;
 /// with owned `String` fields. The encoding is typed and unambiguous: `42` and `"42"`
 /// are different keys, and so are `("a:b", "c")` and `("a", "b:c")`.
 ///
-/// ```ignore
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+///
+/// static RUNS: AtomicUsize = AtomicUsize::new(0);
+///
+/// #[derive(serde::Serialize)]
+/// struct Message { source: String, id: u64 }
+///
 /// #[idempotent(store = idem, key = (msg.source, msg.id), retain = "3d")]
-/// #[idempotent(store = idem, key = format!("charge:v1:{}", order.id), retain = "7d")]
+/// async fn handle(idem: &Idem, msg: &Message) -> Result<usize, IdemError> {
+///     Ok(RUNS.fetch_add(1, Ordering::SeqCst) + 1) // which run of the body this is
+/// }
+///
+/// #[idempotent(store = idem, key = format!("charge:v1:{}", order_id), retain = "7d")]
+/// async fn charge(idem: &Idem, order_id: u64) -> Result<u64, IdemError> {
+///     Ok(order_id)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// let billing = Message { source: "billing".into(), id: 7 };
+/// let shipping = Message { source: "shipping".into(), id: 7 };
+/// assert_eq!(handle(&idem, &billing).await?, 1);
+/// assert_eq!(handle(&idem, &billing).await?, 1); // same (source, id): replayed
+/// assert_eq!(handle(&idem, &shipping).await?, 2); // another source: another key
+/// assert_eq!(charge(&idem, 42).await?, 42);
+/// # Ok(()) }
 /// ```
 ///
 /// Rejected at compile time (see *Compile-time checks*): a key built from a random or
@@ -84,6 +140,23 @@ use proc_macro::TokenStream;
 /// authorization: authorize before the call as for a first call, and put the principal
 /// in `scope` so a key reused by someone else is someone else's operation.
 ///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+///
+/// #[idempotent(store = idem, key = invoice, scope = tenant, retain = "30d")]
+/// async fn send_invoice(idem: &Idem, tenant: &str, invoice: u64) -> Result<String, IdemError> {
+///     Ok(format!("{tenant}: invoice {invoice} sent"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::sqlite("sqlite::memory:").await?;
+/// assert_eq!(send_invoice(&idem, "acme", 1).await?, "acme: invoice 1 sent");
+/// // Invoice 1 of another tenant is an operation of its own: neither a replay nor a mismatch.
+/// assert_eq!(send_invoice(&idem, "globex", 1).await?, "globex: invoice 1 sent");
+/// # Ok(()) }
+/// ```
+///
 /// # `retain = "DUR"` (required)
 ///
 /// How long a completed outcome is kept and replayed, as a string parsed at compile
@@ -92,6 +165,23 @@ use proc_macro::TokenStream;
 /// redelivery, replays): a duplicate that arrives after `retain` runs the body again.
 /// Missing, zero or unparsable is a compile error.
 ///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+///
+/// // Clients retry for up to an hour: keep outcomes a little longer than that.
+/// #[idempotent(store = idem, key = request_id, retain = "1h 30m")]
+/// async fn sign_up(idem: &Idem, request_id: &str, email: &str) -> Result<String, IdemError> {
+///     Ok(format!("account for {email}"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// let account = sign_up(&idem, "req-1", "ana@example.com").await?;
+/// assert_eq!(sign_up(&idem, "req-1", "ana@example.com").await?, account); // a retry in time
+/// # Ok(()) }
+/// ```
+///
 /// # `store = EXPR`
 ///
 /// The store: an expression of type `Idem` or `&Idem` (anything `AsRef<Idem>`), such as
@@ -99,11 +189,46 @@ use proc_macro::TokenStream;
 /// process-wide store set with `Idem::set_global`; if none is set, the call returns
 /// `Err(IdemError::NoStore)` without running the body.
 ///
-/// ```ignore
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+/// # #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// # struct Receipt { cents: u64 }
+///
+/// struct Payments {
+///     idem: Idem,
+/// }
+///
 /// impl Payments {
 ///     #[idempotent(store = self.idem, key = order_id, retain = "7d")]
-///     async fn charge(&self, order_id: u64, cents: u64) -> Result<Receipt, PayError> { .. }
+///     async fn charge(&self, order_id: u64, cents: u64) -> Result<Receipt, IdemError> {
+///         Ok(Receipt { cents })
+///     }
 /// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let payments = Payments { idem: Idem::memory() };
+/// let receipt = payments.charge(1, 500).await?;
+/// assert_eq!(payments.charge(1, 500).await?, receipt); // replayed from `payments.idem`
+/// # Ok(()) }
+/// ```
+///
+/// Without `store`, the global store:
+///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+///
+/// #[idempotent(key = user_id, retain = "1d")]
+/// async fn send_welcome(user_id: u64) -> Result<(), IdemError> {
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// assert!(matches!(send_welcome(7).await, Err(IdemError::NoStore)));
+/// Idem::set_global(Idem::sqlite("sqlite::memory:").await?); // once, at startup
+/// send_welcome(7).await?;
+/// # Ok(()) }
 /// ```
 ///
 /// # `name = "op"`
@@ -113,6 +238,28 @@ use proc_macro::TokenStream;
 /// under the old name are no longer replayed; give `name` to keep it stable across
 /// refactors.
 ///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+///
+/// #[idempotent(store = idem, key = order_id, retain = "7d")]
+/// async fn charge(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+///     Ok("charged by the old build".into())
+/// }
+///
+/// // The same function, renamed in a later build: `name` keeps its operation.
+/// #[idempotent(store = idem, key = order_id, retain = "7d", name = "charge")]
+/// async fn charge_card(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+///     Ok("charged by the new build".into())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// charge(&idem, 1).await?;
+/// assert_eq!(charge_card(&idem, 1).await?, "charged by the old build"); // replayed
+/// # Ok(()) }
+/// ```
+///
 /// # `lease = "DUR"`
 ///
 /// How long a running claim is owned before another caller may take it over (its owner
@@ -120,12 +267,56 @@ use proc_macro::TokenStream;
 /// being polled, so a slow but live body is not taken over; make it comfortably longer
 /// than one renewal gap. Measured by the store's clock. Zero is a compile error.
 ///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+///
+/// #[idempotent(store = idem, key = month, retain = "30d", lease = "10m")]
+/// async fn monthly_report(idem: &Idem, month: &str) -> Result<String, IdemError> {
+///     let attempt = idem_runtime::current().epoch(); // 1 unless a lapsed claim was taken over
+///     Ok(format!("report {month}, attempt {attempt}"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// assert_eq!(monthly_report(&idem, "2025-01").await?, "report 2025-01, attempt 1");
+/// # Ok(()) }
+/// ```
+///
 /// # `in_flight = wait("DUR") | reject`
 ///
 /// A duplicate that arrives while the first call is running: `wait("DUR")` waits up to
 /// DUR for its outcome (default `wait("5s")`), then returns
 /// `IdemError::InFlight { retry_after }`; `reject` returns `InFlight` at once (map it to
 /// HTTP 409 or a delayed redelivery). `wait("0s")` is a compile error: write `reject`.
+///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+/// use tokio::sync::Notify;
+///
+/// static STARTED: Notify = Notify::const_new();
+/// static FINISH: Notify = Notify::const_new();
+///
+/// #[idempotent(store = idem, key = job, retain = "1d", in_flight = reject)]
+/// async fn export(idem: &Idem, job: u64) -> Result<String, IdemError> {
+///     STARTED.notify_one();
+///     FINISH.notified().await; // still running when the duplicate arrives
+///     Ok(format!("export {job} done"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// let (first, duplicate) = tokio::join!(export(&idem, 7), async {
+///     STARTED.notified().await;
+///     let duplicate = export(&idem, 7).await;
+///     FINISH.notify_one();
+///     duplicate
+/// });
+/// assert!(matches!(duplicate, Err(IdemError::InFlight { .. })));
+/// assert_eq!(first?, "export 7 done");
+/// # Ok(()) }
+/// ```
 ///
 /// # `errors = release | record`, or `classify = PATH`
 ///
@@ -139,7 +330,55 @@ use proc_macro::TokenStream;
 ///
 /// `record` and `classify` need `E: Serialize + DeserializeOwned`.
 ///
-/// ```ignore
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// # #[allow(dead_code)]
+/// # enum PayError {
+/// #     Declined,
+/// #     #[serde(skip)]
+/// #     Idem(IdemError),
+/// # }
+/// # impl From<IdemError> for PayError {
+/// #     fn from(e: IdemError) -> Self { PayError::Idem(e) }
+/// # }
+///
+/// static RUNS: AtomicUsize = AtomicUsize::new(0);
+///
+/// #[idempotent(store = idem, key = order_id, retain = "7d", errors = record)]
+/// async fn refund(idem: &Idem, order_id: u64) -> Result<u64, PayError> {
+///     RUNS.fetch_add(1, Ordering::SeqCst);
+///     Err(PayError::Declined)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), PayError> {
+/// let idem = Idem::memory();
+/// assert!(matches!(refund(&idem, 9).await, Err(PayError::Declined)));
+/// assert!(matches!(refund(&idem, 9).await, Err(PayError::Declined))); // replayed
+/// assert_eq!(RUNS.load(Ordering::SeqCst), 1);
+/// # Ok(()) }
+/// ```
+///
+/// ```
+/// use idem_runtime::{idempotent, Disposition, Idem, IdemError};
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// # enum PayError {
+/// #     Declined,
+/// #     Timeout,
+/// #     #[serde(skip)]
+/// #     Idem(IdemError),
+/// # }
+/// # impl From<IdemError> for PayError {
+/// #     fn from(e: IdemError) -> Self { PayError::Idem(e) }
+/// # }
+/// # #[derive(serde::Serialize, serde::Deserialize)]
+/// # struct Receipt;
+/// # async fn psp_charge(order_id: u64) -> Result<Receipt, PayError> {
+/// #     Err(if order_id == 1 { PayError::Declined } else { PayError::Timeout })
+/// # }
+///
 /// fn classify(e: &PayError) -> Disposition {
 ///     match e {
 ///         PayError::Declined => Disposition::Record,  // a decline is an answer
@@ -147,7 +386,21 @@ use proc_macro::TokenStream;
 ///         _ => Disposition::Release,
 ///     }
 /// }
-/// #[idempotent(store = idem, key = order.id, retain = "7d", classify = classify)]
+///
+/// #[idempotent(store = idem, key = order_id, retain = "7d", classify = classify)]
+/// async fn charge(idem: &Idem, order_id: u64) -> Result<Receipt, PayError> {
+///     psp_charge(order_id).await
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), PayError> {
+/// let idem = Idem::memory();
+/// assert!(matches!(charge(&idem, 1).await, Err(PayError::Declined)));
+/// assert!(matches!(charge(&idem, 1).await, Err(PayError::Declined))); // replayed
+/// assert!(matches!(charge(&idem, 2).await, Err(PayError::Timeout)));
+/// let retry = charge(&idem, 2).await; // not run again while the charge is in doubt
+/// assert!(matches!(retry, Err(PayError::Idem(IdemError::Unknown { .. }))));
+/// # Ok(()) }
 /// ```
 ///
 /// # `on_takeover = rerun | unknown`
@@ -157,6 +410,29 @@ use proc_macro::TokenStream;
 /// .downstream_key(..)`), so a downstream system that deduplicates sees one effect.
 /// `unknown`: the operation goes to UNKNOWN for reconciliation, for effects with no
 /// downstream deduplication (an email through a provider without keys).
+///
+/// ```
+/// use idem_runtime::{current, idempotent, Idem, IdemError};
+///
+/// #[idempotent(store = idem, key = order_id, retain = "7d", on_takeover = rerun)]
+/// async fn charge(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+///     // Sent to the payment provider as its idempotency key.
+///     Ok(current().downstream_key("psp"))
+/// }
+///
+/// #[idempotent(store = idem, key = user_id, retain = "7d", on_takeover = unknown)]
+/// async fn send_receipt(idem: &Idem, user_id: u64) -> Result<(), IdemError> {
+///     Ok(()) // a mail provider that cannot deduplicate
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// // A body that runs again (here, against a fresh store) hands the provider the same key.
+/// let first = charge(&Idem::memory(), 42).await?;
+/// assert_eq!(charge(&Idem::memory(), 42).await?, first);
+/// send_receipt(&Idem::memory(), 7).await?;
+/// # Ok(()) }
+/// ```
 ///
 /// # `fingerprint = EXPR | none`
 ///
@@ -169,9 +445,57 @@ use proc_macro::TokenStream;
 /// error on that parameter. `fingerprint = EXPR` fingerprints `EXPR: Serialize` instead
 /// (a tuple's elements are borrowed); `fingerprint = none` binds nothing.
 ///
-/// ```ignore
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+/// # struct Mailer;
+/// # impl Mailer {
+/// #     async fn send(&self, _to: &str, _text: &str) -> Result<(), IdemError> { Ok(()) }
+/// # }
+///
 /// #[idempotent(store = idem, key = to, retain = "1d")]
-/// async fn welcome(idem: &Idem, #[idem(skip)] mailer: &Mailer, to: &str) -> Result<(), MailError> { .. }
+/// async fn welcome(
+///     idem: &Idem,
+///     #[idem(skip)] mailer: &Mailer, // not `Serialize`, and not part of the request
+///     to: &str,
+///     text: &str,
+/// ) -> Result<(), IdemError> {
+///     mailer.send(to, text).await
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// welcome(&idem, &Mailer, "ana@example.com", "Welcome, Ana").await?;
+/// welcome(&idem, &Mailer, "ana@example.com", "Welcome, Ana").await?; // replayed
+/// let other = welcome(&idem, &Mailer, "ana@example.com", "Hello").await;
+/// assert!(matches!(other, Err(IdemError::Mismatch { .. })));
+/// # Ok(()) }
+/// ```
+///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+///
+/// // Only the amount is bound to the order; the note may differ between retries.
+/// #[idempotent(store = idem, key = order, retain = "7d", fingerprint = cents)]
+/// async fn charge(idem: &Idem, order: u64, cents: u64, note: &str) -> Result<String, IdemError> {
+///     Ok(format!("{cents} charged ({note})"))
+/// }
+///
+/// // Events are immutable upstream: their id is enough.
+/// #[idempotent(store = idem, key = event_id, retain = "1d", fingerprint = none)]
+/// async fn ingest(idem: &Idem, event_id: u64, payload: &str) -> Result<String, IdemError> {
+///     Ok(payload.to_owned())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// assert_eq!(charge(&idem, 1, 500, "first try").await?, "500 charged (first try)");
+/// assert_eq!(charge(&idem, 1, 500, "retry").await?, "500 charged (first try)"); // replayed
+/// assert!(matches!(charge(&idem, 1, 900, "retry").await, Err(IdemError::Mismatch { .. })));
+/// assert_eq!(ingest(&idem, 5, "a").await?, "a");
+/// assert_eq!(ingest(&idem, 5, "b").await?, "a"); // nothing bound: the first outcome
+/// # Ok(()) }
 /// ```
 ///
 /// `#[idem(...)]` attributes are removed from the output.
@@ -184,7 +508,51 @@ use proc_macro::TokenStream;
 /// savepoint, so a released `Err` leaves none of its writes. The row lock is the claim
 /// and rollback is the release, so `lease`, `in_flight`, `on_takeover` and
 /// `on_store_error = fail_open` do not apply and are compile errors here. The `tx`
-/// parameter is not fingerprinted. Expands to, roughly:
+/// parameter is not fingerprinted.
+///
+/// ```
+/// use idem_runtime::{idempotent, BoxError, Idem};
+/// use sqlx::{Sqlite, Transaction};
+///
+/// #[idempotent(store = idem, tx = tx, key = order_id, retain = "30d")]
+/// async fn place_order(
+///     idem: &Idem,
+///     tx: &mut Transaction<'_, Sqlite>,
+///     order_id: &str,
+///     qty: i64,
+/// ) -> Result<i64, BoxError> {
+///     sqlx::query("INSERT INTO orders (id, qty) VALUES (?1, ?2)")
+///         .bind(order_id)
+///         .bind(qty)
+///         .execute(&mut **tx)
+///         .await?;
+///     Ok(qty)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// // One connection keeps the in-memory database alive for the whole example.
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1)
+///     .connect("sqlite::memory:")
+///     .await?;
+/// sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
+///     .execute(&pool)
+///     .await?;
+/// let idem = Idem::from_pool(pool.clone()).await?; // idem's table in the same database
+/// for _ in 0..2 {
+///     let mut tx = pool.begin().await?;
+///     assert_eq!(place_order(&idem, &mut tx, "o-1", 3).await?, 3);
+///     tx.commit().await?;
+/// }
+/// let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+///     .fetch_one(&pool)
+///     .await?;
+/// assert_eq!(orders, 1); // the second transaction replayed the outcome, writing nothing
+/// # Ok(()) }
+/// ```
+///
+/// Expands to, roughly:
 ///
 /// ```text
 /// let __idem_op = /* the builder, as above */;
@@ -204,6 +572,29 @@ use proc_macro::TokenStream;
 /// unprotected and a warning event is emitted, for effects where a duplicate is cheaper
 /// than an outage.
 ///
+/// ```
+/// use idem_runtime::{idempotent, BoxError, Idem, IdemError};
+///
+/// #[idempotent(store = idem, key = user_id, retain = "1h", on_store_error = fail_open)]
+/// async fn refresh_cache(idem: &Idem, user_id: u64) -> Result<String, IdemError> {
+///     Ok(format!("cache of user {user_id} refreshed"))
+/// }
+///
+/// #[idempotent(store = idem, key = order_id, retain = "7d")]
+/// async fn charge(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+///     Ok(format!("order {order_id} charged"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let idem = Idem::from_pool(pool.clone()).await?;
+/// pool.close().await; // the store is now unreachable
+/// assert_eq!(refresh_cache(&idem, 7).await?, "cache of user 7 refreshed"); // unprotected
+/// assert!(matches!(charge(&idem, 1).await, Err(IdemError::Store { .. }))); // body not run
+/// # Ok(()) }
+/// ```
+///
 /// # `version = N` and `upgrade = PATH`
 ///
 /// The outcome's schema version (default 1); bump it when `T`'s serialized form changes.
@@ -212,11 +603,73 @@ use proc_macro::TokenStream;
 /// and value) if given, and is otherwise an `IdemError::Codec` naming the operation and
 /// both versions: never a panic, never a silent re-run.
 ///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// struct Price { cents: u64, currency: String }
+///
+/// // Version 1 recorded a bare number of euro cents.
+/// fn from_v1(version: u32, old: serde_json::Value) -> Result<Price, IdemError> {
+///     assert_eq!(version, 1);
+///     let cents = old.as_u64().unwrap_or_default();
+///     Ok(Price { cents, currency: "EUR".into() })
+/// }
+///
+/// #[idempotent(store = idem, key = sku, retain = "1d", name = "quote")]
+/// async fn quote_v1(idem: &Idem, sku: u64) -> Result<u64, IdemError> {
+///     Ok(250)
+/// }
+///
+/// #[idempotent(
+///     store = idem, key = sku, retain = "1d", name = "quote", version = 2, upgrade = from_v1
+/// )]
+/// async fn quote(idem: &Idem, sku: u64) -> Result<Price, IdemError> {
+///     Ok(Price { cents: 300, currency: "USD".into() })
+/// }
+///
+/// #[idempotent(store = idem, key = sku, retain = "1d", name = "quote", version = 2)]
+/// async fn quote_no_upgrade(idem: &Idem, sku: u64) -> Result<Price, IdemError> {
+///     Ok(Price { cents: 300, currency: "USD".into() })
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// quote_v1(&idem, 1).await?; // recorded by the previous build
+/// assert_eq!(quote(&idem, 1).await?, Price { cents: 250, currency: "EUR".into() });
+/// assert!(matches!(quote_no_upgrade(&idem, 1).await, Err(IdemError::Codec { .. })));
+/// # Ok(()) }
+/// ```
+///
 /// # `crate = path` or `crate = "path"`
 ///
 /// Where `idem_runtime` is, for crates that re-export it:
 /// `crate = my_framework::idem` or `crate = "my_framework::idem"`. Default
 /// `::idem_runtime`.
+///
+/// ```
+/// mod my_framework {
+///     pub use idem_runtime as idem;
+/// }
+/// use my_framework::idem::{idempotent, Idem, IdemError};
+///
+/// #[idempotent(crate = my_framework::idem, store = idem, key = id, retain = "1d")]
+/// async fn touch(idem: &Idem, id: u64) -> Result<u64, IdemError> {
+///     Ok(id)
+/// }
+///
+/// #[idempotent(crate = "my_framework::idem", store = idem, key = id, retain = "1d")]
+/// async fn touch_quoted(idem: &Idem, id: u64) -> Result<u64, IdemError> {
+///     Ok(id)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// assert_eq!(touch(&idem, 1).await? + touch_quoted(&idem, 2).await?, 3);
+/// # Ok(()) }
+/// ```
 ///
 /// # Compile-time checks
 ///
