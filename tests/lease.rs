@@ -9,7 +9,8 @@ suite!(
     cancelled_body_keeps_claim_until_lease_then_taken_over,
     lapsed_claim_goes_unknown_when_asked,
     live_slow_body_is_renewed_not_taken_over,
-    late_finisher_is_fenced
+    late_finisher_is_fenced,
+    panicked_body_keeps_claim
 );
 
 /// Starts a call whose body signals, then never finishes, and aborts it.
@@ -168,4 +169,28 @@ async fn late_finisher_is_fenced(ctx: Ctx) {
         .await
         .unwrap();
     assert_eq!(again, "epoch 2");
+}
+
+async fn panicked_body_keeps_claim(ctx: Ctx) {
+    let idem = ctx.idem.clone();
+    let crashed = tokio::spawn(async move {
+        idem.operation("ship", "parcel-p")
+            .run(|| async {
+                if true {
+                    panic!("the body crashed");
+                }
+                Ok::<_, IdemError>(0u64)
+            })
+            .await
+    })
+    .await;
+    assert!(crashed.unwrap_err().is_panic());
+    // Not released because the caller went away: a duplicate is told it is in flight.
+    let r = ctx
+        .idem
+        .operation("ship", "parcel-p")
+        .in_flight(InFlight::Reject)
+        .run(|| async { Ok::<_, IdemError>(1u64) })
+        .await;
+    assert!(matches!(r, Err(IdemError::InFlight { .. })), "{r:?}");
 }
