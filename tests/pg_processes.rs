@@ -223,10 +223,15 @@ async fn repeatable_read_conflict_is_a_retryable_store_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_neither_locks_nor_writes_the_row() {
-    let Some(pool) = pool("replay_no_write", 4).await else { return };
+    let Some(pool) = pool("replay_no_write", 4).await else {
+        return;
+    };
     let schema = schema(&pool, "replay_no_write").await;
     let idem = idem_on(&pool, &schema).await;
-    let call = || idem.operation("quote", "q-1").run(|| async { Ok::<_, IdemError>(42u32) });
+    let call = || {
+        idem.operation("quote", "q-1")
+            .run(|| async { Ok::<_, IdemError>(42u32) })
+    };
     assert_eq!(call().await.unwrap(), 42);
     // xmin changes on a write, xmax on a row lock (ON CONFLICT DO UPDATE takes one even
     // when its WHERE is false).

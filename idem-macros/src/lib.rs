@@ -16,8 +16,10 @@ mod expand;
 use proc_macro::TokenStream;
 
 /// Makes a side-effecting `async fn` idempotent: each call becomes an atomic
-/// **claim → execute → record** against a durable store, so the body runs at most once
-/// per key (within `retain`), and a retry gets the recorded outcome back.
+/// **claim → execute → record** against a durable store: of the calls with one key, one
+/// runs the body and the rest (within `retain`) get its recorded outcome back. The body
+/// runs again only where that is safe by the rules below: after a released error, or
+/// after its claim's lease lapsed (its owner crashed or stopped renewing).
 ///
 /// ```
 /// use idem_runtime::{idempotent, Idem};
@@ -263,9 +265,11 @@ use proc_macro::TokenStream;
 /// # `lease = "DUR"`
 ///
 /// How long a running claim is owned before another caller may take it over (its owner
-/// is presumed crashed or hung). Default `"60s"`. The lease is renewed while the body is
-/// being polled, so a slow but live body is not taken over; make it comfortably longer
-/// than one renewal gap. Measured by the store's clock. Zero is a compile error.
+/// is presumed crashed). Default `"60s"`. A background task renews the lease every third
+/// of it for as long as the call's future is alive, so a slow but live body is not taken
+/// over, and renewal stops when the future is dropped or the process dies. A body that
+/// awaits forever therefore keeps its claim: bound slow calls with a timeout. Measured
+/// by the store's clock. Zero is a compile error.
 ///
 /// ```
 /// use idem_runtime::{idempotent, Idem, IdemError};
@@ -508,7 +512,9 @@ use proc_macro::TokenStream;
 /// savepoint, so a released `Err` leaves none of its writes. The row lock is the claim
 /// and rollback is the release, so `lease`, `in_flight`, `on_takeover` and
 /// `on_store_error = fail_open` do not apply and are compile errors here. The `tx`
-/// parameter is not fingerprinted.
+/// parameter is not fingerprinted. An `Err` classified `Disposition::Unknown` is recorded
+/// like `Record` here: the body's writes commit or roll back with the transaction, so
+/// nothing in it is in doubt.
 ///
 /// ```
 /// use idem_runtime::{idempotent, BoxError, Idem};
@@ -531,7 +537,7 @@ use proc_macro::TokenStream;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), BoxError> {
-/// // One connection keeps the in-memory database alive for the whole example.
+/// // One connection: the business table, idem's table and the transactions share it.
 /// let pool = sqlx::sqlite::SqlitePoolOptions::new()
 ///     .max_connections(1)
 ///     .connect("sqlite::memory:")
@@ -601,7 +607,8 @@ use proc_macro::TokenStream;
 /// An outcome recorded under another version is passed to
 /// `upgrade: fn(u32, serde_json::Value) -> Result<T, IdemError>` (the recorded version
 /// and value) if given, and is otherwise an `IdemError::Codec` naming the operation and
-/// both versions: never a panic, never a silent re-run.
+/// both versions: never a panic, never a silent re-run. A recorded `Err` of another
+/// version is always that `Codec` error (`upgrade` converts successes only).
 ///
 /// ```
 /// use idem_runtime::{idempotent, Idem, IdemError};
@@ -689,7 +696,8 @@ use proc_macro::TokenStream;
 /// - `retain`, `lease` or `wait` strings that do not parse, zero durations, a missing
 ///   `key` or `retain`, unknown or duplicate arguments, `errors` with `classify`, `tx`
 ///   with `lease`, `in_flight`, `on_takeover` or `fail_open`, a `tx` naming no
-///   parameter, a function that is not `async` or does not return `Result`.
+///   parameter, a function that is not `async` or does not return `Result`, an empty
+///   `name`, `version = 0`, and unknown options in a parameter's `#[idem(...)]`.
 ///
 /// All mistakes in one attribute are reported together; the function itself is still
 /// emitted beside the errors, so they are not followed by a cascade of others.

@@ -64,7 +64,7 @@ impl IdemBuilder {
     }
 
     /// Whether to create or migrate the schema on open (default `true`). Teams that
-    /// run their own DDL set `false` and apply [`crate::schema`]'s SQL themselves.
+    /// run their own DDL set `false` and apply the SQL in `idem_runtime::schema` themselves.
     pub fn migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
         self

@@ -67,8 +67,8 @@ impl Idem {
     ///
     /// It deduplicates concurrent and repeated calls within this process only, and
     /// forgets everything when the process exits: a retry after a crash or from
-    /// another instance runs the body again. Use [`Idem::sqlite`] or
-    /// [`Idem::postgres`] where that matters.
+    /// another instance runs the body again. Use the SQLite or PostgreSQL store where
+    /// that matters.
     pub fn memory() -> Idem {
         Idem::builder().memory()
     }

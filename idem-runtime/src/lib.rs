@@ -37,8 +37,9 @@
 //!   flight.
 //! - A completed outcome is replayed for `retain`; after that the key is free again.
 //! - A body that errors (with the default `errors = release`) runs again on retry.
-//! - A body that crashes or hangs holds its claim until its lease lapses (the lease
-//!   is renewed while the body is polled); then the next caller runs it again at a
+//! - A body that crashes, panics or is cancelled holds its claim until its lease lapses
+//!   (the lease is renewed while the call's future is alive, so bound a body that may
+//!   await forever with a timeout); then the next caller runs it again at a
 //!   higher epoch, and the late finisher's outcome is refused ([`IdemError::Fenced`]).
 //!   Effects outside the store are therefore *at least once* across crashes: pass
 //!   [`Current::downstream_key`] to the downstream system so it deduplicates, or use
