@@ -136,6 +136,16 @@ impl Conn<'_> {
         }
     }
 
+    /// Rolls the body's writes and the claim back to the savepoint, and drops it.
+    async fn undo_body(&mut self) -> Result<(), IdemError> {
+        self.exec(ROLLBACK_SAVEPOINT)
+            .await
+            .map_err(store_err("rollback"))?;
+        self.exec(RELEASE_SAVEPOINT)
+            .await
+            .map_err(store_err("rollback"))
+    }
+
     /// The table of the idem store on this connection's kind of database.
     fn table<'s>(&self, idem: &'s crate::Idem) -> Result<&'s TableName, IdemError> {
         let any = idem.store().as_any();
@@ -261,12 +271,7 @@ impl<P, U> TxGuard<P, U> {
                 Ok(v) => match serde_json::to_vec(&v) {
                     Ok(body) => (body, Ok(v)),
                     Err(e) => {
-                        conn.exec(ROLLBACK_SAVEPOINT)
-                            .await
-                            .map_err(store_err("rollback"))?;
-                        conn.exec(RELEASE_SAVEPOINT)
-                            .await
-                            .map_err(store_err("rollback"))?;
+                        conn.undo_body().await?;
                         return Err(IdemError::Codec {
                             name,
                             message: format!("cannot serialize the outcome ({e}); the body's writes were rolled back"),
@@ -276,23 +281,13 @@ impl<P, U> TxGuard<P, U> {
                 },
                 Err(err) => match op.policy().disposition(&err) {
                     Disposition::Release => {
-                        conn.exec(ROLLBACK_SAVEPOINT)
-                            .await
-                            .map_err(store_err("rollback"))?;
-                        conn.exec(RELEASE_SAVEPOINT)
-                            .await
-                            .map_err(store_err("rollback"))?;
+                        conn.undo_body().await?;
                         return Err(err);
                     }
                     Disposition::Record | Disposition::Unknown => match op.policy().encode(&err) {
                         Ok(body) => (body, Err(err)),
                         Err(m) => {
-                            conn.exec(ROLLBACK_SAVEPOINT)
-                                .await
-                                .map_err(store_err("rollback"))?;
-                            conn.exec(RELEASE_SAVEPOINT)
-                                .await
-                                .map_err(store_err("rollback"))?;
+                            conn.undo_body().await?;
                             return Err(IdemError::Codec {
                                 name,
                                 message: format!("cannot serialize the error for recording ({m}); the body's writes were rolled back"),
@@ -305,12 +300,7 @@ impl<P, U> TxGuard<P, U> {
             let max = idem.max_outcome_bytes();
             if outcome.len() > max {
                 // Unlike the leased path, nothing escaped: roll the body back with the claim.
-                conn.exec(ROLLBACK_SAVEPOINT)
-                    .await
-                    .map_err(store_err("rollback"))?;
-                conn.exec(RELEASE_SAVEPOINT)
-                    .await
-                    .map_err(store_err("rollback"))?;
+                conn.undo_body().await?;
                 return Err(IdemError::OutcomeTooLarge {
                     name,
                     len: outcome.len(),
