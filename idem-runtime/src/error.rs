@@ -125,8 +125,10 @@ pub enum IdemError {
         retry_after: Duration,
     },
 
-    /// The store could not be reached or refused the claim. The body did not run.
-    #[error("idem store error during {during}; the body did not run: {source}")]
+    /// The store could not be reached or refused a statement. From a call, the body did
+    /// not run (or, in transactional mode, the transaction must be rolled back and
+    /// retried).
+    #[error("idem store error during {during}{hint}: {source}", hint = store_hint(during))]
     Store {
         /// What idem was doing.
         during: &'static str,
@@ -168,6 +170,14 @@ pub enum IdemError {
         /// What is wrong and how to fix it.
         message: String,
     },
+}
+
+fn store_hint(during: &str) -> &'static str {
+    match during {
+        "claim" => " (the body did not run; retry when the store is back)",
+        "savepoint" | "record" | "rollback" => " (roll the transaction back and retry it)",
+        _ => "",
+    }
 }
 
 impl IdemError {
