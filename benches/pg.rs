@@ -10,14 +10,20 @@
 //! named after this process, and dropped at the end. Knobs, all optional:
 //! `IDEM_BENCH_SECS` (one measurement, default 2), `IDEM_BENCH_ROUNDS` (A/B rounds, default
 //! 3), `IDEM_BENCH_PGBENCH_SECS` (default 5), `IDEM_BENCH_NO_PING=1` (pools without sqlx's
-//! ping on every acquire), `IDEM_BENCH_NO_RENEW=1` (idem without the lease renewal task).
+//! ping on acquire), `IDEM_BENCH_NO_RENEW=1` (idem without its lease renewal task),
+//! `IDEM_BENCH_EXPERIMENTS=1` (where the time goes: idem and the baseline on a pool
+//! without the acquire ping, idem without lease renewal, the baseline on one held
+//! connection per task, transactional mode's statements issued by sqlx, and pgbench
+//! running idem's own SQL; about three minutes with `IDEM_BENCH_SECS=1.5`).
 //!
-//! Statements and round trips per operation are counted on the wire: a short counted run
-//! goes through a small TCP proxy that reads the client's protocol messages (each `Query`
-//! or `Execute` is a statement; each `Sync` or `Query` a round trip). The server's own
-//! `pg_stat_database.xact_commit` and `pg_stat_user_tables` cross-check them.
+//! The baseline's SQL is read from `idem-runtime/src/store/postgres.rs` at build time, so
+//! it is the store's SQL as built; the counted run checks on the wire that idem sends it.
+//! Statements and round trips per operation are counted by a small TCP proxy that reads
+//! the client's protocol messages (each `Query` or `Execute` is a statement; each `Sync`
+//! or `Query` a round trip); `pg_stat_database.xact_commit` and `pg_stat_user_tables`
+//! cross-check them on the server.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, HashMap};
 use std::error::Error;
 use std::process::Command;
 use std::str::FromStr;
@@ -26,8 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{Idem, IdemError, KeyPart, OperationId, TxStep};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
-use sqlx::{Executor, Row};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgRow, PgSslMode};
+use sqlx::{Executor, Postgres, Row};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -43,70 +50,11 @@ const NAME: &str = "bench";
 /// idem's defaults, as the sqlx baseline binds them.
 const LEASE_MS: i64 = 60_000;
 const RETAIN_MS: i64 = 86_400_000;
+/// Any fixed fingerprint: the baseline binds 32 bytes, as idem does.
+const FINGERPRINT: [u8; 32] = [7; 32];
 
-// The statements idem issues, copied from idem-runtime/src/store/postgres.rs. The counted
-// run checks on the wire that idem sends exactly these; the report says if it does not.
-
-const EXPIRED: &str = "(cur.state = 1 AND cur.expires_at <= EXCLUDED.claimed_at)";
-
-const LAPSED: &str = "(cur.state = 0 AND cur.lease_until <= EXCLUDED.claimed_at \
-                      AND cur.fingerprint = EXCLUDED.fingerprint)";
-
-const CLAIM: &str = "WITH ins AS (
-    INSERT INTO {table} AS cur (scope, name, key, state, epoch, fingerprint, taken_over,
-        lease_until, created_at, claimed_at, expires_at, outcome, outcome_is_err,
-        outcome_version, waiters)
-    SELECT $1, $2, $3, 0, 1, $4, false, n.now + $5::bigint * interval '1 millisecond',
-        n.now, n.now, NULL, NULL, false, 0, false
-    FROM (SELECT clock_timestamp() AS now) AS n
-    ON CONFLICT (scope, name, key) DO UPDATE SET
-        state = CASE WHEN {expired} OR NOT $6 THEN 0 ELSE 2 END,
-        epoch = CASE WHEN {expired} OR NOT $6 THEN cur.epoch + 1 ELSE cur.epoch END,
-        fingerprint = EXCLUDED.fingerprint,
-        taken_over = CASE WHEN {expired} THEN false WHEN $6 THEN cur.taken_over ELSE true END,
-        lease_until = CASE WHEN {expired} OR NOT $6 THEN EXCLUDED.lease_until
-                           ELSE cur.lease_until END,
-        created_at = CASE WHEN {expired} THEN EXCLUDED.created_at ELSE cur.created_at END,
-        claimed_at = CASE WHEN {expired} OR NOT $6 THEN EXCLUDED.claimed_at
-                          ELSE cur.claimed_at END,
-        expires_at = NULL,
-        outcome = NULL,
-        outcome_is_err = false,
-        outcome_version = 0,
-        waiters = CASE WHEN {expired} THEN false ELSE cur.waiters END
-    WHERE {expired} OR {lapsed}
-    RETURNING true AS mine, false AS stale, cur.state, cur.epoch,
-        true AS same_fingerprint, cur.taken_over, 0::bigint AS retry_after_ms, cur.outcome,
-        cur.outcome_is_err, cur.outcome_version
-)
-SELECT mine, stale, state, epoch, same_fingerprint, taken_over, retry_after_ms, outcome,
-    outcome_is_err, outcome_version
-FROM ins
-UNION ALL
-SELECT false, COALESCE((state = 0 AND lease_until <= clock_timestamp() AND fingerprint = $4)
-        OR (state = 1 AND expires_at <= clock_timestamp()), false),
-    state, epoch, fingerprint = $4, taken_over,
-    greatest(0, (EXTRACT(EPOCH FROM lease_until - clock_timestamp()) * 1000)::bigint),
-    outcome, outcome_is_err, outcome_version
-FROM {table}
-WHERE scope = $1 AND name = $2 AND key = $3 AND NOT EXISTS (SELECT 1 FROM ins)";
-
-const PEEK: &str = "SELECT fingerprint = $4 AS same_fingerprint,
-        CASE WHEN fingerprint = $4 THEN outcome END AS outcome, outcome_is_err, outcome_version
-    FROM {table}
-    WHERE scope = $1 AND name = $2 AND key = $3 AND state = 1
-      AND expires_at > clock_timestamp()";
-
-const RECORD: &str = "WITH upd AS (
-    UPDATE {table}
-    SET state = 1, outcome = $6, outcome_is_err = $7, outcome_version = $8,
-        expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
-    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4 AND state = 0
-    RETURNING waiters
-), woke AS (
-    SELECT pg_notify('idem_wake', $5) FROM upd WHERE waiters
-)
-SELECT (SELECT count(*) FROM upd) AS held, (SELECT count(*) FROM woke) AS woke";
+/// idem's PostgreSQL store, whose statements the baseline issues verbatim.
+const PG_STORE: &str = include_str!("../idem-runtime/src/store/postgres.rs");
 
 const FRESH_SQL: &str = include_str!("pgbench/fresh.sql");
 const REPLAY_SQL: &str = include_str!("pgbench/replay.sql");
@@ -117,8 +65,76 @@ const FLOOR_DDL: &str = "CREATE TABLE {table} (scope TEXT NOT NULL, name TEXT NO
     key TEXT NOT NULL, outcome BYTEA, PRIMARY KEY (scope, name, key))";
 const ORDERS_DDL: &str = "CREATE TABLE {table} (id TEXT PRIMARY KEY, qty BIGINT NOT NULL)";
 
-/// Any fixed fingerprint: the baseline binds 32 bytes, as idem does.
-const FINGERPRINT: [u8; 32] = [7; 32];
+/// The value of `const NAME: &str = "...";` in [`PG_STORE`].
+fn store_const(name: &str) -> Res<String> {
+    let start = format!("const {name}: &str = \"");
+    let at = PG_STORE
+        .find(&start)
+        .ok_or_else(|| format!("no `const {name}: &str` in postgres.rs"))?
+        + start.len();
+    let mut out = String::new();
+    let mut chars = PG_STORE[at..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Ok(out),
+            '\\' => match chars.next() {
+                // A line continuation skips the next line's indentation.
+                Some('\n') => chars = chars.as_str().trim_start().chars(),
+                Some('"') => out.push('"'),
+                Some('\\') => out.push('\\'),
+                Some('n') => out.push('\n'),
+                other => return Err(format!("unsupported escape {other:?} in `{name}`").into()),
+            },
+            c => out.push(c),
+        }
+    }
+    Err(format!("unterminated `{name}`").into())
+}
+
+/// The store's statements, unrendered.
+struct Templates {
+    claim: String,
+    record: String,
+    tx_claim: String,
+    tx_record: String,
+}
+
+impl Templates {
+    fn load() -> Res<Templates> {
+        // As the store's `Statements::new` assembles the claim.
+        let claim = store_const("CLAIM")?
+            .replace("{lapsed}", &store_const("LAPSED")?)
+            .replace("{expired}", &store_const("EXPIRED")?);
+        Ok(Templates {
+            claim,
+            record: store_const("RECORD")?,
+            tx_claim: store_const("TX_CLAIM")?,
+            tx_record: store_const("TX_RECORD")?,
+        })
+    }
+
+    fn render(&self, table: &str) -> Sql {
+        let r = |sql: &str| {
+            sql.replace("{table}", &quoted(table))
+                .replace("{now}", "clock_timestamp()")
+        };
+        Sql {
+            claim: r(&self.claim),
+            record: r(&self.record),
+            tx_claim: r(&self.tx_claim),
+            tx_record: r(&self.tx_record),
+        }
+    }
+}
+
+/// The store's statements for one table.
+#[derive(Clone)]
+struct Sql {
+    claim: String,
+    record: String,
+    tx_claim: String,
+    tx_record: String,
+}
 
 struct Config {
     url: String,
@@ -127,6 +143,7 @@ struct Config {
     pgbench_secs: u64,
     ping: bool,
     renew: bool,
+    experiments: bool,
     prefix: String,
 }
 
@@ -151,20 +168,17 @@ impl Config {
                 .unwrap_or(5),
             ping: !set("IDEM_BENCH_NO_PING"),
             renew: !set("IDEM_BENCH_NO_RENEW"),
+            experiments: set("IDEM_BENCH_EXPERIMENTS"),
             prefix: format!("idem_bench_{}", std::process::id()),
         }
     }
 
-    /// The same pool for idem and for the baseline: idem's defaults, but big enough.
+    /// The same pool for idem and for the baseline: sqlx's defaults, big enough.
     fn pool(&self) -> PgPoolOptions {
         PgPoolOptions::new()
             .max_connections(POOL)
             .min_connections(POOL)
             .test_before_acquire(self.ping)
-    }
-
-    fn table(&self, phase: &str) -> String {
-        format!("{}_{phase}", self.prefix)
     }
 }
 
@@ -172,29 +186,79 @@ fn quoted(table: &str) -> String {
     format!("\"{table}\"")
 }
 
-/// The baseline's statements, rendered for its table as idem renders them for its own.
-struct Sql {
-    claim: String,
-    peek: String,
-    record: String,
+/// The tables of one run, dropped at the end.
+struct Tables {
+    admin: PgPool,
+    prefix: String,
+    idem: Vec<String>,
+    plain: Vec<String>,
 }
 
-impl Sql {
-    fn new(table: &str) -> Sql {
-        let r = |sql: &str| sql.replace("{table}", &quoted(table));
-        Sql {
-            claim: r(&CLAIM
-                .replace("{lapsed}", LAPSED)
-                .replace("{expired}", EXPIRED)),
-            peek: r(PEEK),
-            record: r(RECORD),
+impl Tables {
+    /// A table name for idem to create (and migrate) itself.
+    fn idem(&mut self, phase: &str) -> String {
+        let table = format!("{}_{phase}", self.prefix);
+        self.idem.push(table.clone());
+        table
+    }
+
+    /// A new table from `ddl`, which names it `{table}` (quoted) or `{bare}`.
+    async fn create(&mut self, ddl: &str, phase: &str) -> Res<String> {
+        let table = format!("{}_{phase}", self.prefix);
+        self.plain.push(table.clone());
+        let ddl = ddl
+            .replace("{table}", &quoted(&table))
+            .replace("{bare}", &table);
+        let sql = format!("DROP TABLE IF EXISTS {}; {ddl}", quoted(&table));
+        sqlx::raw_sql(&sql).execute(&self.admin).await?;
+        Ok(table)
+    }
+
+    /// A table shaped as idem's, from idem's shipped schema (its indexes renamed too).
+    async fn idem_shaped(&mut self, phase: &str) -> Res<String> {
+        let ddl = idem_runtime::schema::POSTGRES_SCHEMA_SQL.replace("idem_operations", "{bare}");
+        self.create(&ddl, phase).await
+    }
+
+    async fn drop_all(&self) {
+        for table in self.idem.iter().chain(&self.plain) {
+            let drop = format!("DROP TABLE IF EXISTS {}", quoted(table));
+            if let Err(e) = self.admin.execute(drop.as_str()).await {
+                eprintln!("could not drop {table}: {e}");
+            }
+        }
+        let bookkeeping: Option<String> =
+            sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations')::text")
+                .fetch_one(&self.admin)
+                .await
+                .unwrap_or(None);
+        if bookkeeping.is_some() {
+            let forgot =
+                sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ANY($1)")
+                    .bind(&self.idem)
+                    .execute(&self.admin)
+                    .await;
+            if let Err(e) = forgot {
+                eprintln!("could not forget idem's bookkeeping: {e}");
+            }
         }
     }
 }
 
 enum Side {
     Idem(Idem),
-    Sqlx(Sql),
+    /// The store's SQL through sqlx; `held`: on one connection per task instead of a
+    /// pool acquire per statement.
+    Sqlx {
+        sql: Sql,
+        held: bool,
+    },
+    /// Transactional mode's statements through sqlx, in a plain transaction; `savepoint`:
+    /// with idem's savepoint around them.
+    SqlxTx {
+        sql: Sql,
+        savepoint: bool,
+    },
 }
 
 /// One side of a comparison: idem on its table, or the baseline's SQL on its own.
@@ -249,39 +313,63 @@ impl std::fmt::Display for TxError {
 
 impl Error for TxError {}
 
+const IDEM: &str = "idem";
+const SQLX: &str = "sqlx baseline";
+const IDEM_QUIET: &str = "idem, pool without the acquire ping";
+const IDEM_NO_RENEW: &str = "idem, no lease renewal task";
+const SQLX_QUIET: &str = "sqlx, pool without the acquire ping";
+const SQLX_HELD: &str = "sqlx, one held connection per task";
+const SQLX_TX: &str = "sqlx, idem's transactional statements";
+const SQLX_TX_NO_SAVEPOINT: &str = "sqlx, the same without the savepoint";
+
+type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
+
 impl Subject {
-    async fn idem(cfg: &Config, pool: &PgPool, table: String, orders: &str) -> Res<Subject> {
+    async fn idem(cfg: &Config, pool: &PgPool, table: String, orders: &str) -> Res<Arc<Subject>> {
+        Subject::idem_renewing(cfg.renew, pool, table, orders).await
+    }
+
+    async fn idem_renewing(
+        renew: bool,
+        pool: &PgPool,
+        table: String,
+        orders: &str,
+    ) -> Res<Arc<Subject>> {
         let idem = Idem::builder()
             .table(table.clone())
-            .renew_leases(cfg.renew)
+            .renew_leases(renew)
             .pool(pool.clone())
             .await?;
         Ok(Subject::new(Side::Idem(idem), pool, table, orders))
     }
 
-    async fn sqlx(admin: &PgPool, pool: &PgPool, table: String, orders: &str) -> Res<Subject> {
-        let ddl = idem_runtime::schema::POSTGRES_SCHEMA_SQL.replace("idem_operations", &table);
-        sqlx::raw_sql(&ddl).execute(admin).await?;
-        Ok(Subject::new(
-            Side::Sqlx(Sql::new(&table)),
-            pool,
-            table,
-            orders,
-        ))
+    fn sqlx(
+        sql: &Templates,
+        pool: &PgPool,
+        table: String,
+        orders: &str,
+        held: bool,
+    ) -> Arc<Subject> {
+        let sql = sql.render(&table);
+        Subject::new(Side::Sqlx { sql, held }, pool, table, orders)
     }
 
-    fn new(side: Side, pool: &PgPool, table: String, orders: &str) -> Subject {
-        Subject {
+    fn new(side: Side, pool: &PgPool, table: String, orders: &str) -> Arc<Subject> {
+        Arc::new(Subject {
             side,
             pool: pool.clone(),
             table,
             order: format!("INSERT INTO {} (id, qty) VALUES ($1, $2)", quoted(orders)),
             seq: AtomicU64::new(0),
             runs: AtomicU64::new(0),
-        }
+        })
     }
 
-    async fn call(&self, phase: Phase, i: u64) -> Res<()> {
+    fn held(&self) -> bool {
+        matches!(self.side, Side::Sqlx { held: true, .. })
+    }
+
+    async fn call(&self, phase: Phase, i: u64, mut conn: Option<&mut PgConnection>) -> Res<()> {
         let key = match phase {
             Phase::Replay { from, keys } => key(from + i % keys),
             Phase::Fresh | Phase::Tx => key(i),
@@ -319,9 +407,12 @@ impl Subject {
                 tx.commit().await?;
                 Ok(())
             }
-            (Side::Sqlx(sql), Phase::Fresh) => self.fresh(sql, &key).await,
-            (Side::Sqlx(sql), Phase::Replay { .. }) => self.peek(sql, &key).await,
-            (Side::Sqlx(_), Phase::Tx) => {
+            (Side::Sqlx { sql, .. }, Phase::Fresh) => self.fresh(sql, &key, &mut conn).await,
+            (Side::Sqlx { sql, .. }, Phase::Replay { .. }) => {
+                self.replay(sql, &key, &mut conn).await
+            }
+            (Side::SqlxTx { sql, savepoint }, _) => self.tx(sql, *savepoint, &key).await,
+            (Side::Sqlx { .. }, Phase::Tx) => {
                 let mut tx = self.pool.begin().await?;
                 sqlx::query(&self.order)
                     .bind(&key)
@@ -334,31 +425,32 @@ impl Subject {
         }
     }
 
-    fn id(key: &str) -> OperationId {
-        OperationId {
-            scope: String::new(),
-            name: NAME.into(),
-            key: key.encode_key(),
-        }
+    async fn fetch(&self, query: Query<'_>, conn: &mut Option<&mut PgConnection>) -> Res<PgRow> {
+        let row = match conn {
+            Some(c) => query.fetch_optional(&mut **c).await?,
+            None => query.fetch_optional(&self.pool).await?,
+        };
+        Ok(row.ok_or("the statement returned no row")?)
     }
 
-    /// What idem does for a fresh key, minus idem: the claim, then the record.
-    async fn fresh(&self, sql: &Sql, key: &str) -> Res<()> {
-        let id = Subject::id(key);
-        let claim = sqlx::query(&sql.claim)
+    fn claim<'q>(sql: &'q Sql, id: &'q OperationId) -> Query<'q> {
+        sqlx::query(&sql.claim)
             .bind(&id.scope)
             .bind(&id.name)
             .bind(&id.key)
             .bind(&FINGERPRINT[..])
             .bind(LEASE_MS)
             .bind(false)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or("the claim returned no row")?;
+    }
+
+    /// What idem does for a fresh key, minus idem: the claim, then the record.
+    async fn fresh(&self, sql: &Sql, key: &str, conn: &mut Option<&mut PgConnection>) -> Res<()> {
+        let id = operation_id(key);
+        let claim = self.fetch(Subject::claim(sql, &id), conn).await?;
         check(claim.try_get::<bool, _>("mine")?, "the claim was not ours")?;
         let epoch: i64 = claim.try_get("epoch")?;
         self.runs.fetch_add(1, Ordering::Relaxed);
-        let recorded = sqlx::query(&sql.record)
+        let record = sqlx::query(&sql.record)
             .bind(&id.scope)
             .bind(&id.name)
             .bind(&id.key)
@@ -367,32 +459,75 @@ impl Subject {
             .bind(serde_json::to_vec(&1u32)?)
             .bind(false)
             .bind(1_i32)
-            .bind(RETAIN_MS)
-            .fetch_one(&self.pool)
-            .await?;
+            .bind(RETAIN_MS);
+        let recorded = self.fetch(record, conn).await?;
         check(
             recorded.try_get::<i64, _>("held")? == 1,
             "the record was fenced",
         )
     }
 
-    /// What idem does for a replay, minus idem: the read-only peek.
-    async fn peek(&self, sql: &Sql, key: &str) -> Res<()> {
-        let id = Subject::id(key);
-        let row = sqlx::query(&sql.peek)
+    /// What idem does for a fresh key in transactional mode, minus idem.
+    async fn tx(&self, sql: &Sql, savepoint: bool, key: &str) -> Res<()> {
+        let id = operation_id(key);
+        let mut tx = self.pool.begin().await?;
+        if savepoint {
+            sqlx::query("SAVEPOINT idem_body").execute(&mut *tx).await?;
+        }
+        let claimed = sqlx::query(&sql.tx_claim)
             .bind(&id.scope)
             .bind(&id.name)
             .bind(&id.key)
             .bind(&FINGERPRINT[..])
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or("the peek found no completed record")?;
+            .fetch_optional(&mut *tx)
+            .await?;
+        check(claimed.is_some(), "the transactional claim was not ours")?;
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        sqlx::query(&self.order)
+            .bind(key)
+            .bind(1_i64)
+            .execute(&mut *tx)
+            .await?;
+        let recorded = sqlx::query(&sql.tx_record)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(serde_json::to_vec(&1u32)?)
+            .bind(false)
+            .bind(1_i32)
+            .bind(RETAIN_MS)
+            .execute(&mut *tx)
+            .await?;
+        check(recorded.rows_affected() == 1, "the record found no claim")?;
+        if savepoint {
+            sqlx::query("RELEASE SAVEPOINT idem_body")
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// What idem does for a replay, minus idem: the claim, which finds the outcome.
+    async fn replay(&self, sql: &Sql, key: &str, conn: &mut Option<&mut PgConnection>) -> Res<()> {
+        let id = operation_id(key);
+        let row = self.fetch(Subject::claim(sql, &id), conn).await?;
+        check(!row.try_get::<bool, _>("mine")?, "a replay claimed")?;
+        check(row.try_get::<i16, _>("state")? == 1, "not completed")?;
         check(row.try_get::<bool, _>("same_fingerprint")?, "mismatch")?;
         let outcome: Vec<u8> = row.try_get("outcome")?;
         check(
             serde_json::from_slice::<u32>(&outcome)? == 1,
             "another outcome",
         )
+    }
+}
+
+fn operation_id(key: &str) -> OperationId {
+    OperationId {
+        scope: String::new(),
+        name: NAME.into(),
+        key: key.encode_key(),
     }
 }
 
@@ -417,12 +552,17 @@ async fn drive(subject: &Arc<Subject>, phase: Phase, concurrency: usize, stop: S
         .map(|_| {
             let (subject, done) = (subject.clone(), done.clone());
             tokio::spawn(async move {
+                let mut held = if subject.held() {
+                    Some(subject.pool.acquire().await?)
+                } else {
+                    None
+                };
                 while deadline.is_none_or(|d| Instant::now() < d) {
                     let i = subject.seq.fetch_add(1, Ordering::Relaxed);
                     if limit.is_some_and(|l| i >= l) {
                         break;
                     }
-                    subject.call(phase, i).await?;
+                    subject.call(phase, i, held.as_deref_mut()).await?;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok::<_, Box<dyn Error + Send + Sync>>(())
@@ -442,31 +582,34 @@ async fn drive(subject: &Arc<Subject>, phase: Phase, concurrency: usize, stop: S
 fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
-/// idem and the baseline, alternately (A/B/A/B), after a short warm-up of each.
-async fn ab(
+/// A subject measured in one row, named for the report.
+type Contender = (&'static str, Arc<Subject>, Phase);
+
+/// Each subject in turn (idem, baseline, idem, baseline, ...), after a short warm-up of
+/// each; the rounds of each subject.
+async fn rounds(
     cfg: &Config,
-    idem: &Arc<Subject>,
-    base: &Arc<Subject>,
-    phase: (Phase, Phase),
+    subjects: &[Contender],
     concurrency: usize,
-) -> Res<(Vec<f64>, Vec<f64>)> {
+) -> Res<Vec<(&'static str, Vec<f64>)>> {
     let warm = Duration::from_millis(300);
-    drive(idem, phase.0, concurrency, Stop::After(warm)).await?;
-    drive(base, phase.1, concurrency, Stop::After(warm)).await?;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..cfg.rounds {
-        a.push(drive(idem, phase.0, concurrency, Stop::After(cfg.measure)).await?);
-        b.push(drive(base, phase.1, concurrency, Stop::After(cfg.measure)).await?);
+    for (_, subject, phase) in subjects {
+        drive(subject, *phase, concurrency, Stop::After(warm)).await?;
     }
-    Ok((a, b))
+    let mut out: Vec<_> = subjects.iter().map(|s| (s.0, Vec::new())).collect();
+    for _ in 0..cfg.rounds {
+        for ((_, subject, phase), (_, out)) in subjects.iter().zip(&mut out) {
+            out.push(drive(subject, *phase, concurrency, Stop::After(cfg.measure)).await?);
+        }
+    }
+    Ok(out)
 }
 
 /// What the client sent through the counting proxy.
@@ -476,7 +619,8 @@ struct Wire {
     executes: AtomicU64,
     syncs: AtomicU64,
     parses: AtomicU64,
-    sql: Mutex<BTreeSet<String>>,
+    /// Statements executed, by text.
+    executed: Mutex<BTreeMap<String, u64>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -501,9 +645,9 @@ impl Tally {
         self.queries + self.executes
     }
 
-    /// Each `Sync` and each simple `Query` waits for the server; a `Parse` (a statement
+    /// Each `Sync` and each simple `Query` waits for the server. A `Parse` (a statement
     /// prepared on this connection for the first time) costs one of them, which a warm
-    /// cache does not pay.
+    /// statement cache does not pay, so it is not counted.
     fn round_trips(self) -> u64 {
         (self.syncs + self.queries).saturating_sub(self.parses)
     }
@@ -520,41 +664,30 @@ impl Wire {
         }
     }
 
-    fn take_sql(&self) -> BTreeSet<String> {
-        std::mem::take(&mut *self.sql.lock().unwrap_or_else(|p| p.into_inner()))
+    fn take_executed(&self) -> BTreeMap<String, u64> {
+        std::mem::take(&mut *self.executed.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    fn message(&self, tag: u8, body: &[u8]) {
-        let counter = match tag {
-            b'Q' => &self.queries,
-            b'E' => &self.executes,
-            b'S' => &self.syncs,
-            b'P' => &self.parses,
-            _ => return,
-        };
-        counter.fetch_add(1, Ordering::SeqCst);
-        // Parse: the statement's name, then its text, each NUL-terminated.
-        let text = match tag {
-            b'P' => body.splitn(3, |&b| b == 0).nth(1),
-            b'Q' => body.split(|&b| b == 0).next(),
-            _ => None,
-        };
-        if let Some(text) = text {
-            let text = String::from_utf8_lossy(text).into_owned();
-            self.sql
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(text);
-        }
+    fn execute(&self, sql: &str) {
+        let mut executed = self.executed.lock().unwrap_or_else(|p| p.into_inner());
+        *executed.entry(sql.to_owned()).or_default() += 1;
     }
 }
 
-/// Splits the client's byte stream into protocol messages.
+/// The NUL-terminated strings at the start of a message body.
+fn cstrings(body: &[u8]) -> impl Iterator<Item = String> + '_ {
+    body.split(|&b| b == 0)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+}
+
+/// Splits one client connection's byte stream into protocol messages.
 #[derive(Default)]
 struct Frames {
     buf: Vec<u8>,
     started: bool,
     broken: bool,
+    /// Prepared statements by name, to know what a `Bind` executes.
+    prepared: HashMap<String, String>,
 }
 
 impl Frames {
@@ -567,11 +700,10 @@ impl Frames {
         loop {
             let rest = &self.buf[at..];
             // Startup-phase messages have no type byte.
-            let head = if self.started { 5 } else { 8 };
+            let (head, len_at) = if self.started { (5, 1) } else { (8, 0) };
             if rest.len() < head {
                 break;
             }
-            let len_at = usize::from(self.started);
             let len = u32::from_be_bytes([
                 rest[len_at],
                 rest[len_at + 1],
@@ -587,7 +719,32 @@ impl Frames {
                 break;
             }
             if self.started {
-                wire.message(rest[0], &rest[5..total]);
+                let (tag, body) = (rest[0], &rest[5..total]);
+                let counter = match tag {
+                    b'Q' => Some(&wire.queries),
+                    b'E' => Some(&wire.executes),
+                    b'S' => Some(&wire.syncs),
+                    b'P' => Some(&wire.parses),
+                    _ => None,
+                };
+                if let Some(counter) = counter {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+                let mut strings = cstrings(body);
+                match tag {
+                    b'Q' => wire.execute(&strings.next().unwrap_or_default()),
+                    b'P' => {
+                        let name = strings.next().unwrap_or_default();
+                        let sql = strings.next().unwrap_or_default();
+                        self.prepared.insert(name, sql);
+                    }
+                    b'B' => {
+                        let statement = strings.nth(1).unwrap_or_default();
+                        let sql = self.prepared.get(&statement).map_or("?", String::as_str);
+                        wire.execute(sql);
+                    }
+                    _ => {}
+                }
             } else {
                 let code = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
                 // SSLRequest and GSSENCRequest are followed by another untyped message.
@@ -637,21 +794,18 @@ async fn spawn_proxy(host: String, port: u16, wire: Arc<Wire>) -> Res<u16> {
     Ok(local)
 }
 
-/// Statements, round trips, server transactions and table writes per operation.
+/// Per operation, in one counted run.
 struct Count {
     statements: f64,
     round_trips: f64,
-    parses: u64,
+    /// Server transactions (`xact_commit`), from the statistics.
     xacts: f64,
+    /// Rows inserted, updated or deleted in the subject's table (statistics).
     writes: i64,
+    /// Bodies run, or claims won.
     runs: u64,
-    sql: BTreeSet<String>,
-}
-
-impl Count {
-    fn per_op(&self) -> String {
-        format!("{:.2}", self.statements)
-    }
+    /// Each statement executed, by text, and how often per operation.
+    executed: BTreeMap<String, f64>,
 }
 
 struct Counter {
@@ -676,28 +830,36 @@ impl Counter {
 
     /// Runs `phase` for [`COUNTED`] operations after as many to warm up.
     async fn count(&self, subject: &Arc<Subject>, phase: Phase, concurrency: usize) -> Res<Count> {
-        self.wire.take_sql();
         drive(subject, phase, concurrency, Stop::Ops(COUNTED)).await?;
         self.flush_stats().await?;
         let writes = table_writes(&self.admin, &subject.table).await?;
         let xacts = xact_commits(&self.admin).await?;
         let runs = subject.runs.load(Ordering::Relaxed);
+        self.wire.take_executed();
         let before = self.wire.tally();
         drive(subject, phase, concurrency, Stop::Ops(COUNTED)).await?;
         let tally = self.wire.tally().since(before);
+        let executed = self.wire.take_executed();
         let flushes = self.flush_stats().await?;
         let xacts = xact_commits(&self.admin).await? - xacts - flushes;
         let per = |n: u64| n as f64 / COUNTED as f64;
         Ok(Count {
             statements: per(tally.statements()),
             round_trips: per(tally.round_trips()),
-            parses: tally.parses,
             xacts: xacts as f64 / COUNTED as f64,
             writes: table_writes(&self.admin, &subject.table).await? - writes,
             runs: subject.runs.load(Ordering::Relaxed) - runs,
-            sql: self.wire.take_sql(),
+            executed: executed.into_iter().map(|(k, n)| (k, per(n))).collect(),
         })
     }
+}
+
+/// Settles freshly written tables (visibility map, statistics) before they are read.
+async fn vacuum(admin: &PgPool, tables: &[&str]) -> Res<()> {
+    let names: Vec<_> = tables.iter().map(|t| quoted(t)).collect();
+    let sql = format!("VACUUM ANALYZE {}", names.join(", "));
+    admin.execute(sql.as_str()).await?;
+    Ok(())
 }
 
 async fn xact_commits(admin: &PgPool) -> Res<i64> {
@@ -734,11 +896,13 @@ fn find_pgbench() -> Option<String> {
     found.pop().map(|p| p.display().to_string())
 }
 
-/// One pgbench run of `script` with `{table}`-style placeholders filled in.
+/// One pgbench script, placeholders filled in.
 struct Floor<'a> {
     bin: &'a str,
-    name: &'a str,
+    name: &'static str,
     script: String,
+    /// `-D name=value` variables.
+    vars: Vec<String>,
 }
 
 impl Floor<'_> {
@@ -749,12 +913,12 @@ impl Floor<'_> {
             self.name
         ));
         std::fs::write(&path, &self.script)?;
-        let out = Command::new(self.bin)
-            .args(["-n", "-M", "prepared", "-f"])
-            .arg(&path)
-            .args(args)
-            .envs(env.iter().copied())
-            .output();
+        let mut cmd = Command::new(self.bin);
+        cmd.args(["-n", "-M", "prepared", "-f"]).arg(&path);
+        for var in &self.vars {
+            cmd.arg("-D").arg(var);
+        }
+        let out = cmd.args(args).envs(env.iter().copied()).output();
         let _ = std::fs::remove_file(&path);
         let out = out?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -789,8 +953,7 @@ impl Floor<'_> {
     fn count(&self, connect: &PgConnectOptions, port: u16, wire: &Wire) -> Res<(f64, f64)> {
         const TRANSACTIONS: u64 = 200;
         let before = wire.tally();
-        let port = port.to_string();
-        let t = TRANSACTIONS.to_string();
+        let (port, t) = (port.to_string(), TRANSACTIONS.to_string());
         let mut args = vec!["-c", "1", "-t", &t, "-h", "127.0.0.1", "-p", &port];
         args.extend(["-U", connect.get_username()]);
         args.extend(connect.get_database());
@@ -801,202 +964,292 @@ impl Floor<'_> {
     }
 }
 
+/// idem's own claim and record as a pgbench script: the same statements, with pgbench
+/// variables for the parameters (typed, as sqlx binds them) and `\gset` to carry the epoch.
+fn idem_sql_script(sql: &Sql, replay: bool) -> String {
+    let claim = [
+        ("$1", ":scope::text"),
+        ("$2", ":name::text"),
+        ("$3", ":k::text"),
+        ("$4", ":fp::bytea"),
+        ("$5", ":lease"),
+        ("$6", ":unknown::boolean"),
+    ]
+    .iter()
+    .fold(sql.claim.clone(), |s, (p, v)| s.replace(p, v));
+    if replay {
+        return format!("\\set k random(1, {REPLAY_KEYS})\n{claim};\n");
+    }
+    let record = [
+        ("$1", ":scope::text"),
+        ("$2", ":name::text"),
+        ("$3", ":k::text"),
+        ("$4", ":c_epoch::bigint"),
+        ("$5", ":payload::text"),
+        ("$6", ":outcome::bytea"),
+        ("$7", ":is_err::boolean"),
+        ("$8", ":version::integer"),
+        ("$9", ":retain"),
+    ]
+    .iter()
+    .fold(sql.record.clone(), |s, (p, v)| s.replace(p, v));
+    // The claim's columns go to `c_*` variables, clear of the record's parameters.
+    format!("\\set k random(1, 1000000000)\n{claim} \\gset c_\n{record};\n")
+}
+
+fn idem_sql_vars() -> Vec<String> {
+    let hex: String = FINGERPRINT.iter().map(|b| format!("{b:02x}")).collect();
+    vec![
+        "scope=p".into(),
+        format!("name={NAME}"),
+        format!("fp=\\x{hex}"),
+        format!("lease={LEASE_MS}"),
+        "unknown=false".into(),
+        "payload={\"scope\":\"p\",\"name\":\"bench\",\"key\":\"k\"}".into(),
+        "outcome=\\x31".into(),
+        "is_err=false".into(),
+        "version=1".into(),
+        format!("retain={RETAIN_MS}"),
+    ]
+}
+
+const FRESH: usize = 0;
+const REPLAY: usize = 1;
+const TX: usize = 2;
+
 /// One row of the report.
-#[derive(Default)]
 struct Line {
     label: &'static str,
-    idem: Vec<f64>,
-    base: Vec<f64>,
+    concurrency: usize,
+    /// Which pgbench script is its floor: [`FRESH`], [`REPLAY`] or [`TX`].
+    script: usize,
+    /// Rounds of idem, of the baseline, then of the experiments.
+    rounds: Vec<(&'static str, Vec<f64>)>,
     floor: Option<f64>,
+    /// pgbench running idem's SQL (experiments).
+    floor_idem_sql: Option<f64>,
     count: Option<(Count, Count)>,
     floor_count: Option<(f64, f64)>,
 }
 
-fn ratio(a: f64, b: Option<f64>) -> String {
-    match b {
-        Some(b) if b > 0.0 => format!("{:.2}", a / b),
+impl Line {
+    fn new(label: &'static str, concurrency: usize, script: usize) -> Line {
+        Line {
+            label,
+            concurrency,
+            script,
+            rounds: Vec::new(),
+            floor: None,
+            floor_idem_sql: None,
+            count: None,
+            floor_count: None,
+        }
+    }
+
+    fn median(&self, label: &str) -> Option<f64> {
+        self.rounds
+            .iter()
+            .find(|(l, _)| *l == label)
+            .map(|(_, r)| median(r))
+    }
+}
+
+fn fmt_opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or_else(|| "—".into(), |x| format!("{x:.digits$}"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>, goal: f64) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => {
+            let r = a / b;
+            format!("{r:.2}{}", if r >= goal { "" } else { " ✗" })
+        }
         _ => "—".into(),
     }
 }
 
-fn print_report(cfg: &Config, lines: &[Line], server: &str) {
-    let goal = |r: f64, g: f64| if r >= g { "" } else { " ✗" };
-    println!();
-    println!(
-        "| phase | idem ops/s | sqlx baseline ops/s | idem/sqlx | pgbench floor tps | idem/pgbench \
-         | statements/op idem (sqlx, floor) | round trips/op idem (sqlx, floor) |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---|---|");
-    for line in lines {
-        let (idem, base) = (median(&line.idem), median(&line.base));
-        let floor = line.floor.map_or_else(|| "—".into(), |f| format!("{f:.0}"));
-        let (stmts, trips) = match (&line.count, line.floor_count) {
-            (Some((i, b)), floor) => {
-                let f = |x: Option<f64>| x.map_or_else(|| "—".into(), |x| format!("{x:.2}"));
-                let added = if line.label.starts_with("tx") {
-                    format!("; idem adds {:.2}", i.statements - b.statements)
-                } else {
-                    String::new()
+/// A statement's text on one line, with the tables named `T` (idem's) and `O` (orders).
+fn describe(sql: &str, names: &[(&str, &str)], known: &[(&str, &Sql)]) -> String {
+    let sql = names
+        .iter()
+        .fold(sql.to_owned(), |s, (from, to)| s.replace(&quoted(from), to));
+    for (table, statements) in known {
+        let rename = |s: &str| s.replace(&quoted(table), "T");
+        for (name, text) in [
+            ("CLAIM", &statements.claim),
+            ("RECORD", &statements.record),
+            ("TX_CLAIM", &statements.tx_claim),
+            ("TX_RECORD", &statements.tx_record),
+        ] {
+            if rename(text) == sql {
+                return name.into();
+            }
+        }
+    }
+    let flat = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.char_indices().nth(48) {
+        Some((at, _)) => format!("{}…", &flat[..at]),
+        None => flat,
+    }
+}
+
+struct Report<'a> {
+    cfg: &'a Config,
+    server: String,
+    lines: Vec<Line>,
+    /// Per counted line: idem's table, the baseline's, and the orders tables.
+    names: Vec<[(String, &'static str); 4]>,
+    templates: Templates,
+}
+
+impl Report<'_> {
+    fn print(&self) {
+        let cfg = self.cfg;
+        println!();
+        println!(
+            "| phase | idem ops/s | sqlx baseline ops/s | idem/sqlx | pgbench floor tps | \
+             idem/pgbench | statements/op idem (sqlx, floor) | round trips/op idem (sqlx, floor) |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---|---|");
+        for line in &self.lines {
+            let (idem, base) = (line.median(IDEM), line.median(SQLX));
+            let (stmts, trips) = match &line.count {
+                Some((i, b)) => {
+                    let f = |x: Option<f64>| fmt_opt(x, 2);
+                    let floor = line.floor_count;
+                    let added = if line.script == TX {
+                        format!("; idem adds {:.2}", i.statements - b.statements)
+                    } else {
+                        String::new()
+                    };
+                    (
+                        format!(
+                            "{:.2} ({:.2}, {}){added}",
+                            i.statements,
+                            b.statements,
+                            f(floor.map(|f| f.0))
+                        ),
+                        format!(
+                            "{:.2} ({:.2}, {})",
+                            i.round_trips,
+                            b.round_trips,
+                            f(floor.map(|f| f.1))
+                        ),
+                    )
+                }
+                None => ("—".into(), "—".into()),
+            };
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {stmts} | {trips} |",
+                line.label,
+                fmt_opt(idem, 0),
+                fmt_opt(base, 0),
+                ratio(idem, base, 0.9),
+                fmt_opt(line.floor, 0),
+                ratio(idem, line.floor, 0.8),
+            );
+        }
+        println!();
+        println!(
+            "Medians of {} rounds of {:.1}s, idem and sqlx alternating; pgbench -T {} -j 2 -n \
+             -M prepared right after each row. ✗: below the goal (idem/sqlx ≥ 0.9, \
+             idem/pgbench ≥ 0.8).",
+            cfg.rounds,
+            cfg.measure.as_secs_f64(),
+            cfg.pgbench_secs
+        );
+        println!("{}", self.server);
+        println!(
+            "Pools: {POOL} connections each, sqlx defaults otherwise (test_before_acquire({})); \
+             idem lease renewal {}.",
+            cfg.ping,
+            if cfg.renew { "on" } else { "off" }
+        );
+        println!();
+        println!("Rounds (ops/s):");
+        for line in &self.lines {
+            for (i, (label, r)) in line.rounds.iter().enumerate() {
+                let r: Vec<_> = r.iter().map(|x| format!("{x:.0}")).collect();
+                let phase = if i == 0 { line.label } else { "" };
+                println!("  {phase:<13} {label:<44} [{}]", r.join(", "));
+            }
+        }
+        self.print_counts();
+        if cfg.experiments {
+            self.print_experiments();
+        }
+    }
+
+    fn print_counts(&self) {
+        println!();
+        println!(
+            "Counted runs through the wire proxy ({COUNTED} operations each, after {COUNTED} \
+             to warm up); statements executed per operation:"
+        );
+        for (line, names) in self.lines.iter().zip(&self.names) {
+            let Some((i, b)) = &line.count else { continue };
+            let renames: Vec<(&str, &str)> = names.iter().map(|(t, n)| (t.as_str(), *n)).collect();
+            let (idem_sql, base_sql) = (
+                self.templates.render(&names[0].0),
+                self.templates.render(&names[1].0),
+            );
+            let known = [
+                (names[0].0.as_str(), &idem_sql),
+                (names[1].0.as_str(), &base_sql),
+            ];
+            let show = |count: &Count| {
+                let per: BTreeMap<String, f64> =
+                    count
+                        .executed
+                        .iter()
+                        .fold(BTreeMap::new(), |mut m, (sql, n)| {
+                            *m.entry(describe(sql, &renames, &known)).or_default() += n;
+                            m
+                        });
+                per.iter()
+                    .map(|(s, n)| format!("{s} ×{n:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let (idem, base) = (show(i), show(b));
+            println!("  {:<13} idem: {idem}", line.label);
+            println!("  {:<13} sqlx: {base}", "");
+            if line.script != TX && idem != base {
+                println!(
+                    "  {:<13} WARNING: idem and the baseline executed different statements",
+                    ""
+                );
+            }
+            println!(
+                "  {:<13} server commits/op idem {:.2}, sqlx {:.2}; rows written idem {}, sqlx \
+                 {}; bodies run (claims won) idem {}, sqlx {}",
+                "", i.xacts, b.xacts, i.writes, b.writes, i.runs, b.runs
+            );
+        }
+    }
+
+    fn print_experiments(&self) {
+        println!();
+        println!(
+            "Where the time goes (IDEM_BENCH_EXPERIMENTS=1): medians in ops/s, and their ratio \
+             to idem's."
+        );
+        for line in &self.lines {
+            let idem = line.median(IDEM);
+            let mut cells: Vec<_> = line
+                .rounds
+                .iter()
+                .map(|(label, r)| (label.to_string(), Some(median(r))))
+                .collect();
+            cells.push(("pgbench, idem's SQL".into(), line.floor_idem_sql));
+            cells.push(("pgbench floor".into(), line.floor));
+            println!("  {}", line.label);
+            for (label, x) in cells.iter().filter(|c| c.1.is_some()) {
+                let vs = match (x, idem) {
+                    (Some(x), Some(i)) if i > 0.0 => format!("{:.2}", x / i),
+                    _ => "—".into(),
                 };
-                (
-                    format!(
-                        "{} ({}, {}){added}",
-                        i.per_op(),
-                        b.per_op(),
-                        f(floor.map(|f| f.0))
-                    ),
-                    format!(
-                        "{:.2} ({:.2}, {})",
-                        i.round_trips,
-                        b.round_trips,
-                        f(floor.map(|f| f.1))
-                    ),
-                )
-            }
-            (None, _) => ("—".into(), "—".into()),
-        };
-        let base_goal = goal(idem / base, 0.9);
-        let floor_goal = line.floor.map_or("", |f| goal(idem / f, 0.8));
-        println!(
-            "| {} | {idem:.0} | {base:.0} | {}{base_goal} | {floor} | {}{floor_goal} | {stmts} | {trips} |",
-            line.label,
-            ratio(idem, Some(base)),
-            ratio(idem, line.floor),
-        );
-    }
-    println!();
-    println!(
-        "Medians of {} alternating rounds of {:.1}s (idem, sqlx, idem, sqlx, ...); pgbench -T {} \
-         -j 2 -n -M prepared. ✗: below the goal (idem/sqlx >= 0.9, idem/pgbench >= 0.8).",
-        cfg.rounds,
-        cfg.measure.as_secs_f64(),
-        cfg.pgbench_secs
-    );
-    println!("{server}");
-    println!(
-        "Pools: {POOL} connections, test_before_acquire({}); idem lease renewal {}.",
-        cfg.ping,
-        if cfg.renew { "on" } else { "off" }
-    );
-    println!();
-    println!("Rounds (ops/s):");
-    for line in lines {
-        let show = |xs: &[f64]| {
-            xs.iter()
-                .map(|x| format!("{x:.0}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        println!(
-            "  {:<13} idem [{}]  sqlx [{}]",
-            line.label,
-            show(&line.idem),
-            show(&line.base)
-        );
-    }
-    println!();
-    println!("Counted runs ({COUNTED} operations each, after {COUNTED} to warm up):");
-    for line in lines {
-        if let Some((i, b)) = &line.count {
-            println!(
-                "  {:<13} server commits/op idem {:.2}, sqlx {:.2}; table writes idem {}, sqlx {}; \
-                 bodies run idem {}, sqlx {}; statements prepared while counted {}, {}",
-                line.label,
-                i.xacts,
-                b.xacts,
-                i.writes,
-                b.writes,
-                i.runs,
-                b.runs,
-                i.parses,
-                b.parses
-            );
-        }
-    }
-}
-
-/// The tables a counted row used, renamed to placeholders so idem's SQL and the
-/// baseline's compare.
-struct Renames<'a> {
-    idem: [(&'a str, &'a str); 2],
-    base: [(&'a str, &'a str); 2],
-}
-
-/// Checks that idem sent the baseline's statements, and lists what else it sent.
-fn compare_sql(lines: &[Line], renames: &[Renames<'_>]) {
-    let normalize = |sql: &BTreeSet<String>, renames: &[(&str, &str)]| -> BTreeSet<String> {
-        sql.iter()
-            .map(|s| {
-                renames
-                    .iter()
-                    .fold(s.clone(), |s, (from, to)| s.replace(&quoted(from), to))
-            })
-            .collect()
-    };
-    let head = |s: &&String| s.lines().next().unwrap_or("").trim().to_owned();
-    println!();
-    println!("SQL on the wire:");
-    for (line, renames) in lines.iter().zip(renames) {
-        let Some((i, b)) = &line.count else { continue };
-        let idem = normalize(&i.sql, &renames.idem);
-        let base = normalize(&b.sql, &renames.base);
-        let missing: Vec<_> = base.difference(&idem).map(|s| head(&s)).collect();
-        let extra: Vec<_> = idem.difference(&base).map(|s| head(&s)).collect();
-        if missing.is_empty() {
-            println!(
-                "  {:<13} idem sent every statement of the baseline",
-                line.label
-            );
-        } else {
-            println!(
-                "  {:<13} WARNING: idem did not send the baseline's [{}]; re-copy them from \
-                 postgres.rs",
-                line.label,
-                missing.join(" | ")
-            );
-        }
-        if !extra.is_empty() {
-            println!("  {:<13} idem also sent [{}]", "", extra.join(" | "));
-        }
-    }
-}
-
-struct Tables {
-    admin: PgPool,
-    idem: Vec<String>,
-    plain: Vec<String>,
-}
-
-impl Tables {
-    async fn create(&mut self, ddl: &str, table: String) -> Res<String> {
-        self.plain.push(table.clone());
-        let sql = format!("DROP TABLE IF EXISTS {t}; {}", ddl, t = quoted(&table));
-        sqlx::raw_sql(&sql.replace("{table}", &quoted(&table)))
-            .execute(&self.admin)
-            .await?;
-        Ok(table)
-    }
-
-    async fn drop_all(&self) {
-        for table in self.idem.iter().chain(&self.plain) {
-            let drop = format!("DROP TABLE IF EXISTS {}", quoted(table));
-            if let Err(e) = self.admin.execute(drop.as_str()).await {
-                eprintln!("could not drop {table}: {e}");
-            }
-        }
-        let forget = "DELETE FROM idem_schema_migrations WHERE table_name = ANY($1)";
-        let bookkeeping: Option<String> =
-            sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations')::text")
-                .fetch_one(&self.admin)
-                .await
-                .unwrap_or(None);
-        if bookkeeping.is_some() {
-            let forgot = sqlx::query(forget)
-                .bind(&self.idem)
-                .execute(&self.admin)
-                .await;
-            if let Err(e) = forgot {
-                eprintln!("could not forget idem's bookkeeping: {e}");
+                println!("    {label:<46} {:>7}  ×{vs}", fmt_opt(*x, 0));
             }
         }
     }
@@ -1015,6 +1268,7 @@ fn main() -> Res<()> {
             .await?;
         let mut tables = Tables {
             admin: admin.clone(),
+            prefix: cfg.prefix.clone(),
             idem: Vec::new(),
             plain: Vec::new(),
         };
@@ -1026,8 +1280,9 @@ fn main() -> Res<()> {
 
 async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) -> Res<()> {
     let admin = tables.admin.clone();
+    let templates = Templates::load()?;
     let server: String = sqlx::query_scalar(
-        "SELECT format('Server: PostgreSQL %s, synchronous_commit=%s, ssl=%s, %s cores here.',
+        "SELECT format('Server: PostgreSQL %s, synchronous_commit=%s, ssl=%s; %s cores here.',
             current_setting('server_version'), current_setting('synchronous_commit'),
             current_setting('ssl'), $1::text)",
     )
@@ -1038,45 +1293,23 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
     )
     .fetch_one(&admin)
     .await?;
-    let args: Vec<String> = std::env::args().collect();
     println!("idem PostgreSQL benchmark: cargo bench --bench pg");
-    println!("binary: {}", args.join(" "));
+    println!("binary: {}", std::env::args().collect::<Vec<_>>().join(" "));
     println!("{server}");
     let pgbench = find_pgbench();
     if pgbench.is_none() {
         println!("pgbench not found: the floor columns stay empty");
     }
-
-    let idem_pool = cfg.pool().connect_with(connect.clone()).await?;
-    let base_pool = cfg.pool().connect_with(connect.clone()).await?;
-    let mut idem_table = |phase: &str| {
-        let t = cfg.table(phase);
-        tables.idem.push(t.clone());
-        t
-    };
-    let names = ["fresh1", "fresh16", "replay", "tx", "cnt", "cnt16", "cnttx"].map(&mut idem_table);
-    let [fresh1, fresh16, replay, tx, cnt, cnt16, cnttx] = names;
-    let mut base_table = |phase: &str| {
-        let t = cfg.table(phase);
-        tables.plain.push(t.clone());
-        t
-    };
-    let base_names = ["b_fresh1", "b_fresh16", "b_replay", "b_cnt", "b_cnt16"].map(&mut base_table);
-    let [b_fresh1, b_fresh16, b_replay, b_cnt, b_cnt16] = base_names;
-    let orders_idem = tables.create(ORDERS_DDL, cfg.table("orders")).await?;
-    let orders_base = tables.create(ORDERS_DDL, cfg.table("b_orders")).await?;
-    let orders_cnt = tables.create(ORDERS_DDL, cfg.table("orders_cnt")).await?;
-    let orders_bcnt = tables.create(ORDERS_DDL, cfg.table("b_orders_cnt")).await?;
+    let orders_idem = tables.create(ORDERS_DDL, "orders").await?;
+    let orders_base = tables.create(ORDERS_DDL, "b_orders").await?;
+    let cnt_orders = tables.create(ORDERS_DDL, "cnt_orders").await?;
+    let cnt_b_orders = tables.create(ORDERS_DDL, "cnt_b_orders").await?;
 
     // Counted first: short, and it checks the baseline's SQL before the long phases.
     println!("counting statements through the wire proxy...");
     let wire = Arc::new(Wire::default());
-    let proxy = spawn_proxy(
-        connect.get_host().to_owned(),
-        connect.get_port(),
-        wire.clone(),
-    )
-    .await?;
+    let host = connect.get_host().to_owned();
+    let proxy = spawn_proxy(host.clone(), connect.get_port(), wire.clone()).await?;
     let proxied = connect
         .clone()
         .host("127.0.0.1")
@@ -1084,177 +1317,273 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
         .ssl_mode(PgSslMode::Disable);
     let counter = Counter {
         admin: admin.clone(),
-        pool: cfg.pool().connect_with(proxied.clone()).await?,
-        wire: wire.clone(),
+        pool: cfg.pool().connect_with(proxied).await?,
+        wire,
     };
     let mut counts = Vec::new();
-    for (c, it, bt) in [(1, &cnt, &b_cnt), (16, &cnt16, &b_cnt16)] {
-        let i = Arc::new(Subject::idem(cfg, &counter.pool, it.clone(), &orders_cnt).await?);
-        let b = Arc::new(Subject::sqlx(&admin, &counter.pool, bt.clone(), &orders_bcnt).await?);
-        let (i_from, b_from) = (i.seq.load(Ordering::Relaxed), b.seq.load(Ordering::Relaxed));
+    let mut names = Vec::new();
+    for c in [1, 16] {
+        let it = tables.idem(&format!("cnt{c}"));
+        let bt = tables.idem_shaped(&format!("b_cnt{c}")).await?;
+        let i = Subject::idem(cfg, &counter.pool, it.clone(), &cnt_orders).await?;
+        let b = Subject::sqlx(&templates, &counter.pool, bt.clone(), &cnt_b_orders, false);
         let fresh = (
             counter.count(&i, Phase::Fresh, c).await?,
             counter.count(&b, Phase::Fresh, c).await?,
         );
-        let replay = |from| Phase::Replay {
-            from,
+        let replay = Phase::Replay {
+            from: 0,
             keys: 2 * COUNTED,
         };
         let replay = (
-            counter.count(&i, replay(i_from), c).await?,
-            counter.count(&b, replay(b_from), c).await?,
+            counter.count(&i, replay, c).await?,
+            counter.count(&b, replay, c).await?,
         );
         counts.push((fresh, replay));
+        names.push([
+            (it, "T"),
+            (bt, "T"),
+            (cnt_orders.clone(), "O"),
+            (cnt_b_orders.clone(), "O"),
+        ]);
     }
-    let tx_counts = {
-        let i = Arc::new(Subject::idem(cfg, &counter.pool, cnttx.clone(), &orders_cnt).await?);
-        let b = Arc::new(Subject::sqlx(&admin, &counter.pool, b_cnt.clone(), &orders_bcnt).await?);
+    let tx_count = {
+        let it = tables.idem("cnttx");
+        let bt = tables.idem_shaped("b_cnttx").await?;
+        let i = Subject::idem(cfg, &counter.pool, it.clone(), &cnt_orders).await?;
+        let b = Subject::sqlx(&templates, &counter.pool, bt.clone(), &cnt_b_orders, false);
+        names.push([
+            (it, "T"),
+            (bt, "T"),
+            (cnt_orders.clone(), "O"),
+            (cnt_b_orders.clone(), "O"),
+        ]);
         (
             counter.count(&i, Phase::Tx, 16).await?,
             counter.count(&b, Phase::Tx, 16).await?,
         )
     };
     counter.pool.close().await;
+    let [(f1, r1), (f16, r16)]: [_; 2] = counts
+        .try_into()
+        .map_err(|_| "two concurrency levels were counted")?;
+    // In the order of the lines: fresh and replay counts share their tables.
+    let names = [0, 1, 0, 1, 2].map(|i| names[i].clone()).to_vec();
 
-    let mut lines = Vec::new();
-    for (label, c, it, bt) in [
-        ("fresh c=1", 1, fresh1, b_fresh1),
-        ("fresh c=16", 16, fresh16, b_fresh16.clone()),
-    ] {
-        println!("{label}...");
-        let i = Arc::new(Subject::idem(cfg, &idem_pool, it, &orders_idem).await?);
-        let b = Arc::new(Subject::sqlx(&admin, &base_pool, bt, &orders_base).await?);
-        let (idem, base) = ab(cfg, &i, &b, (Phase::Fresh, Phase::Fresh), c).await?;
-        lines.push(Line {
-            label,
-            idem,
-            base,
-            ..Line::default()
-        });
+    let mut lines = vec![
+        Line::new("fresh c=1", 1, FRESH),
+        Line::new("fresh c=16", 16, FRESH),
+        Line::new("replay c=1", 1, REPLAY),
+        Line::new("replay c=16", 16, REPLAY),
+        Line::new("tx fresh c=16", 16, TX),
+    ];
+    for (line, count) in lines.iter_mut().zip([f1, f16, r1, r16, tx_count]) {
+        line.count = Some(count);
+    }
+
+    // The floors, and pgbench through the proxy to count its statements.
+    let floor_wire = Arc::new(Wire::default());
+    let floor_port = spawn_proxy(host, connect.get_port(), floor_wire.clone()).await?;
+    let mut floors = Vec::new();
+    if let Some(bin) = pgbench.as_deref() {
+        let fresh = tables.create(FLOOR_DDL, "pgb_fresh").await?;
+        let replay = tables.create(FLOOR_DDL, "pgb_replay").await?;
+        let tx = tables.create(FLOOR_DDL, "pgb_tx").await?;
+        let orders = tables.create(ORDERS_DDL, "pgb_orders").await?;
+        let populate = format!(
+            "INSERT INTO {t} SELECT '', 'bench', g::text, '\\x31' \
+             FROM generate_series(1, {REPLAY_KEYS}) g",
+            t = quoted(&replay)
+        );
+        admin.execute(populate.as_str()).await?;
+        vacuum(&admin, &[&replay]).await?;
+        let fill = |script: &str, table: &str| {
+            script
+                .replace("{table}", &quoted(table))
+                .replace("{orders}", &quoted(&orders))
+                .replace("{rows}", &REPLAY_KEYS.to_string())
+        };
+        let floor = |name, script| Floor {
+            bin,
+            name,
+            script,
+            vars: Vec::new(),
+        };
+        floors = vec![
+            floor("fresh", fill(FRESH_SQL, &fresh)),
+            floor("replay", fill(REPLAY_SQL, &replay)),
+            floor("tx", fill(TX_SQL, &tx)),
+        ];
+        if cfg.experiments {
+            // idem's SQL on idem-shaped tables; replays of keys 1..=REPLAY_KEYS.
+            let fresh = tables.idem_shaped("pgi_fresh").await?;
+            let replay = tables.idem_shaped("pgi_replay").await?;
+            let hex: String = FINGERPRINT.iter().map(|b| format!("{b:02x}")).collect();
+            let populate = format!(
+                "INSERT INTO {t} (scope, name, key, state, epoch, fingerprint, lease_until, \
+                 created_at, claimed_at, expires_at, outcome, outcome_version) \
+                 SELECT 'p', '{NAME}', g::text, 1, 1, '\\x{hex}', now(), now(), now(), \
+                 now() + interval '1 day', '\\x31', 1 FROM generate_series(1, {REPLAY_KEYS}) g",
+                t = quoted(&replay)
+            );
+            admin.execute(populate.as_str()).await?;
+            vacuum(&admin, &[&replay]).await?;
+            for (name, table, replay) in
+                [("idem_fresh", fresh, false), ("idem_replay", replay, true)]
+            {
+                floors.push(Floor {
+                    bin,
+                    name,
+                    script: idem_sql_script(&templates.render(&table), replay),
+                    vars: idem_sql_vars(),
+                });
+            }
+        }
+    }
+    let mut floor_counts = Vec::new();
+    for floor in floors.iter().take(3) {
+        floor_counts.push(floor.count(connect, floor_port, &floor_wire)?);
+    }
+    let run_floor = |line: &mut Line| -> Res<()> {
+        let Some(floor) = floors.get(line.script) else {
+            return Ok(());
+        };
+        line.floor = Some(floor.tps(&cfg.url, line.concurrency, cfg.pgbench_secs)?);
+        line.floor_count = floor_counts.get(line.script).copied();
+        // The experiments' scripts follow the floors', for the fresh and replay lines.
+        if let Some(idem_sql) = floors.get(3 + line.script).filter(|_| line.script < TX) {
+            line.floor_idem_sql =
+                Some(idem_sql.tps(&cfg.url, line.concurrency, cfg.pgbench_secs)?);
+        }
+        Ok(())
+    };
+
+    let idem_pool = cfg.pool().connect_with(connect.clone()).await?;
+    let base_pool = cfg.pool().connect_with(connect.clone()).await?;
+    // Experiments: one pool without the ping on acquire, shared by idem and the baseline.
+    let quiet_pool = if cfg.experiments {
+        let pool = cfg.pool().test_before_acquire(false);
+        Some(pool.connect_with(connect.clone()).await?)
+    } else {
+        None
+    };
+    for line in &mut lines[..2] {
+        println!("{}...", line.label);
+        let c = line.concurrency;
+        let fresh = Phase::Fresh;
+        let it = tables.idem(&format!("fresh{c}"));
+        let bt = tables.idem_shaped(&format!("b_fresh{c}")).await?;
+        let mut subjects: Vec<Contender> = vec![
+            (
+                IDEM,
+                Subject::idem(cfg, &idem_pool, it, &orders_idem).await?,
+                fresh,
+            ),
+            (
+                SQLX,
+                Subject::sqlx(&templates, &base_pool, bt, &orders_base, false),
+                fresh,
+            ),
+        ];
+        if let Some(quiet) = &quiet_pool {
+            let t = tables.idem(&format!("q_fresh{c}"));
+            let i = Subject::idem(cfg, quiet, t, &orders_idem).await?;
+            subjects.push((IDEM_QUIET, i, fresh));
+            let t = tables.idem(&format!("r_fresh{c}"));
+            let i = Subject::idem_renewing(false, &idem_pool, t, &orders_idem).await?;
+            subjects.push((IDEM_NO_RENEW, i, fresh));
+            let t = tables.idem_shaped(&format!("qb_fresh{c}")).await?;
+            let b = Subject::sqlx(&templates, quiet, t, &orders_base, false);
+            subjects.push((SQLX_QUIET, b, fresh));
+            let t = tables.idem_shaped(&format!("h_fresh{c}")).await?;
+            let b = Subject::sqlx(&templates, &base_pool, t, &orders_base, true);
+            subjects.push((SQLX_HELD, b, fresh));
+        }
+        line.rounds = rounds(cfg, &subjects, c).await?;
+        run_floor(line)?;
     }
 
     println!("recording {REPLAY_KEYS} keys to replay...");
-    let i = Arc::new(Subject::idem(cfg, &idem_pool, replay.clone(), &orders_idem).await?);
-    let b = Arc::new(Subject::sqlx(&admin, &base_pool, b_replay.clone(), &orders_base).await?);
+    let it = tables.idem("replay");
+    let i = Subject::idem(cfg, &idem_pool, it.clone(), &orders_idem).await?;
+    let bt = tables.idem_shaped("b_replay").await?;
+    let b = Subject::sqlx(&templates, &base_pool, bt.clone(), &orders_base, false);
     drive(&i, Phase::Fresh, 16, Stop::Ops(REPLAY_KEYS)).await?;
     drive(&b, Phase::Fresh, 16, Stop::Ops(REPLAY_KEYS)).await?;
-    let vacuum = format!("VACUUM ANALYZE {}, {}", quoted(&replay), quoted(&b_replay));
-    admin.execute(vacuum.as_str()).await?;
+    vacuum(&admin, &[&it, &bt]).await?;
     let keys = Phase::Replay {
         from: 0,
         keys: REPLAY_KEYS,
     };
-    for (label, c) in [("replay c=1", 1), ("replay c=16", 16)] {
-        println!("{label}...");
-        let runs = (
-            i.runs.load(Ordering::Relaxed),
-            b.runs.load(Ordering::Relaxed),
-        );
-        let (idem, base) = ab(cfg, &i, &b, (keys, keys), c).await?;
-        if i.runs.load(Ordering::Relaxed) != runs.0 || b.runs.load(Ordering::Relaxed) != runs.1 {
+    // The experiments replay the same records: replays write nothing.
+    let mut subjects: Vec<Contender> = vec![(IDEM, i, keys), (SQLX, b, keys)];
+    if let Some(quiet) = &quiet_pool {
+        let i = Subject::idem(cfg, quiet, it.clone(), &orders_idem).await?;
+        subjects.push((IDEM_QUIET, i, keys));
+        let i = Subject::idem_renewing(false, &idem_pool, it.clone(), &orders_idem).await?;
+        subjects.push((IDEM_NO_RENEW, i, keys));
+        let b = Subject::sqlx(&templates, quiet, bt.clone(), &orders_base, false);
+        subjects.push((SQLX_QUIET, b, keys));
+        let b = Subject::sqlx(&templates, &base_pool, bt.clone(), &orders_base, true);
+        subjects.push((SQLX_HELD, b, keys));
+    }
+    for line in &mut lines[2..4] {
+        println!("{}...", line.label);
+        let runs = || -> Vec<u64> {
+            let runs = subjects.iter().map(|s| s.1.runs.load(Ordering::Relaxed));
+            runs.collect()
+        };
+        let before = runs();
+        line.rounds = rounds(cfg, &subjects, line.concurrency).await?;
+        if runs() != before {
             return Err("a replay ran the body".into());
         }
-        lines.push(Line {
-            label,
-            idem,
-            base,
-            ..Line::default()
-        });
+        run_floor(line)?;
     }
 
-    println!("tx fresh c=16...");
-    let i = Arc::new(Subject::idem(cfg, &idem_pool, tx, &orders_idem).await?);
-    let b = Arc::new(Subject::sqlx(&admin, &base_pool, b_fresh16.clone(), &orders_base).await?);
-    let (idem, base) = ab(cfg, &i, &b, (Phase::Tx, Phase::Tx), 16).await?;
-    lines.push(Line {
-        label: "tx fresh c=16",
-        idem,
-        base,
-        ..Line::default()
-    });
+    let line = &mut lines[4];
+    println!("{}...", line.label);
+    let tx = Phase::Tx;
+    let it = tables.idem("tx");
+    let mut subjects: Vec<Contender> = vec![
+        (
+            IDEM,
+            Subject::idem(cfg, &idem_pool, it, &orders_idem).await?,
+            tx,
+        ),
+        (
+            SQLX,
+            Subject::sqlx(&templates, &base_pool, bt, &orders_base, false),
+            tx,
+        ),
+    ];
+    if cfg.experiments {
+        for (label, savepoint) in [(SQLX_TX, true), (SQLX_TX_NO_SAVEPOINT, false)] {
+            let table = tables.idem_shaped(&format!("tx_{savepoint}")).await?;
+            let orders = tables
+                .create(ORDERS_DDL, &format!("tx_orders_{savepoint}"))
+                .await?;
+            let sql = templates.render(&table);
+            let side = Side::SqlxTx { sql, savepoint };
+            subjects.push((label, Subject::new(side, &base_pool, table, &orders), tx));
+        }
+    }
+    line.rounds = rounds(cfg, &subjects, 16).await?;
+    run_floor(line)?;
+    drop(subjects);
     idem_pool.close().await;
     base_pool.close().await;
-
-    let [(f1, r1), (f16, r16)]: [_; 2] = counts
-        .try_into()
-        .map_err(|_| "two concurrency levels were counted")?;
-    let mut counted = [Some(f1), Some(f16), Some(r1), Some(r16), Some(tx_counts)];
-    for (line, count) in lines.iter_mut().zip(&mut counted) {
-        line.count = count.take();
+    if let Some(quiet) = quiet_pool {
+        quiet.close().await;
     }
 
-    if let Some(bin) = pgbench.as_deref() {
-        println!("pgbench floor...");
-        let floor_fresh = tables.create(FLOOR_DDL, cfg.table("pgb_fresh")).await?;
-        let floor_replay = tables.create(FLOOR_DDL, cfg.table("pgb_replay")).await?;
-        let floor_tx = tables.create(FLOOR_DDL, cfg.table("pgb_tx")).await?;
-        let floor_orders = tables.create(ORDERS_DDL, cfg.table("pgb_orders")).await?;
-        let populate = format!(
-            "INSERT INTO {} SELECT '', 'bench', g::text, '\\x31' FROM generate_series(1, {REPLAY_KEYS}) g",
-            quoted(&floor_replay)
-        );
-        admin.execute(populate.as_str()).await?;
-        let vacuum = format!("VACUUM ANALYZE {}", quoted(&floor_replay));
-        admin.execute(vacuum.as_str()).await?;
-        let fill = |script: &str, table: &str| {
-            script
-                .replace("{table}", &quoted(table))
-                .replace("{orders}", &quoted(&floor_orders))
-                .replace("{rows}", &REPLAY_KEYS.to_string())
-        };
-        let floors = [
-            Floor {
-                bin,
-                name: "fresh",
-                script: fill(FRESH_SQL, &floor_fresh),
-            },
-            Floor {
-                bin,
-                name: "replay",
-                script: fill(REPLAY_SQL, &floor_replay),
-            },
-            Floor {
-                bin,
-                name: "tx",
-                script: fill(TX_SQL, &floor_tx),
-            },
-        ];
-        let counter = Arc::new(Wire::default());
-        let port = spawn_proxy(
-            connect.get_host().to_owned(),
-            connect.get_port(),
-            counter.clone(),
-        )
-        .await?;
-        let mut per_script = Vec::new();
-        for floor in &floors {
-            per_script.push(floor.count(connect, port, &counter)?);
-        }
-        for (line, (script, clients)) in
-            lines
-                .iter_mut()
-                .zip([(0, 1), (0, 16), (1, 1), (1, 16), (2, 16)])
-        {
-            line.floor = Some(floors[script].tps(&cfg.url, clients, cfg.pgbench_secs)?);
-            line.floor_count = Some(per_script[script]);
-        }
+    Report {
+        cfg,
+        server,
+        lines,
+        names,
+        templates,
     }
-
-    print_report(cfg, &lines, &server);
-    let (io, bo) = (orders_cnt.as_str(), orders_bcnt.as_str());
-    let renames = |it, bt| Renames {
-        idem: [(it, "T"), (io, "O")],
-        base: [(bt, "T"), (bo, "O")],
-    };
-    compare_sql(
-        &lines,
-        &[
-            renames(&cnt, &b_cnt),
-            renames(&cnt16, &b_cnt16),
-            renames(&cnt, &b_cnt),
-            renames(&cnt16, &b_cnt16),
-            renames(&cnttx, &b_cnt),
-        ],
-    );
+    .print();
     Ok(())
 }

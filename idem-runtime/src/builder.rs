@@ -38,6 +38,8 @@ pub struct IdemBuilder {
     pub(crate) table: Option<String>,
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) migrate: bool,
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) max_connections: Option<u32>,
 }
 
 impl Default for IdemBuilder {
@@ -51,6 +53,7 @@ impl Default for IdemBuilder {
             log_keys_hashed: false,
             table: None,
             migrate: true,
+            max_connections: None,
         }
     }
 }
@@ -67,6 +70,15 @@ impl IdemBuilder {
     /// run their own DDL set `false` and apply the SQL in `idem_runtime::schema` themselves.
     pub fn migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
+        self
+    }
+
+    /// Connections in the pool that [`IdemBuilder::postgres`] opens (default 16; size it
+    /// to the number of concurrent callers). Not used with [`IdemBuilder::pool`], whose
+    /// pool is the application's.
+    #[cfg(feature = "postgres")]
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = Some(max);
         self
     }
 
@@ -128,6 +140,7 @@ impl IdemBuilder {
             opts.table = table.clone();
         }
         opts.migrate = self.migrate;
+        opts.max_connections = self.max_connections;
         Ok(opts)
     }
 

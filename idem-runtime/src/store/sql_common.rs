@@ -45,6 +45,8 @@ pub(crate) struct SqlOptions {
     /// Whether to create or upgrade the table on open. With `false`, the table must exist
     /// (see [`SQLITE_SCHEMA_SQL`] and [`POSTGRES_SCHEMA_SQL`]).
     pub migrate: bool,
+    /// The size of the pool idem opens itself (not used with `from_pool`).
+    pub max_connections: Option<u32>,
 }
 
 impl Default for SqlOptions {
@@ -52,6 +54,7 @@ impl Default for SqlOptions {
         SqlOptions {
             table: DEFAULT_TABLE.to_owned(),
             migrate: true,
+            max_connections: None,
         }
     }
 }

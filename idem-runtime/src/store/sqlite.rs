@@ -1142,6 +1142,7 @@ mod tests {
         let bad = SqlOptions {
             table: "idem ops".into(),
             migrate: true,
+            ..SqlOptions::default()
         };
         assert!(matches!(
             open("sqlite::memory:", &bad).await,
@@ -1150,6 +1151,7 @@ mod tests {
         let missing = SqlOptions {
             table: "not_created".into(),
             migrate: false,
+            ..SqlOptions::default()
         };
         match open("sqlite::memory:", &missing).await {
             Err(IdemError::Config { message }) => {
@@ -1160,6 +1162,7 @@ mod tests {
         let custom = SqlOptions {
             table: "order".into(),
             migrate: true,
+            ..SqlOptions::default()
         };
         let store = open("sqlite::memory:", &custom).await.unwrap();
         let id = op("o-8");
