@@ -335,9 +335,12 @@ impl Subject {
         table: String,
         orders: &str,
     ) -> Res<Arc<Subject>> {
+        // The in-process replay cache off: the replay rows measure the store's path (a
+        // retry reaching the same process would not reach the database at all).
         let idem = Idem::builder()
             .table(table.clone())
             .renew_leases(renew)
+            .replay_cache_bytes(0)
             .pool(pool.clone())
             .await?;
         Ok(Subject::new(Side::Idem(idem), pool, table, orders))

@@ -227,7 +227,13 @@ async fn replay_neither_locks_nor_writes_the_row() {
         return;
     };
     let schema = schema(&pool, "replay_no_write").await;
-    let idem = idem_on(&pool, &schema).await;
+    // Without the in-process cache, so every replay goes to the database.
+    let idem = Idem::builder()
+        .table(format!("{schema}.idem_operations"))
+        .replay_cache_bytes(0)
+        .pool(pool.clone())
+        .await
+        .unwrap();
     let call = || {
         idem.operation("quote", "q-1")
             .run(|| async { Ok::<_, IdemError>(42u32) })

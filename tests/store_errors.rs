@@ -79,8 +79,14 @@ impl Store for Flaky {
 }
 
 fn flaky() -> (Arc<Flaky>, Idem) {
+    flaky_with(|b| b)
+}
+
+fn flaky_with(
+    opts: impl Fn(idem_runtime::IdemBuilder) -> idem_runtime::IdemBuilder,
+) -> (Arc<Flaky>, Idem) {
     let f = Arc::new(Flaky::default());
-    let idem = Idem::builder().store(f.clone());
+    let idem = opts(Idem::builder()).store(f.clone());
     (f, idem)
 }
 
@@ -150,4 +156,29 @@ async fn no_store_is_a_clear_error() {
         .await;
     assert!(matches!(r, Err(IdemError::NoStore)), "{r:?}");
     assert!(IdemError::NoStore.to_string().contains("set_global"));
+}
+
+#[tokio::test]
+async fn recent_outcomes_replay_from_this_process_without_the_store() {
+    for cache in [true, false] {
+        let (f, idem) = flaky_with(|b| if cache { b } else { b.replay_cache_bytes(0) });
+        let call = |amount: u32| {
+            idem.operation("charge", "k3")
+                .fingerprint(&amount)
+                .run(move || async move { Ok::<_, IdemError>(amount) })
+        };
+        assert_eq!(call(5).await.unwrap(), 5);
+        f.claims_fail.store(true, Ordering::SeqCst);
+        let again = call(5).await;
+        let other = call(6).await;
+        if cache {
+            assert_eq!(again.unwrap(), 5, "replayed from the cache");
+            assert!(
+                matches!(other, Err(IdemError::Mismatch { .. })),
+                "{other:?}"
+            );
+        } else {
+            assert!(matches!(again, Err(IdemError::Store { .. })), "{again:?}");
+        }
+    }
 }

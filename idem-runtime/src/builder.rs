@@ -11,6 +11,7 @@ use crate::store::Store;
 /// Default cap on a recorded outcome's JSON, in bytes.
 pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 64 * 1024;
 const DEFAULT_MAX_WAITERS: usize = 1024;
+const DEFAULT_REPLAY_CACHE_BYTES: usize = 4 * 1024 * 1024;
 const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Builds an [`Idem`] with non-default options; made by [`Idem::builder`].
@@ -29,6 +30,7 @@ const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
 #[derive(Clone, Debug)]
 pub struct IdemBuilder {
     pub(crate) max_outcome_bytes: usize,
+    pub(crate) replay_cache_bytes: usize,
     pub(crate) max_waiters: usize,
     pub(crate) poll_interval: Duration,
     pub(crate) renew_leases: bool,
@@ -46,6 +48,7 @@ impl Default for IdemBuilder {
     fn default() -> Self {
         IdemBuilder {
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
+            replay_cache_bytes: DEFAULT_REPLAY_CACHE_BYTES,
             max_waiters: DEFAULT_MAX_WAITERS,
             poll_interval: DEFAULT_POLL_INTERVAL,
             renew_leases: true,
@@ -85,6 +88,17 @@ impl IdemBuilder {
     /// Cap on a recorded outcome's JSON, in bytes (default 64 KiB).
     pub fn max_outcome_bytes(mut self, max: usize) -> Self {
         self.max_outcome_bytes = max;
+        self
+    }
+
+    /// Bytes of outcomes this process recorded that it keeps in memory, so a retry that
+    /// returns to the same process replays without a round trip (default 4 MiB; 0 turns
+    /// it off). An entry lives at most 60 seconds and never past its record's
+    /// retention; completed records do not change before they expire, so the cache is
+    /// safe with other processes on the same store. Records deleted by hand may still
+    /// be replayed from it for up to a minute.
+    pub fn replay_cache_bytes(mut self, bytes: usize) -> Self {
+        self.replay_cache_bytes = bytes;
         self
     }
 

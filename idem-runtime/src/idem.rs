@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use crate::cache::ReplayCache;
 use crate::error::IdemError;
 use crate::key::KeyPart;
 use crate::op::Operation;
@@ -35,6 +36,7 @@ pub struct Idem {
 struct Inner {
     store: Arc<dyn Store>,
     hub: Arc<WakeHub>,
+    cache: ReplayCache,
     cfg: Config,
 }
 
@@ -212,6 +214,7 @@ impl Idem {
             inner: Arc::new(Inner {
                 store,
                 hub,
+                cache: ReplayCache::new(b.replay_cache_bytes),
                 cfg: Config {
                     max_outcome_bytes: b.max_outcome_bytes,
                     max_waiters: b.max_waiters,
@@ -226,6 +229,10 @@ impl Idem {
 
     pub(crate) fn store(&self) -> &dyn Store {
         &*self.inner.store
+    }
+
+    pub(crate) fn cache(&self) -> &ReplayCache {
+        &self.inner.cache
     }
 
     pub(crate) fn max_outcome_bytes(&self) -> usize {

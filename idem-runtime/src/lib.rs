@@ -49,6 +49,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod builder;
+mod cache;
 mod context;
 mod error;
 mod fingerprint;

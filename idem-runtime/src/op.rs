@@ -2,12 +2,14 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::cache::Cached;
 use crate::context;
 use crate::error::{IdemError, StoreError};
 use crate::fingerprint::FingerprintBuilder;
@@ -396,7 +398,7 @@ impl<P, U> Operation<P, U> {
         &self.id
     }
 
-    pub(crate) fn decode_outcome<T, E>(&self, outcome: StoredOutcome) -> Result<T, E>
+    pub(crate) fn decode_outcome<T, E>(&self, outcome: &StoredOutcome) -> Result<T, E>
     where
         T: DeserializeOwned,
         E: From<IdemError>,
@@ -503,7 +505,7 @@ struct Run<'a, P, U, T> {
 
 enum Decided {
     Execute(u64),
-    Replay(StoredOutcome),
+    Replay(Arc<StoredOutcome>),
     Unprotected,
 }
 
@@ -534,7 +536,7 @@ where
         match self.decide().await? {
             Decided::Replay(outcome) => {
                 tracing::debug!(parent: &span, "replay");
-                let out = self.op.decode_outcome(outcome);
+                let out = self.op.decode_outcome(&outcome);
                 if out.is_ok() {
                     context::report_replay();
                 }
@@ -554,9 +556,14 @@ where
         let id = &self.op.id;
         let store = self.idem.store();
         // Completed outcomes are immutable until they expire, so a read decides a
-        // replay without taking the write path.
+        // replay without taking the write path: first this process's own, then the store.
+        match self.idem.cache().get(id, &self.fingerprint) {
+            Some(Cached::Replay(outcome)) => return Ok(Decided::Replay(outcome)),
+            Some(Cached::Mismatch) => return Err(self.mismatch()),
+            None => {}
+        }
         match store.peek_completed(id, &self.fingerprint).await {
-            Ok(Some(Ok(outcome))) => return Ok(Decided::Replay(outcome)),
+            Ok(Some(Ok(outcome))) => return Ok(Decided::Replay(Arc::new(outcome))),
             Ok(Some(Err(_))) => return Err(self.mismatch()),
             Ok(None) => {}
             Err(e) => return self.store_down(e),
@@ -596,7 +603,7 @@ where
                     }
                     return Ok(Decided::Execute(epoch));
                 }
-                Claim::Completed(outcome) => return Ok(Decided::Replay(outcome)),
+                Claim::Completed(outcome) => return Ok(Decided::Replay(Arc::new(outcome))),
                 Claim::Mismatch => return Err(self.mismatch()),
                 Claim::Unknown { epoch, now } => {
                     if now {
@@ -778,6 +785,8 @@ where
     ) -> Result<(), IdemError> {
         let id = &self.op.id;
         let mut backoff = Duration::from_millis(20);
+        // Before the first attempt, so the store's expiry is no earlier than this + retain.
+        let sent_at = Instant::now().into_std();
         loop {
             match self
                 .idem
@@ -786,6 +795,9 @@ where
                 .await
             {
                 Ok(Fence::Held) => {
+                    self.idem
+                        .cache()
+                        .put(id, self.fingerprint, outcome, sent_at, self.op.retain);
                     tracing::debug!(parent: span, epoch, "recorded");
                     self.idem.wake(id);
                     return Ok(());

@@ -228,7 +228,7 @@ impl<P, U> Operation<P, U> {
             match claim {
                 TxClaim::Completed(outcome) => {
                     crate::context::report_replay();
-                    Ok(TxStep::Replay(this.decode_outcome(outcome)))
+                    Ok(TxStep::Replay(this.decode_outcome(&outcome)))
                 }
                 TxClaim::Mismatch => Err(IdemError::Mismatch { name }),
                 TxClaim::Unknown { epoch } => Err(IdemError::Unknown { name, epoch }),
