@@ -103,3 +103,26 @@ async fn keys_are_typed(ctx: Ctx) {
         "42 and \"42\" differ, the tuples differ, 42u8 is 42"
     );
 }
+
+#[tokio::test]
+async fn hashed_keys_never_reach_the_store() {
+    let idem = idem_runtime::Idem::builder().hash_keys(true).memory();
+    let runs = Counter::default();
+    for _ in 0..2 {
+        idem.operation("email", "alice@example.com")
+            .run(|| async {
+                runs.hit();
+                Ok::<_, IdemError>(())
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(runs.get(), 1, "hashed keys still deduplicate");
+    let listed = idem
+        .list(&idem_runtime::ListFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].id.key.starts_with("h:"), "{}", listed[0].id.key);
+    assert!(!listed[0].id.key.contains("alice"));
+}

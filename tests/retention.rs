@@ -88,3 +88,30 @@ async fn purge_removes_only_expired_completed(ctx: Ctx) {
         .await;
     assert!(r.is_ok(), "{r:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_purges_in_the_background_until_dropped() {
+    let idem = idem_runtime::Idem::memory();
+    idem.operation("a", "short")
+        .retain(Duration::from_millis(20))
+        .run(|| async { Ok::<_, IdemError>(()) })
+        .await
+        .unwrap();
+    let reaper = idem.spawn_reaper(Duration::from_millis(10));
+    let mut tries = 0;
+    while idem.stats().await.unwrap().completed > 0 {
+        tries += 1;
+        assert!(tries < 1000, "the reaper never purged");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(reaper);
+    // Stopped: a newly expired record stays until purged by hand.
+    idem.operation("a", "short2")
+        .retain(Duration::from_millis(20))
+        .run(|| async { Ok::<_, IdemError>(()) })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(idem.stats().await.unwrap().completed, 1);
+    assert_eq!(idem.purge_expired().await.unwrap(), 1);
+}
