@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::Barrier;
 
 async fn pool(test: &str, max: u32) -> Option<sqlx::PgPool> {
+    postgres_skip(test).is_none().then_some(())?;
     match sqlx::postgres::PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(60))
@@ -17,9 +18,12 @@ async fn pool(test: &str, max: u32) -> Option<sqlx::PgPool> {
     {
         Ok(p) => Some(p),
         Err(e) if !db_required() => {
-            eprintln!(
-                "skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL",
-                postgres_url()
+            skip(
+                test,
+                &format!(
+                    "PostgreSQL at {} refused the connection ({e})",
+                    postgres_url()
+                ),
             );
             None
         }

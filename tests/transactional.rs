@@ -180,6 +180,7 @@ tx_suite!(sqlite, sqlx::Sqlite, "?1, ?2", open_sqlite, begin_sqlite);
 
 #[cfg(feature = "postgres")]
 async fn open_pg(test: &str) -> Option<(sqlx::PgPool, Idem, String, Option<tempfile::TempDir>)> {
+    postgres_skip(test).is_none().then_some(())?;
     let pool = match sqlx::postgres::PgPoolOptions::new()
         .max_connections(20)
         .connect(&postgres_url())
@@ -187,9 +188,12 @@ async fn open_pg(test: &str) -> Option<(sqlx::PgPool, Idem, String, Option<tempf
     {
         Ok(p) => p,
         Err(e) if !db_required() => {
-            eprintln!(
-                "skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL",
-                postgres_url()
+            skip(
+                test,
+                &format!(
+                    "PostgreSQL at {} refused the connection ({e})",
+                    postgres_url()
+                ),
             );
             return None;
         }

@@ -37,6 +37,54 @@ pub fn db_required() -> bool {
     std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1")
 }
 
+/// Whether anything listens at the PostgreSQL URL's host and port, asked once per test
+/// binary with a short timeout, so a machine without PostgreSQL skips at once instead
+/// of waiting out a pool's connect timeout in every test.
+pub fn postgres_reachable() -> bool {
+    static UP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UP.get_or_init(|| {
+        #[cfg(feature = "postgres")]
+        {
+            use std::net::ToSocketAddrs;
+            let Ok(opts) =
+                <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&postgres_url())
+            else {
+                return false;
+            };
+            let addrs = (opts.get_host(), opts.get_port()).to_socket_addrs();
+            addrs.is_ok_and(|mut addrs| {
+                addrs.any(|a| {
+                    std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2))
+                        .is_ok()
+                })
+            })
+        }
+        #[cfg(not(feature = "postgres"))]
+        false
+    })
+}
+
+/// Says, in one line that the test harness does not capture, that `test` is skipped.
+pub fn skip(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipping {test}: {why}");
+}
+
+/// The skip for PostgreSQL tests outside CI; `None` when they should run.
+pub fn postgres_skip(test: &str) -> Option<()> {
+    if db_required() || postgres_reachable() {
+        return None;
+    }
+    skip(
+        test,
+        &format!(
+            "PostgreSQL not reachable at {}; set IDEM_POSTGRES_URL, or IDEM_REQUIRE_DB=1 to fail instead",
+            postgres_url()
+        ),
+    );
+    Some(())
+}
+
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// A table name of its own for each test, so counts are exact and tests run in parallel.
@@ -62,6 +110,9 @@ impl Ctx {
         test: &str,
         f: impl Fn(IdemBuilder) -> IdemBuilder,
     ) -> Option<Ctx> {
+        if backend == Backend::Postgres && postgres_skip(test).is_some() {
+            return None;
+        }
         let (target, dir) = match backend {
             Backend::Memory => (Target::Memory, None),
             Backend::Sqlite => {
@@ -89,9 +140,12 @@ impl Ctx {
                 Some(ctx)
             }
             Err(e) if backend == Backend::Postgres && !db_required() => {
-                eprintln!(
-                    "skipping {test}: PostgreSQL not reachable at {} ({e}); set IDEM_POSTGRES_URL",
-                    postgres_url()
+                skip(
+                    test,
+                    &format!(
+                        "PostgreSQL at {} refused the connection ({e})",
+                        postgres_url()
+                    ),
                 );
                 None
             }
