@@ -76,9 +76,10 @@ impl IdemBuilder {
         self
     }
 
-    /// Connections in the pool that [`IdemBuilder::postgres`] opens (default 16; size it
-    /// to the number of concurrent callers). Not used with [`IdemBuilder::pool`], whose
-    /// pool is the application's.
+    /// Connections that [`IdemBuilder::postgres`] holds for claims and records (default
+    /// 16; size it to the number of concurrent callers), beside a small sqlx pool for
+    /// everything else. Not used with [`IdemBuilder::pool`], whose pool is the
+    /// application's.
     #[cfg(feature = "postgres")]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);

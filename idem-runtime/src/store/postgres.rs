@@ -35,8 +35,12 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 /// moved on, when someone waits on it. The payload is the JSON of its [`OperationId`].
 const WAKE_CHANNEL: &str = "idem_wake";
 
-/// Connections in the pool `Idem::postgres` opens, unless the builder says otherwise.
+/// Connections `Idem::postgres` holds for claims and records, unless the builder says
+/// otherwise.
 const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+
+/// Connections of the sqlx pool beside idem's own, for everything but claims and records.
+const ADMIN_CONNECTIONS: u32 = 4;
 
 /// A connection idle for longer than this is pinged before use.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(30);
@@ -339,11 +343,73 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Connections idem holds for its hot statements, outside sqlx's pool.
+///
+/// sqlx's pool pings every connection when it is returned (to catch one a cancelled
+/// query left mid-protocol), one more round trip per statement than the statement
+/// itself. Here a connection goes back only when its statement finished; one whose
+/// statement was cancelled or failed on the wire is dropped (closed) instead, which
+/// gives the same safety without the round trip.
+#[derive(Debug)]
+struct Conns {
+    options: PgConnectOptions,
+    permits: tokio::sync::Semaphore,
+    idle: Mutex<Vec<(PgConnection, std::time::Instant)>>,
+}
+
+impl Conns {
+    fn new(options: PgConnectOptions, max: u32) -> Conns {
+        Conns {
+            options,
+            permits: tokio::sync::Semaphore::new(max.max(1) as usize),
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `query` on an idle connection (or a new one) and returns the connection
+    /// only if the statement completed.
+    async fn fetch_optional(
+        &self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Option<PgRow>, sqlx::Error> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let mut conn = self.take().await?;
+        let out = query.fetch_optional(&mut conn).await;
+        // A database error leaves the connection ready for the next statement; an I/O
+        // or protocol error does not.
+        if matches!(&out, Ok(_) | Err(sqlx::Error::Database(_))) {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.push((conn, std::time::Instant::now()));
+        }
+        out
+    }
+
+    async fn take(&self) -> Result<PgConnection, sqlx::Error> {
+        loop {
+            let next = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let Some((mut conn, since)) = next else {
+                return sqlx::Connection::connect_with(&self.options).await;
+            };
+            if since.elapsed() <= IDLE_BEFORE_PING
+                || sqlx::Connection::ping(&mut conn).await.is_ok()
+            {
+                return Ok(conn);
+            }
+        }
+    }
+}
+
 /// The PostgreSQL [`Store`]: a pool, the statements for its table, and (once wakers are
 /// attached) a background `LISTEN` task that stops with the store.
 #[derive(Debug)]
 pub(crate) struct PgStore {
     pool: PgPool,
+    /// The claim's and the record's connections, when idem opened the database itself.
+    owned: Option<Conns>,
     table: TableName,
     sql: Statements,
     listener: Mutex<Option<AbortOnDrop>>,
@@ -359,11 +425,12 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
             "invalid PostgreSQL URL `{shown}`: {e}; expected `postgres://user:password@host:port/database`"
         ),
     })?;
-    // sqlx pings every connection it hands out, one extra round trip per statement
-    // (measured: up to 40% of throughput at 16 callers). Ping only connections that sat
-    // idle long enough to have been dropped by a proxy or a server restart.
+    // The claim and the record run on idem's own connections (`Conns`); this pool
+    // serves migrations, renewals and the operations queries. sqlx pings every
+    // connection it hands out, one extra round trip per statement; ping only those that
+    // sat idle long enough to have been dropped by a proxy or a server restart.
     let pool = PgPoolOptions::new()
-        .max_connections(opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
+        .max_connections(ADMIN_CONNECTIONS)
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {
@@ -389,16 +456,25 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
                 ),
             )
         })?;
-    prepare(pool, table, opts.migrate).await
+    let owned = Conns::new(
+        (*pool.connect_options()).clone(),
+        opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+    );
+    prepare(pool, Some(owned), table, opts.migrate).await
 }
 
 /// Uses an application's pool; creates the idem table unless `opts.migrate` is false.
 pub(crate) async fn from_pool(pool: PgPool, opts: &SqlOptions) -> Result<PgStore, IdemError> {
     let table = TableName::parse(&opts.table, true)?;
-    prepare(pool, table, opts.migrate).await
+    prepare(pool, None, table, opts.migrate).await
 }
 
-async fn prepare(pool: PgPool, table: TableName, migrate: bool) -> Result<PgStore, IdemError> {
+async fn prepare(
+    pool: PgPool,
+    owned: Option<Conns>,
+    table: TableName,
+    migrate: bool,
+) -> Result<PgStore, IdemError> {
     if migrate {
         run_migrations(&pool, &table).await.map_err(|e| {
             open_error(
@@ -423,6 +499,7 @@ async fn prepare(pool: PgPool, table: TableName, migrate: bool) -> Result<PgStor
     let sql = Statements::new(&table);
     Ok(PgStore {
         pool,
+        owned,
         table,
         sql,
         listener: Mutex::new(None),
@@ -543,6 +620,17 @@ impl PgStore {
         &self.table
     }
 
+    /// Runs a hot statement on idem's own connections, or on the application's pool.
+    async fn fetch_optional(
+        &self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Option<PgRow>, sqlx::Error> {
+        match &self.owned {
+            Some(conns) => conns.fetch_optional(query).await,
+            None => query.fetch_optional(&self.pool).await,
+        }
+    }
+
     /// One fenced write that ends a claim (and wakes waiters): `held` decides the fence.
     async fn ending(
         &self,
@@ -567,7 +655,11 @@ impl PgStore {
                 .bind(sql_version(outcome.version)?)
                 .bind(millis(retain));
         }
-        let row = query.fetch_one(&self.pool).await.map_err(map_err)?;
+        let row = self
+            .fetch_optional(query)
+            .await
+            .and_then(|row| row.ok_or(sqlx::Error::RowNotFound))
+            .map_err(map_err)?;
         let held: i64 = row.try_get("held").map_err(map_err)?;
         Ok(fence(u64::try_from(held).unwrap_or(0)))
     }
@@ -587,9 +679,8 @@ impl Store for PgStore {
                 .bind(&req.id.key)
                 .bind(&req.fingerprint[..])
                 .bind(millis(req.lease))
-                .bind(req.on_takeover == Takeover::Unknown)
-                .fetch_optional(&self.pool)
-                .await;
+                .bind(req.on_takeover == Takeover::Unknown);
+            let row = self.fetch_optional(row).await;
             let row = match row {
                 // Under a SERIALIZABLE or REPEATABLE READ default the race surfaces as a
                 // serialization failure instead; the statement is its own transaction, so
