@@ -42,8 +42,10 @@ const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 /// Connections of the sqlx pool beside idem's own, for everything but claims and records.
 const ADMIN_CONNECTIONS: u32 = 4;
 
-/// A connection idle for longer than this is pinged before use.
-const IDLE_BEFORE_PING: Duration = Duration::from_secs(30);
+/// A connection idle for longer than this is pinged before use. Short enough that a
+/// server restart is caught before a statement fails on a dead connection (restarts
+/// take longer than this), long enough that a busy connection is never pinged.
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
 /// How often the claim statement is issued before giving up on the snapshot race.
 const CLAIM_ATTEMPTS: usize = 5;
@@ -379,9 +381,17 @@ impl Conns {
             .map_err(|_| sqlx::Error::PoolClosed)?;
         let mut conn = self.take().await?;
         let out = query.fetch_optional(&mut conn).await;
-        // A database error leaves the connection ready for the next statement; an I/O
-        // or protocol error does not.
-        if matches!(&out, Ok(_) | Err(sqlx::Error::Database(_))) {
+        // A statement error leaves the connection ready for the next statement; an I/O
+        // or protocol error, or the server ending the session (SQLSTATE classes 08 and
+        // 57, as in a shutdown or `pg_terminate_backend`), does not.
+        let reusable = match &out {
+            Ok(_) => true,
+            Err(sqlx::Error::Database(e)) => !e
+                .code()
+                .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),
+            Err(_) => false,
+        };
+        if reusable {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             idle.push((conn, std::time::Instant::now()));
         }
