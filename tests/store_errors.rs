@@ -16,6 +16,8 @@ struct Flaky {
     inner: MemoryStore,
     claims_fail: AtomicBool,
     records_fail: AtomicBool,
+    /// The next record commits, then its reply is lost.
+    lose_record_reply: AtomicBool,
 }
 
 fn down() -> StoreError {
@@ -43,7 +45,11 @@ impl Store for Flaky {
         if self.records_fail.load(Ordering::SeqCst) {
             return Err(down());
         }
-        self.inner.record(id, epoch, o, retain).await
+        let fence = self.inner.record(id, epoch, o, retain).await;
+        if self.lose_record_reply.swap(false, Ordering::SeqCst) {
+            return Err(down());
+        }
+        fence
     }
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         self.inner.release(id, epoch).await
@@ -181,4 +187,29 @@ async fn recent_outcomes_replay_from_this_process_without_the_store() {
             assert!(matches!(again, Err(IdemError::Store { .. })), "{again:?}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_record_whose_reply_was_lost_is_not_reported_as_fenced() {
+    let (f, idem) = flaky_with(|b| b.replay_cache_bytes(0));
+    f.lose_record_reply.store(true, Ordering::SeqCst);
+    let mut runs = 0;
+    let r = idem
+        .operation("charge", "k4")
+        .run(|| async {
+            runs += 1;
+            Ok::<_, IdemError>(7u32)
+        })
+        .await;
+    assert_eq!(
+        r.unwrap(),
+        7,
+        "the retried record finds its own outcome and holds"
+    );
+    assert_eq!(runs, 1);
+    let again = idem
+        .operation("charge", "k4")
+        .run(|| async { Ok::<_, IdemError>(8u32) })
+        .await;
+    assert_eq!(again.unwrap(), 7);
 }

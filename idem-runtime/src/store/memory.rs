@@ -150,12 +150,24 @@ impl Store for MemoryStore {
         outcome: &StoredOutcome,
         retain: Duration,
     ) -> Result<Fence, StoreError> {
-        Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
-            let r = map.get_mut(id).expect("checked");
-            r.state = State::Completed;
-            r.outcome = Some(outcome.clone());
-            r.expires_at = Instant::now().checked_add(retain);
-        }))
+        let mut map = self.lock();
+        Ok(match map.get_mut(id) {
+            Some(r) if r.epoch == epoch && r.state == State::InProgress => {
+                r.state = State::Completed;
+                r.outcome = Some(outcome.clone());
+                r.expires_at = Instant::now().checked_add(retain);
+                Fence::Held
+            }
+            // This record again, retried after a reply was lost.
+            Some(r)
+                if r.epoch == epoch
+                    && r.state == State::Completed
+                    && r.outcome.as_ref() == Some(outcome) =>
+            {
+                Fence::Held
+            }
+            _ => Fence::Lost,
+        })
     }
 
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {

@@ -177,11 +177,18 @@ WHERE NOT EXISTS (SELECT 1 FROM ins)";
 /// operation, $4 the epoch, $5 the notification payload.
 ///
 /// Record: $6 outcome, $7 is_err, $8 version, $9 retain (ms).
+///
+/// The same outcome already recorded at the same epoch also holds: that is this record
+/// retried after its first attempt committed but its reply was lost.
 const RECORD: &str = "WITH upd AS (
     UPDATE {table}
     SET state = 1, outcome = $6, outcome_is_err = $7, outcome_version = $8,
-        expires_at = clock_timestamp() + $9::bigint * interval '1 millisecond'
-    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4 AND state = 0
+        expires_at = CASE WHEN state = 0
+                          THEN clock_timestamp() + $9::bigint * interval '1 millisecond'
+                          ELSE expires_at END
+    WHERE scope = $1 AND name = $2 AND key = $3 AND epoch = $4
+      AND (state = 0 OR (state = 1 AND outcome = $6 AND outcome_is_err = $7
+                         AND outcome_version = $8))
     RETURNING waiters
 ), woke AS (
     SELECT pg_notify('idem_wake', $5) FROM upd WHERE waiters
@@ -1197,7 +1204,17 @@ mod tests {
             body: b"{\"declined\":true}".to_vec(),
         };
         assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Held);
-        assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Lost);
+        // The same record again (a retry whose first reply was lost) holds; another
+        // outcome at that epoch does not.
+        assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Held);
+        let other = StoredOutcome {
+            body: b"{}".to_vec(),
+            ..done.clone()
+        };
+        assert_eq!(
+            store.record(&id, 1, &other, DAY).await.unwrap(),
+            Fence::Lost
+        );
         assert_eq!(
             claim(store, &id, FP, LEASE).await,
             Claim::Completed(done.clone())

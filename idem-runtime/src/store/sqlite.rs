@@ -121,10 +121,15 @@ const PEEK: &str = "SELECT fingerprint = ?4 AS same_fingerprint,
     WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 1 AND expires_ms > {now}";
 
 /// ?1..?3 the operation, ?4 epoch, ?5 outcome, ?6 is_err, ?7 version, ?8 retain (ms).
+///
+/// The same outcome already recorded at the same epoch also holds: that is this record
+/// retried after its first attempt committed but its reply was lost.
 const RECORD: &str = "UPDATE {table}
     SET state = 1, outcome = ?5, outcome_is_err = ?6, outcome_version = ?7,
-        expires_ms = {now} + ?8
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
+        expires_ms = CASE WHEN state = 0 THEN {now} + ?8 ELSE expires_ms END
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4
+      AND (state = 0 OR (state = 1 AND outcome = ?5 AND outcome_is_err = ?6
+                         AND outcome_version = ?7))";
 
 const RELEASE: &str = "DELETE FROM {table}
     WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
@@ -858,9 +863,11 @@ mod tests {
         );
         assert_eq!(
             store.peek_completed(&id, &FP).await.unwrap(),
-            Some(Ok(done))
+            Some(Ok(done.clone()))
         );
-        // Recording twice is fenced: the claim is no longer IN_PROGRESS.
+        // The same record again (a retry whose first reply was lost) holds.
+        assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Held);
+        // Another outcome is fenced: the claim is no longer IN_PROGRESS.
         assert_eq!(
             store.record(&id, 1, &outcome("2"), DAY).await.unwrap(),
             Fence::Lost
