@@ -3,10 +3,8 @@
 #![cfg(feature = "postgres")]
 mod common;
 use common::*;
-use idem_runtime::{Idem, IdemError, InFlight, TxStep};
-use std::sync::Arc;
+use idem_runtime::{Idem, IdemError, TxStep};
 use std::time::Duration;
-use tokio::sync::Barrier;
 
 async fn pool(test: &str, max: u32) -> Option<sqlx::PgPool> {
     postgres_skip(test).is_none().then_some(())?;
@@ -55,30 +53,7 @@ async fn two_hundred_tasks_twenty_connections_one_key() {
     };
     let schema = schema(&pool, "two_hundred").await;
     let idem = idem_on(&pool, &schema).await;
-    const TASKS: usize = 200;
-    for round in 0..50u32 {
-        let runs = Counter::default();
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (idem, runs, barrier) = (idem.clone(), runs.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    idem.operation("charge", &round)
-                        .in_flight(InFlight::Wait(Duration::from_secs(120)))
-                        .run(move || async move {
-                            tokio::task::yield_now().await;
-                            Ok::<_, IdemError>(runs.hit())
-                        })
-                        .await
-                })
-            })
-            .collect();
-        for t in tasks {
-            assert_eq!(t.await.unwrap().unwrap(), 1);
-        }
-        assert_eq!(runs.get(), 1, "round {round}");
-    }
+    contend_one_key(&idem, 200, 50).await;
     drop_schema(&pool, &schema).await;
 }
 
@@ -90,29 +65,7 @@ async fn ten_thousand_keys_four_callers_each() {
     let schema = schema(&pool, "ten_thousand").await;
     let idem = idem_on(&pool, &schema).await;
     const KEYS: usize = 10_000;
-    const CALLERS: usize = 4;
-    let runs = Counter::default();
-    let barrier = Arc::new(Barrier::new(KEYS * CALLERS));
-    let tasks: Vec<_> = (0..KEYS * CALLERS)
-        .map(|i| {
-            let (idem, runs, barrier) = (idem.clone(), runs.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                let key = i % KEYS;
-                idem.operation("deliver", &key)
-                    .in_flight(InFlight::Wait(Duration::from_secs(300)))
-                    .run(move || async move {
-                        runs.hit();
-                        Ok::<_, IdemError>(key)
-                    })
-                    .await
-            })
-        })
-        .collect();
-    for (i, t) in tasks.into_iter().enumerate() {
-        assert_eq!(t.await.unwrap().unwrap(), i % KEYS);
-    }
-    assert_eq!(runs.get(), KEYS);
+    assert_eq!(contend_many_keys(&idem, KEYS, 4).await, KEYS);
     let rows: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM {schema}.idem_operations WHERE state = 1"
     ))

@@ -219,6 +219,75 @@ pub async fn drop_schema(pool: &sqlx::PgPool, schema: &str) {
         .await;
 }
 
+/// `tasks` callers released together on one key per round, for `rounds` rounds;
+/// asserts that every caller of a round sees its one execution and that the body ran
+/// once per round.
+pub async fn contend_one_key(idem: &Idem, tasks: usize, rounds: u32) {
+    use std::time::Duration;
+    for round in 0..rounds {
+        let runs = Counter::default();
+        let barrier = Arc::new(tokio::sync::Barrier::new(tasks));
+        let handles: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (idem, runs, barrier) = (idem.clone(), runs.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    idem.operation("charge", &round)
+                        .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(300)))
+                        .fingerprint(&"same payload")
+                        .run(move || async move {
+                            let n = runs.hit();
+                            tokio::task::yield_now().await;
+                            Ok::<_, IdemError>(n)
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(
+                h.await.unwrap().unwrap(),
+                1,
+                "every caller sees the one execution"
+            );
+        }
+        assert_eq!(
+            runs.get(),
+            1,
+            "round {round}: the body ran {} times",
+            runs.get()
+        );
+    }
+}
+
+/// `callers` callers on each of `keys` keys, all released together; asserts each gets
+/// its key's outcome and returns how many times bodies ran.
+pub async fn contend_many_keys(idem: &Idem, keys: usize, callers: usize) -> usize {
+    use std::time::Duration;
+    let runs = Counter::default();
+    let barrier = Arc::new(tokio::sync::Barrier::new(keys * callers));
+    let handles: Vec<_> = (0..keys * callers)
+        .map(|i| {
+            let (idem, runs, barrier) = (idem.clone(), runs.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let key = i % keys;
+                idem.operation("deliver", &key)
+                    .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(300)))
+                    .run(move || async move {
+                        runs.hit();
+                        Ok::<_, IdemError>(key)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.await.unwrap().unwrap(), i % keys);
+    }
+    runs.get()
+}
+
 /// Counts body executions.
 #[derive(Clone, Default)]
 pub struct Counter(Arc<AtomicUsize>);
