@@ -18,6 +18,9 @@ struct Flaky {
     records_fail: AtomicBool,
     /// The next record commits, then its reply is lost.
     lose_record_reply: AtomicBool,
+    /// Claims beyond this many fail (0: no limit).
+    claims_before_failing: std::sync::atomic::AtomicUsize,
+    claims: std::sync::atomic::AtomicUsize,
 }
 
 fn down() -> StoreError {
@@ -30,7 +33,9 @@ fn down() -> StoreError {
 #[async_trait::async_trait]
 impl Store for Flaky {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        if self.claims_fail.load(Ordering::SeqCst) {
+        let n = self.claims.fetch_add(1, Ordering::SeqCst) + 1;
+        let limit = self.claims_before_failing.load(Ordering::SeqCst);
+        if self.claims_fail.load(Ordering::SeqCst) || (limit > 0 && n > limit) {
             return Err(down());
         }
         self.inner.claim(req).await
@@ -212,4 +217,40 @@ async fn a_record_whose_reply_was_lost_is_not_reported_as_fenced() {
         .run(|| async { Ok::<_, IdemError>(8u32) })
         .await;
     assert_eq!(again.unwrap(), 7);
+}
+
+#[tokio::test]
+async fn fail_open_never_runs_a_duplicate_of_a_call_known_to_be_running() {
+    let (f, idem) = flaky();
+    // The first call's claim and the waiter's first claim succeed; the store then fails.
+    f.claims_before_failing.store(2, Ordering::SeqCst);
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.operation("notify", "k5")
+                .run(move || async move {
+                    let _ = started_tx.send(());
+                    let _ = go_rx.await;
+                    Ok::<_, IdemError>(1u8)
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let mut ran = false;
+    let r = idem
+        .operation("notify", "k5")
+        .on_store_error(OnStoreError::FailOpen)
+        .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(30)))
+        .run(|| async {
+            ran = true;
+            Ok::<_, IdemError>(2u8)
+        })
+        .await;
+    assert!(matches!(r, Err(IdemError::Store { .. })), "{r:?}");
+    assert!(!ran, "fail_open ran a duplicate of a running call");
+    go_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), 1);
 }

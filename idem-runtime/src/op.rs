@@ -592,6 +592,9 @@ where
             }
             let claim = match store.claim(&req).await {
                 Ok(c) => c,
+                // Another caller is known to be running it: running it here too, even
+                // with `fail_open`, would be the duplicate idem exists to prevent.
+                Err(e) if waiter.is_some() => return Err(IdemError::store("claim", e)),
                 Err(e) => return self.store_down(e),
             };
             match claim {
