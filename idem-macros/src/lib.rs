@@ -576,7 +576,8 @@ use proc_macro::TokenStream;
 /// The store is unreachable at claim time. `fail_closed` (default): the call returns
 /// `Err(IdemError::Store { .. })` and the body does not run. `fail_open`: the body runs
 /// unprotected and a warning event is emitted, for effects where a duplicate is cheaper
-/// than an outage.
+/// than an outage; but not once the store has said another call is running the
+/// operation (a store error while waiting on it fails closed).
 ///
 /// ```
 /// use idem_runtime::{idempotent, BoxError, Idem, IdemError};

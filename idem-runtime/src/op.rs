@@ -47,7 +47,8 @@ pub enum OnStoreError {
     #[default]
     FailClosed,
     /// Run the body unprotected and emit a warning event, for effects where a
-    /// duplicate is cheaper than an outage.
+    /// duplicate is cheaper than an outage. Not once the store has said another call
+    /// is running the operation: a store error while waiting on it fails closed.
     FailOpen,
 }
 
