@@ -95,7 +95,8 @@ async fn lapsed_claim_goes_unknown_when_asked(ctx: Ctx) {
 
 async fn live_slow_body_is_renewed_not_taken_over(ctx: Ctx) {
     let runs = Counter::default();
-    let lease = Duration::from_millis(300);
+    // Renewed every third of it: only a stall of two thirds of a lease could lose it.
+    let lease = Duration::from_secs(1);
     let (started_tx, started_rx) = oneshot::channel();
     let slow = {
         let idem = ctx.idem.clone();
@@ -107,7 +108,7 @@ async fn live_slow_body_is_renewed_not_taken_over(ctx: Ctx) {
                     runs.hit();
                     let _ = started_tx.send(());
                     // Several leases long: only renewal keeps the claim.
-                    tokio::time::sleep(lease * 5).await;
+                    tokio::time::sleep(lease * 3).await;
                     Ok::<_, IdemError>("done".to_string())
                 })
                 .await
