@@ -282,19 +282,25 @@ impl Idem {
         let idem = self.clone();
         let id = id.clone();
         let every = (lease / 3).max(Duration::from_millis(1));
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                match idem.store().renew(&id, epoch, lease).await {
-                    Ok(crate::store::Fence::Held) => {}
-                    Ok(crate::store::Fence::Lost) => {
-                        tracing::warn!(epoch, "lease renewal found the claim taken over");
-                        return;
+        let span = tracing::Span::current();
+        let task = tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    match idem.store().renew(&id, epoch, lease).await {
+                        Ok(crate::store::Fence::Held) => {}
+                        Ok(crate::store::Fence::Lost) => {
+                            tracing::warn!(epoch, "lease renewal found the claim taken over");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(epoch, error = %e, "lease renewal failed; retrying")
+                        }
                     }
-                    Err(e) => tracing::warn!(epoch, error = %e, "lease renewal failed; retrying"),
                 }
-            }
-        });
+            },
+            span,
+        ));
         Some(RenewGuard { task })
     }
 }

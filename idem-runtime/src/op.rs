@@ -526,29 +526,36 @@ where
         E: From<IdemError>,
         P: ErrorPolicy<E>,
     {
+        use tracing::Instrument;
         let id = &self.op.id;
-        let span = tracing::debug_span!(
+        // Every event of the call (claim, replay, mismatch, wait, takeover, fence,
+        // unknown), the renewal task's and the body's own carry scope, name and key.
+        let span = tracing::info_span!(
             "idem",
             scope = %id.scope,
             name = %id.name,
             key = %self.idem.log_key(&id.key),
         );
-        let _ = &span;
-        match self.decide().await? {
-            Decided::Replay(outcome) => {
-                tracing::debug!(parent: &span, "replay");
-                let out = self.op.decode_outcome(&outcome);
-                if out.is_ok() {
-                    context::report_replay();
+        async {
+            let span = tracing::Span::current();
+            match self.decide().await? {
+                Decided::Replay(outcome) => {
+                    tracing::debug!("replay");
+                    let out = self.op.decode_outcome(&outcome);
+                    if out.is_ok() {
+                        context::report_replay();
+                    }
+                    out
                 }
-                out
+                Decided::Unprotected => {
+                    tracing::warn!("store unreachable; running the body unprotected (fail_open)");
+                    context::scope_body(id, 0, body()).await
+                }
+                Decided::Execute(epoch) => self.execute(epoch, body, &span).await,
             }
-            Decided::Unprotected => {
-                tracing::warn!(parent: &span, "store unreachable; running the body unprotected (fail_open)");
-                context::scope_body(id, 0, body()).await
-            }
-            Decided::Execute(epoch) => self.execute(epoch, body, &span).await,
         }
+        .instrument(span)
+        .await
     }
 
     /// Claims, waiting on an in-flight duplicate as configured, until the operation is
