@@ -19,7 +19,7 @@ use crate::op::Disposition;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::store::StoredOutcome;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::store::sql_common::{TableName, TxClaim};
+use crate::store::sql_common::TxClaim;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const SAVEPOINT: &str = "SAVEPOINT idem_body";
@@ -105,35 +105,43 @@ impl Conn<'_> {
 
     async fn claim(
         &mut self,
-        table: &TableName,
+        idem: &crate::Idem,
         id: &crate::OperationId,
         fp: &[u8; 32],
-    ) -> Result<TxClaim, StoreError> {
-        match self {
+    ) -> Result<TxClaim, IdemError> {
+        let claimed = match self {
             #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => crate::store::sqlite::tx_claim_sqlite(c, table, id, fp).await,
+            Conn::Sqlite(c) => {
+                crate::store::sqlite::tx_claim_sqlite(c, sql_store(idem)?, id, fp).await
+            }
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => crate::store::postgres::tx_claim_pg(c, table, id, fp).await,
-        }
+            Conn::Postgres(c) => {
+                crate::store::postgres::tx_claim_pg(c, sql_store(idem)?, id, fp).await
+            }
+        };
+        claimed.map_err(store_err("claim"))
     }
 
     async fn record(
         &mut self,
-        table: &TableName,
+        idem: &crate::Idem,
         id: &crate::OperationId,
         outcome: &StoredOutcome,
         retain: std::time::Duration,
-    ) -> Result<crate::Fence, StoreError> {
-        match self {
+    ) -> Result<crate::Fence, IdemError> {
+        let recorded = match self {
             #[cfg(feature = "sqlite")]
             Conn::Sqlite(c) => {
-                crate::store::sqlite::tx_record_sqlite(c, table, id, outcome, retain).await
+                let store = sql_store(idem)?;
+                crate::store::sqlite::tx_record_sqlite(c, store, id, outcome, retain).await
             }
             #[cfg(feature = "postgres")]
             Conn::Postgres(c) => {
-                crate::store::postgres::tx_record_pg(c, table, id, outcome, retain).await
+                let store = sql_store(idem)?;
+                crate::store::postgres::tx_record_pg(c, store, id, outcome, retain).await
             }
-        }
+        };
+        recorded.map_err(store_err("record"))
     }
 
     /// Rolls the body's writes and the claim back to the savepoint, and drops it.
@@ -146,26 +154,29 @@ impl Conn<'_> {
             .map_err(store_err("rollback"))
     }
 
-    /// The table of the idem store on this connection's kind of database.
-    fn table<'s>(&self, idem: &'s crate::Idem) -> Result<&'s TableName, IdemError> {
-        let any = idem.store().as_any();
-        let table = match self {
+    /// Fails unless `idem`'s store is on this connection's kind of database.
+    fn check_store(&self, idem: &crate::Idem) -> Result<(), IdemError> {
+        match self {
             #[cfg(feature = "sqlite")]
-            Conn::Sqlite(_) => any
-                .and_then(|a| a.downcast_ref::<crate::store::sqlite::SqliteStore>())
-                .map(|s| s.table()),
+            Conn::Sqlite(_) => sql_store::<crate::store::sqlite::SqliteStore>(idem).map(drop),
             #[cfg(feature = "postgres")]
-            Conn::Postgres(_) => any
-                .and_then(|a| a.downcast_ref::<crate::store::postgres::PgStore>())
-                .map(|s| s.table()),
-        };
-        table.ok_or_else(|| IdemError::Config {
+            Conn::Postgres(_) => sql_store::<crate::store::postgres::PgStore>(idem).map(drop),
+        }
+    }
+}
+
+/// `idem`'s store as the SQL store of one backend.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn sql_store<S: 'static>(idem: &crate::Idem) -> Result<&S, IdemError> {
+    idem.store()
+        .as_any()
+        .and_then(|a| a.downcast_ref::<S>())
+        .ok_or_else(|| IdemError::Config {
             message: "transactional mode (`tx = ...`) needs an idem store on the same kind of \
                       database as the transaction: open the `Idem` with `Idem::postgres`, \
                       `Idem::sqlite` or `Idem::from_pool` on that database"
                 .into(),
         })
-    }
 }
 
 /// The claim this transaction holds; [`finish`](TxGuard::finish) records the outcome.
@@ -210,13 +221,10 @@ impl<P, U> Operation<P, U> {
             this.take_invalid()?;
             let idem = this.idem_handle()?;
             let mut conn = tx.idem_conn();
-            let table = conn.table(&idem)?;
+            conn.check_store(&idem)?;
             let fp = this.fingerprint_bytes();
             conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
-            let claim = conn
-                .claim(table, this.id(), &fp)
-                .await
-                .map_err(store_err("claim"))?;
+            let claim = conn.claim(&idem, this.id(), &fp).await?;
             if claim == TxClaim::Acquired {
                 tracing::debug!(scope = %this.id().scope, name = %this.id().name, "claimed in transaction");
                 return Ok(TxStep::Run(TxGuard { op: this }));
@@ -265,7 +273,7 @@ impl<P, U> TxGuard<P, U> {
             let op = self.op;
             let mut conn = tx.idem_conn();
             let idem = op.idem_handle()?;
-            let table = conn.table(&idem)?;
+            conn.check_store(&idem)?;
             let name = op.id().name.clone();
             let (outcome, result) = match out {
                 Ok(v) => match serde_json::to_vec(&v) {
@@ -314,9 +322,8 @@ impl<P, U> TxGuard<P, U> {
                 body: outcome,
             };
             match conn
-                .record(table, op.id(), &stored, op.retain_for())
-                .await
-                .map_err(store_err("record"))?
+                .record(&idem, op.id(), &stored, op.retain_for())
+                .await?
             {
                 crate::Fence::Held => {}
                 crate::Fence::Lost => {

@@ -13,8 +13,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use sqlx::{Executor, Row};
 
 use super::sql_common::{
-    self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, corrupt, decide, duration_ms,
-    epoch_from_sql, millis, outcome_from_sql, redact_url, sql_epoch, sql_version,
+    self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, TxRow, corrupt, decide, duration_ms,
+    epoch_from_sql, millis, redact_url, sql_epoch, sql_version,
 };
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordInfo, State, Stats, Store,
@@ -52,10 +52,6 @@ const CLAIM_ATTEMPTS: usize = 5;
 
 /// Records purged per statement, so a large purge does not lock many rows at once.
 const PURGE_BATCH: i64 = 1000;
-
-/// How many times transactional claim retries when the row it conflicted with vanished
-/// before it could be read.
-const TX_ATTEMPTS: usize = 5;
 
 const LOCK_MIGRATIONS: &str = "SELECT pg_advisory_xact_lock($1)";
 
@@ -318,6 +314,10 @@ struct Statements {
     purge: String,
     stats: String,
     list: String,
+    tx_claim: String,
+    tx_read: String,
+    tx_reclaim: String,
+    tx_record: String,
 }
 
 impl Statements {
@@ -338,6 +338,10 @@ impl Statements {
             purge: r(PURGE),
             stats: r(STATS),
             list: r(LIST),
+            tx_claim: r(TX_CLAIM),
+            tx_read: r(TX_READ),
+            tx_reclaim: r(TX_RECLAIM_EXPIRED),
+            tx_record: r(TX_RECORD),
         }
     }
 }
@@ -427,7 +431,6 @@ pub(crate) struct PgStore {
     pool: PgPool,
     /// The claim's and the record's connections, when idem opened the database itself.
     owned: Option<Conns>,
-    table: TableName,
     sql: Statements,
     listener: Mutex<Option<AbortOnDrop>>,
 }
@@ -517,7 +520,6 @@ async fn prepare(
     Ok(PgStore {
         pool,
         owned,
-        table,
         sql,
         listener: Mutex::new(None),
     })
@@ -632,11 +634,6 @@ fn wake_payload(id: &OperationId) -> Result<String, StoreError> {
 }
 
 impl PgStore {
-    /// The table this store uses, for the transactional helpers.
-    pub(crate) fn table(&self) -> &TableName {
-        &self.table
-    }
-
     /// Runs a hot statement on idem's own connections, or on the application's pool.
     async fn fetch_optional(
         &self,
@@ -939,84 +936,82 @@ async fn listen(options: PgConnectOptions, hub: Arc<WakeHub>) {
 /// returned as a retryable error.
 pub(crate) async fn tx_claim_pg(
     conn: &mut PgConnection,
-    table: &TableName,
+    store: &PgStore,
     id: &OperationId,
     fingerprint: &[u8; 32],
 ) -> Result<TxClaim, StoreError> {
-    let insert = table.render(TX_CLAIM, "clock_timestamp()");
-    let read = table.render(TX_READ, "clock_timestamp()");
-    let reclaim = table.render(TX_RECLAIM_EXPIRED, "clock_timestamp()");
-    for _ in 0..TX_ATTEMPTS {
-        if tx_step(conn, &insert, id, fingerprint).await?.is_some() {
-            return Ok(TxClaim::Acquired);
-        }
-        let Some(row) = tx_step(conn, &read, id, fingerprint).await? else {
-            continue; // deleted since the insert saw it: try the insert again
+    sql_common::tx_claim(&mut TxConn {
+        conn,
+        sql: &store.sql,
+        id,
+        fingerprint,
+    })
+    .await
+}
+
+/// One transactional claim's statements on the caller's connection.
+struct TxConn<'a> {
+    conn: &'a mut PgConnection,
+    sql: &'a Statements,
+    id: &'a OperationId,
+    fingerprint: &'a [u8; 32],
+}
+
+impl TxConn<'_> {
+    /// One statement over (scope, name, key, fingerprint).
+    async fn step(&mut self, sql: &str) -> Result<Option<PgRow>, StoreError> {
+        sqlx::query(sql)
+            .bind(&self.id.scope)
+            .bind(&self.id.name)
+            .bind(&self.id.key)
+            .bind(&self.fingerprint[..])
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(map_err)
+    }
+}
+
+impl sql_common::TxSteps for TxConn<'_> {
+    async fn insert(&mut self) -> Result<bool, StoreError> {
+        let sql = self.sql;
+        Ok(self.step(&sql.tx_claim).await?.is_some())
+    }
+
+    async fn read(&mut self) -> Result<Option<TxRow>, StoreError> {
+        let sql = self.sql;
+        let Some(row) = self.step(&sql.tx_read).await? else {
+            return Ok(None);
         };
-        let expired: bool = row.try_get("expired").map_err(map_err)?;
-        if expired {
-            if tx_step(conn, &reclaim, id, fingerprint).await?.is_some() {
-                return Ok(TxClaim::Acquired);
-            }
-            continue;
-        }
-        return tx_decide(&row);
+        let read = || -> Result<TxRow, sqlx::Error> {
+            Ok(TxRow {
+                same_fingerprint: row.try_get("same_fingerprint")?,
+                expired: row.try_get("expired")?,
+                state: i64::from(row.try_get::<i16, _>("state")?),
+                epoch: row.try_get("epoch")?,
+                retry_after_ms: row.try_get("retry_after_ms")?,
+                outcome: row.try_get("outcome")?,
+                outcome_is_err: row.try_get("outcome_is_err")?,
+                outcome_version: i64::from(row.try_get::<i32, _>("outcome_version")?),
+            })
+        };
+        read().map(Some).map_err(map_err)
     }
-    Err(StoreError::new(
-        true,
-        "the idem record kept changing under the transactional claim; retry the transaction",
-    ))
-}
 
-/// One transactional statement over ($1 scope, $2 name, $3 key, $4 fingerprint).
-async fn tx_step(
-    conn: &mut PgConnection,
-    sql: &str,
-    id: &OperationId,
-    fingerprint: &[u8; 32],
-) -> Result<Option<PgRow>, StoreError> {
-    sqlx::query(sql)
-        .bind(&id.scope)
-        .bind(&id.name)
-        .bind(&id.key)
-        .bind(&fingerprint[..])
-        .fetch_optional(conn)
-        .await
-        .map_err(map_err)
-}
-
-fn tx_decide(row: &PgRow) -> Result<TxClaim, StoreError> {
-    let same: bool = row.try_get("same_fingerprint").map_err(map_err)?;
-    if !same {
-        return Ok(TxClaim::Mismatch);
-    }
-    let code: i16 = row.try_get("state").map_err(map_err)?;
-    match State::from_code(i64::from(code)) {
-        Some(State::Completed) => Ok(TxClaim::Completed(outcome_from_sql(
-            row.try_get("outcome").map_err(map_err)?,
-            row.try_get("outcome_is_err").map_err(map_err)?,
-            i64::from(row.try_get::<i32, _>("outcome_version").map_err(map_err)?),
-        )?)),
-        Some(State::InProgress) => Ok(TxClaim::InFlight {
-            retry_after: duration_ms(row.try_get("retry_after_ms").map_err(map_err)?),
-        }),
-        Some(State::Unknown) => Ok(TxClaim::Unknown {
-            epoch: epoch_from_sql(row.try_get("epoch").map_err(map_err)?)?,
-        }),
-        None => Err(corrupt(format!("unknown state code {code}"))),
+    async fn reclaim_expired(&mut self) -> Result<bool, StoreError> {
+        let sql = self.sql;
+        Ok(self.step(&sql.tx_reclaim).await?.is_some())
     }
 }
 
 /// Transactional mode: records the outcome of the claim this transaction holds on `id`.
 pub(crate) async fn tx_record_pg(
     conn: &mut PgConnection,
-    table: &TableName,
+    store: &PgStore,
     id: &OperationId,
     outcome: &StoredOutcome,
     retain: Duration,
 ) -> Result<Fence, StoreError> {
-    let sql = table.render(TX_RECORD, "clock_timestamp()");
-    let done = sqlx::query(&sql)
+    let done = sqlx::query(&store.sql.tx_record)
         .bind(&id.scope)
         .bind(&id.name)
         .bind(&id.key)
@@ -1695,15 +1690,11 @@ mod tests {
         let id = op("tx-1");
         let mut first = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_pg(&mut first, store.table(), &id, &FP)
-                .await
-                .unwrap(),
+            tx_claim_pg(&mut first, &store, &id, &FP).await.unwrap(),
             TxClaim::Acquired
         );
         assert!(matches!(
-            tx_claim_pg(&mut first, store.table(), &id, &FP)
-                .await
-                .unwrap(),
+            tx_claim_pg(&mut first, &store, &id, &FP).await.unwrap(),
             TxClaim::InFlight { .. }
         ));
 
@@ -1712,14 +1703,14 @@ mod tests {
             let (store, id) = (store.clone(), id.clone());
             tokio::spawn(async move {
                 let mut tx = store.pool.begin().await.unwrap();
-                let claim = tx_claim_pg(&mut tx, store.table(), &id, &FP).await;
+                let claim = tx_claim_pg(&mut tx, &store, &id, &FP).await;
                 tx.rollback().await.unwrap();
                 claim
             })
         };
         let done = outcome("\"tx\"");
         assert_eq!(
-            tx_record_pg(&mut first, store.table(), &id, &done, DAY)
+            tx_record_pg(&mut first, &store, &id, &done, DAY)
                 .await
                 .unwrap(),
             Fence::Held
@@ -1732,9 +1723,7 @@ mod tests {
 
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_pg(&mut tx, store.table(), &id, &OTHER_FP)
-                .await
-                .unwrap(),
+            tx_claim_pg(&mut tx, &store, &id, &OTHER_FP).await.unwrap(),
             TxClaim::Mismatch
         );
         tx.rollback().await.unwrap();
@@ -1742,14 +1731,12 @@ mod tests {
         // Rollback is the release: the blocked duplicate claims.
         let rolled = op("tx-2");
         let mut first = store.pool.begin().await.unwrap();
-        tx_claim_pg(&mut first, store.table(), &rolled, &FP)
-            .await
-            .unwrap();
+        tx_claim_pg(&mut first, &store, &rolled, &FP).await.unwrap();
         let second = {
             let (store, rolled) = (store.clone(), rolled.clone());
             tokio::spawn(async move {
                 let mut tx = store.pool.begin().await.unwrap();
-                let claim = tx_claim_pg(&mut tx, store.table(), &rolled, &OTHER_FP).await;
+                let claim = tx_claim_pg(&mut tx, &store, &rolled, &OTHER_FP).await;
                 tx.rollback().await.unwrap();
                 claim
             })
@@ -1760,9 +1747,7 @@ mod tests {
         // Under REPEATABLE READ the conflict is a retryable serialization failure.
         let serial = op("tx-3");
         let mut first = store.pool.begin().await.unwrap();
-        tx_claim_pg(&mut first, store.table(), &serial, &FP)
-            .await
-            .unwrap();
+        tx_claim_pg(&mut first, &store, &serial, &FP).await.unwrap();
         let second = {
             let (store, serial) = (store.clone(), serial.clone());
             tokio::spawn(async move {
@@ -1772,13 +1757,13 @@ mod tests {
                     .unwrap();
                 tx.execute("SELECT 1").await.unwrap(); // take the snapshot now
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                let claim = tx_claim_pg(&mut tx, store.table(), &serial, &FP).await;
+                let claim = tx_claim_pg(&mut tx, &store, &serial, &FP).await;
                 let _ = tx.rollback().await;
                 claim
             })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
-        tx_record_pg(&mut first, store.table(), &serial, &done, DAY)
+        tx_record_pg(&mut first, &store, &serial, &done, DAY)
             .await
             .unwrap();
         first.commit().await.unwrap();

@@ -355,6 +355,87 @@ pub(crate) enum TxClaim {
     },
 }
 
+/// The row transactional mode's read returns, in backend-neutral form.
+#[derive(Debug)]
+pub(crate) struct TxRow {
+    /// The stored fingerprint equals the request's.
+    pub(crate) same_fingerprint: bool,
+    /// COMPLETED and past its retention: it counts as absent.
+    pub(crate) expired: bool,
+    /// The state code.
+    pub(crate) state: i64,
+    /// The epoch.
+    pub(crate) epoch: i64,
+    /// Remaining lease by the store's clock.
+    pub(crate) retry_after_ms: i64,
+    /// The outcome columns, read when the row is COMPLETED.
+    pub(crate) outcome: Option<Vec<u8>>,
+    /// Whether the outcome is an `Err`.
+    pub(crate) outcome_is_err: bool,
+    /// The outcome's version.
+    pub(crate) outcome_version: i64,
+}
+
+/// The statements of a transactional claim, each over (scope, name, key, fingerprint),
+/// as one backend runs them on the caller's connection.
+pub(crate) trait TxSteps {
+    /// The insert of a fresh claim: whether it inserted.
+    async fn insert(&mut self) -> Result<bool, StoreError>;
+    /// The existing row, if any.
+    async fn read(&mut self) -> Result<Option<TxRow>, StoreError>;
+    /// A fresh claim over an expired COMPLETED row: whether it took it.
+    async fn reclaim_expired(&mut self) -> Result<bool, StoreError>;
+}
+
+/// How often a transactional claim retries when the row it conflicted with vanished
+/// (or expired) before it could be read.
+const TX_ATTEMPTS: usize = 5;
+
+/// Transactional mode's claim, the same for both backends: insert, else read the row the
+/// insert conflicted with (committed by now: the insert waited on its lock), and decide.
+pub(crate) async fn tx_claim(steps: &mut impl TxSteps) -> Result<TxClaim, StoreError> {
+    for _ in 0..TX_ATTEMPTS {
+        if steps.insert().await? {
+            return Ok(TxClaim::Acquired);
+        }
+        let Some(row) = steps.read().await? else {
+            continue; // deleted since the insert saw it: try the insert again
+        };
+        if row.expired {
+            if steps.reclaim_expired().await? {
+                return Ok(TxClaim::Acquired);
+            }
+            continue;
+        }
+        return decide_tx(row);
+    }
+    Err(StoreError::new(
+        true,
+        "the idem record kept changing under the transactional claim; retry the transaction",
+    ))
+}
+
+fn decide_tx(row: TxRow) -> Result<TxClaim, StoreError> {
+    use crate::store::State;
+    if !row.same_fingerprint {
+        return Ok(TxClaim::Mismatch);
+    }
+    match State::from_code(row.state) {
+        Some(State::Completed) => Ok(TxClaim::Completed(outcome_from_sql(
+            row.outcome,
+            row.outcome_is_err,
+            row.outcome_version,
+        )?)),
+        Some(State::InProgress) => Ok(TxClaim::InFlight {
+            retry_after: duration_ms(row.retry_after_ms),
+        }),
+        Some(State::Unknown) => Ok(TxClaim::Unknown {
+            epoch: epoch_from_sql(row.epoch)?,
+        }),
+        None => Err(corrupt(format!("unknown state code {}", row.state))),
+    }
+}
+
 /// Maps a driver error, with `retryable_code` deciding for database errors by their code
 /// (SQLite's extended result code, PostgreSQL's SQLSTATE).
 pub(crate) fn map_sqlx(e: sqlx::Error, retryable_code: fn(&str) -> bool) -> StoreError {

@@ -17,7 +17,7 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Executor, Row};
 
 use super::sql_common::{
-    self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, corrupt, decide, duration_ms,
+    self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, TxRow, corrupt, decide, duration_ms,
     epoch_from_sql, millis, outcome_from_sql, sql_epoch,
 };
 use super::{
@@ -197,10 +197,6 @@ const TX_RECORD: &str = "UPDATE {table}
         expires_ms = {now} + ?7
     WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 0";
 
-/// How many times transactional claim retries when the row it conflicted with vanished
-/// before it could be read.
-const TX_ATTEMPTS: usize = 5;
-
 /// Every statement, rendered once for the configured table.
 #[derive(Debug)]
 struct Statements {
@@ -215,6 +211,10 @@ struct Statements {
     purge: String,
     stats: String,
     list: String,
+    tx_claim: String,
+    tx_read: String,
+    tx_reclaim: String,
+    tx_record: String,
 }
 
 impl Statements {
@@ -237,6 +237,10 @@ impl Statements {
             purge: r(PURGE),
             stats: r(STATS),
             list: r(LIST),
+            tx_claim: r(TX_CLAIM),
+            tx_read: r(TX_READ),
+            tx_reclaim: r(TX_RECLAIM_EXPIRED),
+            tx_record: r(TX_RECORD),
         }
     }
 }
@@ -245,7 +249,6 @@ impl Statements {
 #[derive(Debug)]
 pub(crate) struct SqliteStore {
     pool: SqlitePool,
-    table: TableName,
     sql: Statements,
 }
 
@@ -347,7 +350,7 @@ async fn prepare(
         )
     })?;
     let sql = Statements::new(&table);
-    Ok(SqliteStore { pool, table, sql })
+    Ok(SqliteStore { pool, sql })
 }
 
 /// Applies the missing migrations under `BEGIN IMMEDIATE`, which takes the write lock at
@@ -461,11 +464,6 @@ fn fence(rows: u64) -> Fence {
 }
 
 impl SqliteStore {
-    /// The table this store uses, for the transactional helpers.
-    pub(crate) fn table(&self) -> &TableName {
-        &self.table
-    }
-
     /// One fenced statement over `(scope, name, key, epoch)` that reports whether it hit.
     async fn fenced(&self, sql: &str, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         let Some(epoch) = sql_epoch(epoch) else {
@@ -695,83 +693,82 @@ impl Store for SqliteStore {
 /// committed or rolled back.
 pub(crate) async fn tx_claim_sqlite(
     conn: &mut SqliteConnection,
-    table: &TableName,
+    store: &SqliteStore,
     id: &OperationId,
     fingerprint: &[u8; 32],
 ) -> Result<TxClaim, StoreError> {
-    let insert = table.render(TX_CLAIM, NOW_MS);
-    let read = table.render(TX_READ, NOW_MS);
-    let reclaim = table.render(TX_RECLAIM_EXPIRED, NOW_MS);
-    for _ in 0..TX_ATTEMPTS {
-        if tx_step(conn, &insert, id, fingerprint).await?.is_some() {
-            return Ok(TxClaim::Acquired);
-        }
-        let Some(row) = tx_step(conn, &read, id, fingerprint).await? else {
-            continue; // deleted since the insert saw it: try the insert again
+    sql_common::tx_claim(&mut TxConn {
+        conn,
+        sql: &store.sql,
+        id,
+        fingerprint,
+    })
+    .await
+}
+
+/// One transactional claim's statements on the caller's connection.
+struct TxConn<'a> {
+    conn: &'a mut SqliteConnection,
+    sql: &'a Statements,
+    id: &'a OperationId,
+    fingerprint: &'a [u8; 32],
+}
+
+impl TxConn<'_> {
+    /// One statement over (scope, name, key, fingerprint).
+    async fn step(&mut self, sql: &str) -> Result<Option<SqliteRow>, StoreError> {
+        sqlx::query(sql)
+            .bind(&self.id.scope)
+            .bind(&self.id.name)
+            .bind(&self.id.key)
+            .bind(&self.fingerprint[..])
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(map_err)
+    }
+}
+
+impl sql_common::TxSteps for TxConn<'_> {
+    async fn insert(&mut self) -> Result<bool, StoreError> {
+        let sql = self.sql;
+        Ok(self.step(&sql.tx_claim).await?.is_some())
+    }
+
+    async fn read(&mut self) -> Result<Option<TxRow>, StoreError> {
+        let sql = self.sql;
+        let Some(row) = self.step(&sql.tx_read).await? else {
+            return Ok(None);
         };
-        let expired: bool = row.try_get("expired").map_err(map_err)?;
-        if expired {
-            if tx_step(conn, &reclaim, id, fingerprint).await?.is_some() {
-                return Ok(TxClaim::Acquired);
-            }
-            continue;
-        }
-        return tx_decide(&row);
+        let read = || -> Result<TxRow, sqlx::Error> {
+            Ok(TxRow {
+                same_fingerprint: row.try_get("same_fingerprint")?,
+                expired: row.try_get("expired")?,
+                state: row.try_get("state")?,
+                epoch: row.try_get("epoch")?,
+                retry_after_ms: row.try_get("retry_after_ms")?,
+                outcome: row.try_get("outcome")?,
+                outcome_is_err: row.try_get("outcome_is_err")?,
+                outcome_version: row.try_get("outcome_version")?,
+            })
+        };
+        read().map(Some).map_err(map_err)
     }
-    Err(StoreError::new(
-        true,
-        "the idem record kept changing under the transactional claim; retry the transaction",
-    ))
-}
 
-/// One transactional statement over (?1 scope, ?2 name, ?3 key, ?4 fingerprint).
-async fn tx_step(
-    conn: &mut SqliteConnection,
-    sql: &str,
-    id: &OperationId,
-    fingerprint: &[u8; 32],
-) -> Result<Option<SqliteRow>, StoreError> {
-    sqlx::query(sql)
-        .bind(&id.scope)
-        .bind(&id.name)
-        .bind(&id.key)
-        .bind(&fingerprint[..])
-        .fetch_optional(conn)
-        .await
-        .map_err(map_err)
-}
-
-fn tx_decide(row: &SqliteRow) -> Result<TxClaim, StoreError> {
-    let same: bool = row.try_get("same_fingerprint").map_err(map_err)?;
-    if !same {
-        return Ok(TxClaim::Mismatch);
-    }
-    let code: i64 = row.try_get("state").map_err(map_err)?;
-    match State::from_code(code) {
-        Some(State::Completed) => Ok(TxClaim::Completed(outcome_from_sql(
-            row.try_get("outcome").map_err(map_err)?,
-            row.try_get("outcome_is_err").map_err(map_err)?,
-            row.try_get("outcome_version").map_err(map_err)?,
-        )?)),
-        Some(State::InProgress) => Ok(TxClaim::InFlight {
-            retry_after: duration_ms(row.try_get("retry_after_ms").map_err(map_err)?),
-        }),
-        Some(State::Unknown) => Ok(TxClaim::Unknown {
-            epoch: epoch_from_sql(row.try_get("epoch").map_err(map_err)?)?,
-        }),
-        None => Err(corrupt(format!("unknown state code {code}"))),
+    async fn reclaim_expired(&mut self) -> Result<bool, StoreError> {
+        let sql = self.sql;
+        Ok(self.step(&sql.tx_reclaim).await?.is_some())
     }
 }
 
 /// Transactional mode: records the outcome of the claim this transaction holds on `id`.
 pub(crate) async fn tx_record_sqlite(
     conn: &mut SqliteConnection,
-    table: &TableName,
+    store: &SqliteStore,
     id: &OperationId,
     outcome: &StoredOutcome,
     retain: Duration,
 ) -> Result<Fence, StoreError> {
-    let done = sqlx::query(&table.render(TX_RECORD, NOW_MS))
+    let done = sqlx::query(&store.sql.tx_record)
         .bind(&id.scope)
         .bind(&id.name)
         .bind(&id.key)
@@ -1302,21 +1299,17 @@ mod tests {
         let id = op("tx-1");
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, store.table(), &id, &FP)
-                .await
-                .unwrap(),
+            tx_claim_sqlite(&mut tx, &store, &id, &FP).await.unwrap(),
             TxClaim::Acquired
         );
         // The same transaction claiming twice sees its own claim.
         assert!(matches!(
-            tx_claim_sqlite(&mut tx, store.table(), &id, &FP)
-                .await
-                .unwrap(),
+            tx_claim_sqlite(&mut tx, &store, &id, &FP).await.unwrap(),
             TxClaim::InFlight { .. }
         ));
         let done = outcome("\"tx\"");
         assert_eq!(
-            tx_record_sqlite(&mut tx, store.table(), &id, &done, DAY)
+            tx_record_sqlite(&mut tx, &store, &id, &done, DAY)
                 .await
                 .unwrap(),
             Fence::Held
@@ -1325,13 +1318,11 @@ mod tests {
 
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, store.table(), &id, &FP)
-                .await
-                .unwrap(),
+            tx_claim_sqlite(&mut tx, &store, &id, &FP).await.unwrap(),
             TxClaim::Completed(done)
         );
         assert_eq!(
-            tx_claim_sqlite(&mut tx, store.table(), &id, &OTHER_FP)
+            tx_claim_sqlite(&mut tx, &store, &id, &OTHER_FP)
                 .await
                 .unwrap(),
             TxClaim::Mismatch
@@ -1341,13 +1332,13 @@ mod tests {
         // Rollback is the release.
         let rolled = op("tx-2");
         let mut tx = store.pool.begin().await.unwrap();
-        tx_claim_sqlite(&mut tx, store.table(), &rolled, &FP)
+        tx_claim_sqlite(&mut tx, &store, &rolled, &FP)
             .await
             .unwrap();
         tx.rollback().await.unwrap();
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, store.table(), &rolled, &OTHER_FP)
+            tx_claim_sqlite(&mut tx, &store, &rolled, &OTHER_FP)
                 .await
                 .unwrap(),
             TxClaim::Acquired
@@ -1364,7 +1355,7 @@ mod tests {
         tokio::time::sleep(PAST_TINY).await;
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, store.table(), &expired, &OTHER_FP)
+            tx_claim_sqlite(&mut tx, &store, &expired, &OTHER_FP)
                 .await
                 .unwrap(),
             TxClaim::Acquired
@@ -1376,7 +1367,7 @@ mod tests {
         store.mark_unknown(&unknown, 1).await.unwrap();
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, store.table(), &unknown, &FP)
+            tx_claim_sqlite(&mut tx, &store, &unknown, &FP)
                 .await
                 .unwrap(),
             TxClaim::Unknown { epoch: 1 }
