@@ -42,6 +42,20 @@ pub struct IdemBuilder {
     pub(crate) migrate: bool,
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) max_connections: Option<u32>,
+    pub(crate) layer: Option<StoreLayer>,
+}
+
+/// A function wrapping the opened store, set with [`IdemBuilder::layer`].
+type LayerFn = dyn Fn(Arc<dyn Store>) -> Arc<dyn Store> + Send + Sync;
+
+/// A [`LayerFn`] the builder can clone and print.
+#[derive(Clone)]
+pub(crate) struct StoreLayer(pub(crate) Arc<LayerFn>);
+
+impl std::fmt::Debug for StoreLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreLayer")
+    }
 }
 
 impl Default for IdemBuilder {
@@ -57,6 +71,7 @@ impl Default for IdemBuilder {
             table: None,
             migrate: true,
             max_connections: None,
+            layer: None,
         }
     }
 }
@@ -135,6 +150,27 @@ impl IdemBuilder {
     /// Log keys as short digests in tracing events.
     pub fn log_keys_hashed(mut self, hash: bool) -> Self {
         self.log_keys_hashed = hash;
+        self
+    }
+
+    /// Wraps the store this builder opens in one of your own (metrics, tracing, fault
+    /// injection in tests): `layer` receives the opened store and returns the store the
+    /// `Idem` uses, which should forward every method it does not change.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::IdemError> {
+    /// let idem = idem_runtime::Idem::builder()
+    ///     .layer(|store| store) // a wrapper would go here
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// # let _ = idem; Ok(()) }
+    /// ```
+    pub fn layer(
+        mut self,
+        layer: impl Fn(Arc<dyn Store>) -> Arc<dyn Store> + Send + Sync + 'static,
+    ) -> Self {
+        self.layer = Some(StoreLayer(Arc::new(layer)));
         self
     }
 

@@ -209,21 +209,38 @@ impl IdemError {
     }
 }
 
-/// An error a [`Store`](crate::Store) returns: the driver's error and whether a retry
-/// may succeed.
+/// An error a [`Store`](crate::Store) returns: the driver's error, whether a retry may
+/// succeed, and whether the store could not be reached at all.
 #[derive(Debug)]
 pub struct StoreError {
     /// Whether a retry of the same statement may succeed.
     pub retryable: bool,
+    /// The store could not be reached: a connection-level failure or a pool timeout,
+    /// never a refusal, a constraint, contention or a serialization conflict. Only this
+    /// lets `fail_open` run a body unprotected.
+    pub unreachable: bool,
     /// The driver's error.
     pub source: BoxError,
 }
 
 impl StoreError {
-    /// Wraps a driver error.
+    /// Wraps a driver error. It counts as [`unreachable`](Self::unreachable) when it is
+    /// an I/O error (a connection refused, reset or timed out); use
+    /// [`StoreError::unreachable`] or set the field to say so for other types.
     pub fn new(retryable: bool, source: impl Into<BoxError>) -> Self {
+        let source = source.into();
         StoreError {
             retryable,
+            unreachable: source.is::<std::io::Error>(),
+            source,
+        }
+    }
+
+    /// The store could not be reached (retryable).
+    pub fn unreachable(source: impl Into<BoxError>) -> Self {
+        StoreError {
+            retryable: true,
+            unreachable: true,
             source: source.into(),
         }
     }

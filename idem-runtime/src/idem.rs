@@ -208,6 +208,10 @@ impl Idem {
     }
 
     pub(crate) fn from_store(store: Arc<dyn Store>, b: &crate::builder::IdemBuilder) -> Idem {
+        let store = match &b.layer {
+            Some(layer) => (layer.0)(store),
+            None => store,
+        };
         let hub = Arc::new(WakeHub::default());
         store.attach_wakers(hub.clone());
         Idem {
@@ -269,28 +273,41 @@ impl Idem {
         }
     }
 
-    /// Keeps the lease of a running body alive; stops when the guard is dropped.
-    pub(crate) fn spawn_renewal(
+    /// Keeps the lease of a running body alive until the returned [`Lease`] is dropped,
+    /// and tracks how long the claim is known to be held.
+    pub(crate) fn hold_lease(
         &self,
         id: &OperationId,
         epoch: u64,
         lease: Duration,
-    ) -> Option<RenewGuard> {
+        claimed_at: tokio::time::Instant,
+    ) -> Lease {
+        let held_until = Arc::new(std::sync::Mutex::new(Some(claimed_at + lease)));
         if !self.inner.cfg.renew_leases {
-            return None;
+            return Lease {
+                held_until,
+                task: None,
+            };
         }
         let idem = self.clone();
         let id = id.clone();
         let every = (lease / 3).max(Duration::from_millis(1));
         let span = tracing::Span::current();
+        let held = held_until.clone();
         let task = tokio::spawn(tracing::Instrument::instrument(
             async move {
                 loop {
                     tokio::time::sleep(every).await;
+                    // The store extends the lease from its own now, which is no earlier
+                    // than this moment.
+                    let sent = tokio::time::Instant::now();
                     match idem.store().renew(&id, epoch, lease).await {
-                        Ok(crate::store::Fence::Held) => {}
+                        Ok(crate::store::Fence::Held) => {
+                            *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent + lease);
+                        }
                         Ok(crate::store::Fence::Lost) => {
-                            tracing::warn!(epoch, "lease renewal found the claim taken over");
+                            tracing::debug!(epoch, "lease renewal found the claim no longer held");
+                            *held.lock().unwrap_or_else(|p| p.into_inner()) = None;
                             return;
                         }
                         Err(e) => {
@@ -301,7 +318,10 @@ impl Idem {
             },
             span,
         ));
-        Some(RenewGuard { task })
+        Lease {
+            held_until,
+            task: Some(task),
+        }
     }
 }
 
@@ -315,13 +335,27 @@ fn hex_sha256(bytes: &[u8]) -> String {
     out
 }
 
-pub(crate) struct RenewGuard {
-    task: tokio::task::JoinHandle<()>,
+/// A claim's lease as this process knows it: renewed in the background (when renewal is
+/// on) until dropped.
+pub(crate) struct Lease {
+    /// `None` once a renewal found the claim gone (taken over or resolved).
+    held_until: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl Drop for RenewGuard {
+impl Lease {
+    /// When the claim lapses unless renewed again (the last confirmed renewal, or the
+    /// claim, plus the lease), or `None` when the store said it is no longer held.
+    pub(crate) fn held_until(&self) -> Option<tokio::time::Instant> {
+        *self.held_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Lease {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 

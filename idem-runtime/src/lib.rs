@@ -72,8 +72,8 @@ pub use fingerprint::fingerprint;
 pub use idem::{Idem, ReaperHandle};
 pub use key::KeyPart;
 pub use op::{
-    Classify, Disposition, ErrorPolicy, InFlight, MAX_KEY_BYTES, NoUpgrade, OnStoreError,
-    Operation, RecordErrors, ReleaseErrors, Upgrade, UpgradeWith,
+    Classify, Disposition, ErrorPolicy, InFlight, MAX_KEY_BYTES, MAX_LEASE_OR_WAIT, NoUpgrade,
+    OnStoreError, Operation, RecordErrors, ReleaseErrors, Upgrade, UpgradeWith,
 };
 pub use store::{
     Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordInfo, Resolution, State, Stats,

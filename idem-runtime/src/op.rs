@@ -24,6 +24,10 @@ const DEFAULT_RETAIN: Duration = Duration::from_secs(24 * 3600);
 const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
+/// The longest `lease` and in-flight wait accepted: beyond it a value is a mistake (and
+/// `Duration::MAX` would overflow clock arithmetic after the claim was written).
+pub const MAX_LEASE_OR_WAIT: Duration = Duration::from_secs(366 * 86_400);
+
 /// What a duplicate does when it finds the operation running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InFlight {
@@ -300,12 +304,30 @@ impl<P, U> Operation<P, U> {
                 message: "`lease` must be at least 1ms".into(),
             });
         }
+        if lease > MAX_LEASE_OR_WAIT {
+            self.fail(IdemError::Config {
+                message: format!(
+                    "`lease` of {lease:?} is over the limit of 366 days; size it from the \
+                     longest time a live body may run between renewals (60s is the default)"
+                ),
+            });
+        }
         self.lease = lease;
         self
     }
 
     /// What a duplicate does while the first call runs. Default: wait up to 5 seconds.
     pub fn in_flight(mut self, in_flight: InFlight) -> Self {
+        if let InFlight::Wait(d) = in_flight
+            && d > MAX_LEASE_OR_WAIT
+        {
+            self.fail(IdemError::Config {
+                message: format!(
+                    "`in_flight = wait({d:?})` is over the limit of 366 days; wait a few \
+                     seconds and let the caller retry on `InFlight`"
+                ),
+            });
+        }
         self.in_flight = in_flight;
         self
     }
@@ -505,7 +527,8 @@ struct Run<'a, P, U, T> {
 }
 
 enum Decided {
-    Execute(u64),
+    /// Run the body at this epoch; the claim was sent at that instant.
+    Execute(u64, Instant),
     Replay(Arc<StoredOutcome>),
     Unprotected,
 }
@@ -541,17 +564,15 @@ where
             match self.decide().await? {
                 Decided::Replay(outcome) => {
                     tracing::debug!("replay");
-                    let out = self.op.decode_outcome(&outcome);
-                    if out.is_ok() {
-                        context::report_replay();
-                    }
-                    out
+                    // A recorded `Err` replayed is a replay too (the HTTP layer marks it).
+                    context::report_replay();
+                    self.op.decode_outcome(&outcome)
                 }
                 Decided::Unprotected => {
                     tracing::warn!("store unreachable; running the body unprotected (fail_open)");
                     context::scope_body(id, 0, body()).await
                 }
-                Decided::Execute(epoch) => self.execute(epoch, body, &span).await,
+                Decided::Execute(epoch, sent) => self.execute(epoch, sent, body, &span).await,
             }
         }
         .instrument(span)
@@ -598,11 +619,24 @@ where
                 // sleep is not lost.
                 n.enable();
             }
+            let sent = Instant::now();
             let claim = match store.claim(&req).await {
                 Ok(c) => c,
                 // Another caller is known to be running it: running it here too, even
-                // with `fail_open`, would be the duplicate idem exists to prevent.
-                Err(e) if waiter.is_some() => return Err(IdemError::store("claim", e)),
+                // with `fail_open`, would be the duplicate idem exists to prevent. A
+                // transient error is waited out like the in-flight call, to the deadline.
+                Err(e) if waiter.is_some() => {
+                    let now = Instant::now();
+                    match deadline {
+                        Some(deadline) if e.retryable && now < deadline => {
+                            tracing::debug!(error = %e, "claim failed while waiting; retrying");
+                            let nap = self.idem.poll_interval().min(deadline - now);
+                            tokio::time::sleep(nap).await;
+                            continue;
+                        }
+                        _ => return Err(IdemError::store("claim", e)),
+                    }
+                }
                 Err(e) => return self.store_down(e),
             };
             match claim {
@@ -612,7 +646,7 @@ where
                     } else {
                         tracing::debug!(epoch, "claimed");
                     }
-                    return Ok(Decided::Execute(epoch));
+                    return Ok(Decided::Execute(epoch, sent));
                 }
                 Claim::Completed(outcome) => return Ok(Decided::Replay(Arc::new(outcome))),
                 Claim::Mismatch => return Err(self.mismatch()),
@@ -680,15 +714,23 @@ where
 
     fn store_down(&self, e: StoreError) -> Result<Decided, IdemError> {
         match self.op.on_store_error {
-            OnStoreError::FailOpen => {
+            // Only an unreachable store: a refusal, a constraint or contention means the
+            // store is up and answered, so running unprotected could duplicate a call.
+            OnStoreError::FailOpen if e.unreachable => {
                 tracing::warn!(error = %e, "idem store unreachable at claim");
                 Ok(Decided::Unprotected)
             }
-            OnStoreError::FailClosed => Err(IdemError::store("claim", e)),
+            _ => Err(IdemError::store("claim", e)),
         }
     }
 
-    async fn execute<F, Fut, E>(self, epoch: u64, body: F, span: &tracing::Span) -> Result<T, E>
+    async fn execute<F, Fut, E>(
+        self,
+        epoch: u64,
+        claimed_at: Instant,
+        body: F,
+        span: &tracing::Span,
+    ) -> Result<T, E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -696,11 +738,11 @@ where
         P: ErrorPolicy<E>,
     {
         let id = &self.op.id;
-        let claimed_at = Instant::now();
-        let renewal = self.idem.spawn_renewal(id, epoch, self.op.lease);
+        // Renewed until the outcome is settled, so a record retried after a slow body
+        // still has the lease the renewals kept alive.
+        let lease = self.idem.hold_lease(id, epoch, self.op.lease, claimed_at);
         let out = context::scope_body(id, epoch, body()).await;
-        drop(renewal);
-        let lease_end = claimed_at + self.op.lease;
+        let lease_end = &lease;
 
         let (outcome, result) = match out {
             Ok(v) => match serde_json::to_vec(&v) {
@@ -714,12 +756,11 @@ where
                 ),
                 Err(e) => {
                     // The body ran; a release would run it again, so park it in UNKNOWN.
-                    self.settle_unknown(epoch, lease_end).await;
+                    let now = self.settle_unknown(epoch, lease_end).await;
                     return Err(IdemError::Codec {
                         name: self.name().to_owned(),
                         message: format!(
-                            "the body ran but its outcome cannot be serialized ({e}); \
-                             the operation is now UNKNOWN"
+                            "the body ran but its outcome cannot be serialized ({e}); {now}"
                         ),
                     }
                     .into());
@@ -757,12 +798,11 @@ where
                         Err(err),
                     ),
                     Err(m) => {
-                        self.settle_unknown(epoch, lease_end).await;
+                        let now = self.settle_unknown(epoch, lease_end).await;
                         return Err(IdemError::Codec {
                             name: self.name().to_owned(),
                             message: format!(
-                                "the body's error cannot be serialized for recording ({m}); \
-                                 the operation is now UNKNOWN"
+                                "the body's error cannot be serialized for recording ({m}); {now}"
                             ),
                         }
                         .into());
@@ -786,12 +826,16 @@ where
         result
     }
 
-    /// Records, retrying a failing store while the lease still holds.
+    /// Records, retrying a failing store while the lease may still hold: up to one lease
+    /// past the last renewal the store confirmed. The store extends a lease from its own
+    /// clock when the statement runs, which may be well after it was sent, so the lease
+    /// this process can prove is shorter than the real one; every attempt is fenced, so
+    /// one that lands after a takeover changes nothing and reports `Fenced`.
     async fn record(
         &self,
         epoch: u64,
         outcome: &StoredOutcome,
-        lease_end: Instant,
+        lease: &crate::idem::Lease,
         span: &tracing::Span,
     ) -> Result<(), IdemError> {
         let id = &self.op.id;
@@ -822,7 +866,15 @@ where
                 }
                 Err(e) => {
                     let now = Instant::now();
-                    if now + backoff >= lease_end {
+                    let Some(held_until) = lease.held_until() else {
+                        // A renewal found the claim gone: this record can only be fenced.
+                        tracing::warn!(parent: span, epoch, "fenced: the claim was taken over or resolved");
+                        return Err(IdemError::Fenced {
+                            name: self.name().to_owned(),
+                            epoch,
+                        });
+                    };
+                    if now + backoff >= held_until + self.op.lease {
                         tracing::error!(parent: span, epoch, error = %e, "outcome unrecorded");
                         return Err(IdemError::Unrecorded {
                             name: self.name().to_owned(),
@@ -840,22 +892,37 @@ where
 
     /// Moves the claim to UNKNOWN, retrying while the lease holds; if that fails too the
     /// claim stays IN_PROGRESS and its lease lapses, which `on_takeover` then governs.
-    async fn settle_unknown(&self, epoch: u64, lease_end: Instant) {
+    /// Returns what became of the operation, for the caller's error message.
+    async fn settle_unknown(&self, epoch: u64, lease: &crate::idem::Lease) -> &'static str {
         let id = &self.op.id;
         loop {
             match self.idem.store().mark_unknown(id, epoch).await {
-                Ok(_) => {
+                Ok(Fence::Held) => {
                     tracing::warn!(epoch, "operation moved to UNKNOWN");
                     self.idem.wake(id);
-                    return;
+                    return "the operation is now UNKNOWN; resolve it once you know whether the \
+                            effect happened";
                 }
-                Err(e) if Instant::now() + Duration::from_millis(50) < lease_end => {
+                Ok(Fence::Lost) => {
+                    tracing::warn!(
+                        epoch,
+                        "fenced: another claim owns the operation; not marked UNKNOWN"
+                    );
+                    return "another claim took the operation over after this one's lease lapsed, \
+                            so it was not marked UNKNOWN";
+                }
+                Err(e)
+                    if lease
+                        .held_until()
+                        .is_some_and(|t| Instant::now() + Duration::from_millis(50) < t) =>
+                {
                     tracing::warn!(epoch, error = %e, "could not mark UNKNOWN; retrying");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => {
                     tracing::error!(epoch, error = %e, "could not mark UNKNOWN");
-                    return;
+                    return "it could not be marked UNKNOWN (the store failed), so it stays in \
+                            progress until its lease lapses and `on_takeover` applies";
                 }
             }
         }

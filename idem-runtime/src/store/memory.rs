@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
@@ -34,11 +35,18 @@ impl Record {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     records: Mutex<HashMap<OperationId, Record>>,
+    /// The last epoch issued: every claim takes the next, so an epoch identifies one claim
+    /// for all time, whatever was released, resolved or purged since.
+    last_epoch: AtomicU64,
 }
 
 impl MemoryStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<OperationId, Record>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn next_epoch(&self) -> u64 {
+        self.last_epoch.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     fn fenced(
@@ -74,14 +82,15 @@ impl Store for MemoryStore {
             outcome: None,
         };
         let Some(rec) = map.get_mut(req.id) else {
-            map.insert(req.id.clone(), fresh(1));
+            let epoch = self.next_epoch();
+            map.insert(req.id.clone(), fresh(epoch));
             return Ok(Claim::Acquired {
-                epoch: 1,
+                epoch,
                 takeover: false,
             });
         };
         if rec.expired(now) {
-            *rec = fresh(rec.epoch + 1);
+            *rec = fresh(self.next_epoch());
             return Ok(Claim::Acquired {
                 epoch: rec.epoch,
                 takeover: false,
@@ -105,7 +114,7 @@ impl Store for MemoryStore {
             },
             State::InProgress => match req.on_takeover {
                 Takeover::Rerun => {
-                    rec.epoch += 1;
+                    rec.epoch = self.next_epoch();
                     rec.lease_until = now + req.lease;
                     rec.claimed_at = now;
                     Claim::Acquired {

@@ -4,6 +4,8 @@
 //! the states of the contract. Every method that changes a record is one atomic step;
 //! every method after a claim is fenced on the epoch that claimed.
 
+#[doc(hidden)]
+pub mod conformance;
 mod memory;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]

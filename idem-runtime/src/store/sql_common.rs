@@ -10,22 +10,57 @@ use crate::store::{Claim, StoredOutcome};
 ///
 /// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
 #[cfg(feature = "sqlite")]
-pub const SQLITE_SCHEMA_SQL: &str =
-    include_str!("../../migrations/sqlite/0001_create_operations.sql");
+pub const SQLITE_SCHEMA_SQL: &str = concat!(
+    include_str!("../../migrations/sqlite/0001_create_operations.sql"),
+    "\n",
+    include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
+);
 
 /// The operations table as idem creates it on PostgreSQL, with the default table name.
 ///
 /// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
 #[cfg(feature = "postgres")]
-pub const POSTGRES_SCHEMA_SQL: &str =
-    include_str!("../../migrations/postgres/0001_create_operations.sql");
+pub const POSTGRES_SCHEMA_SQL: &str = concat!(
+    include_str!("../../migrations/postgres/0001_create_operations.sql"),
+    "\n",
+    include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
+);
+
+/// SQLite's migrations, in order: (version, DDL in the default table name).
+#[cfg(feature = "sqlite")]
+pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/sqlite/0001_create_operations.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
+    ),
+];
+
+/// PostgreSQL's migrations, in order: (version, DDL in the default table name). Each is
+/// idempotent, so a table created by hand from [`POSTGRES_SCHEMA_SQL`] can be adopted.
+#[cfg(feature = "postgres")]
+pub(crate) const POSTGRES_MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/postgres/0001_create_operations.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
+    ),
+];
 
 /// The table name the shipped DDL uses.
 pub(crate) const DEFAULT_TABLE: &str = "idem_operations";
 
-/// Index names in the shipped DDL; renamed with the table so two idem tables can share
-/// a schema.
-const DDL_INDEXES: [&str; 2] = ["idem_operations_purge_idx", "idem_operations_stuck_idx"];
+/// Suffixes of the objects in the shipped DDL that live beside the table unqualified
+/// (indexes, triggers); every other `idem_operations_*` name (the meta table, the epoch
+/// sequence) is a relation in the table's schema. All are renamed with the table so two
+/// idem tables can share a schema.
+const DDL_UNQUALIFIED: [&str; 3] = ["_idx", "_ins", "_upd"];
 
 /// PostgreSQL's identifier limit (longer names are silently truncated, which could make
 /// two index names collide).
@@ -132,8 +167,18 @@ impl TableName {
     /// The name of one of this table's indexes, as SQL (unqualified: an index lives in
     /// its table's schema). Cut to fit PostgreSQL's limit without losing the suffix.
     fn index(&self, suffix: &str) -> String {
+        format!("\"{}\"", self.suffixed(suffix))
+    }
+
+    /// The table's name with `suffix`, cut to fit PostgreSQL's limit without losing it.
+    fn suffixed(&self, suffix: &str) -> String {
         let keep = MAX_IDENT.saturating_sub(suffix.len()).min(self.table.len());
-        format!("\"{}{suffix}\"", &self.table[..keep])
+        format!("{}{suffix}", &self.table[..keep])
+    }
+
+    /// A relation of this table's own (`_meta`, `_epoch_seq`), as SQL, in its schema.
+    pub(crate) fn companion(&self, suffix: &str) -> String {
+        self.sibling(&self.suffixed(suffix))
     }
 
     /// The shipped DDL, renamed for this table: whole identifiers only, in one pass, so
@@ -150,8 +195,15 @@ impl TableName {
             let (word, after) = from.split_at(end);
             if word == DEFAULT_TABLE {
                 out.push_str(&self.qualified());
-            } else if let Some(index) = DDL_INDEXES.iter().find(|i| **i == word) {
-                out.push_str(&self.index(&index[DEFAULT_TABLE.len()..]));
+            } else if let Some(suffix) = word
+                .strip_prefix(DEFAULT_TABLE)
+                .filter(|s| s.starts_with('_'))
+            {
+                if DDL_UNQUALIFIED.iter().any(|u| suffix.ends_with(u)) {
+                    out.push_str(&self.index(suffix));
+                } else {
+                    out.push_str(&self.companion(suffix));
+                }
             } else {
                 out.push_str(word);
             }
@@ -161,10 +213,12 @@ impl TableName {
         out
     }
 
-    /// A statement template with `{table}` (and, for SQLite, `{now}`) filled in.
+    /// A statement template with `{table}`, `{meta}`, `{epoch_seq}` and `{now}` filled in.
     pub(crate) fn render(&self, template: &str, now: &str) -> String {
         template
             .replace("{table}", &self.qualified())
+            .replace("{meta}", &self.companion("_meta"))
+            .replace("{epoch_seq}", &self.companion("_epoch_seq"))
             .replace("{now}", now)
     }
 }
@@ -436,16 +490,29 @@ fn decide_tx(row: TxRow) -> Result<TxClaim, StoreError> {
     }
 }
 
-/// Maps a driver error, with `retryable_code` deciding for database errors by their code
-/// (SQLite's extended result code, PostgreSQL's SQLSTATE).
-pub(crate) fn map_sqlx(e: sqlx::Error, retryable_code: fn(&str) -> bool) -> StoreError {
-    let retryable = match &e {
+/// Maps a driver error, with `retryable_code` and `unreachable_code` deciding for
+/// database errors by their code (SQLite's extended result code, PostgreSQL's SQLSTATE).
+pub(crate) fn map_sqlx(
+    e: sqlx::Error,
+    retryable_code: fn(&str) -> bool,
+    unreachable_code: fn(&str) -> bool,
+) -> StoreError {
+    let (retryable, unreachable) = match &e {
         // A dropped connection, or every connection busy for the acquire timeout.
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| retryable_code(&code)),
-        _ => false,
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => (true, true),
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => (retryable_code(&code), unreachable_code(&code)),
+            None => (false, false),
+        },
+        _ => (false, false),
     };
-    StoreError::new(retryable, e)
+    let mut err = StoreError::new(retryable, e);
+    err.unreachable = unreachable;
+    err
 }
 
 /// `user:password@` in a database URL replaced by `user:***@`, for error messages.

@@ -33,8 +33,11 @@ const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 /// How long a statement waits for another connection's write lock before `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The migrations, in order: (version, DDL in the default table name).
-const MIGRATIONS: &[(i64, &str)] = &[(1, sql_common::SQLITE_SCHEMA_SQL)];
+use sql_common::SQLITE_MIGRATIONS as MIGRATIONS;
+
+/// The epoch a claim takes: one above every epoch this table ever issued (the claim's
+/// own statement raises `last_epoch` through the table's triggers).
+const NEXT_EPOCH: &str = "(SELECT last_epoch + 1 FROM {meta} WHERE id = 0)";
 
 /// idem's own migration bookkeeping, one row per (table, version); never sqlx's
 /// `_sqlx_migrations`, which belongs to the application.
@@ -57,11 +60,12 @@ const RECORD_MIGRATION: &str =
 /// Reads every column idem uses, so a missing or foreign table fails at open, not at the
 /// first claim.
 const PROBE: &str = "SELECT scope, name, key, state, epoch, fingerprint, token, taken_over,
-    lease_until_ms, created_ms, claimed_ms, expires_ms, outcome, outcome_is_err, outcome_version
+    lease_until_ms, created_ms, claimed_ms, expires_ms, outcome, outcome_is_err, outcome_version,
+    (SELECT last_epoch FROM {meta} WHERE id = 0) AS last_epoch
     FROM {table} LIMIT 0";
 
 /// The record is COMPLETED and its retention has passed: it counts as absent, so the
-/// claim starts afresh (new fingerprint, epoch + 1 so stale writers stay fenced).
+/// claim starts afresh (new fingerprint, a new epoch so stale writers stay fenced).
 const EXPIRED: &str = "(cur.state = 1 AND cur.expires_ms <= excluded.claimed_ms)";
 
 /// The record is IN_PROGRESS, its lease has lapsed, and it is the same request: another
@@ -74,15 +78,15 @@ const LAPSED: &str = "(cur.state = 0 AND cur.lease_until_ms <= excluded.claimed_
 /// Parameters: ?1 scope, ?2 name, ?3 key, ?4 fingerprint, ?5 this attempt's token,
 /// ?6 lease (ms), ?7 whether a lapsed lease goes to UNKNOWN.
 ///
-/// A missing row is inserted as a fresh claim (epoch 1). On conflict, `DO UPDATE` always
+/// A missing row is inserted as a fresh claim with the next epoch. On conflict, `DO UPDATE` always
 /// runs (SQLite returns no row for an upsert that does nothing, which would force a
 /// second statement), but every column keeps its old value unless the old row is
 /// claimable, so an unclaimable row is rewritten unchanged:
 ///
 /// | old row                         | `{rerun}` / `{to_unknown}` | new row                       |
 /// |---------------------------------|----------------------------|-------------------------------|
-/// | COMPLETED, expired              | —                          | fresh claim, epoch+1, new fp  |
-/// | IN_PROGRESS, lapsed, same fp    | rerun                      | takeover: epoch+1, new lease  |
+/// | COMPLETED, expired              | —                          | fresh claim, next epoch, new fp |
+/// | IN_PROGRESS, lapsed, same fp    | rerun                      | takeover: next epoch, new lease |
 /// | IN_PROGRESS, lapsed, same fp    | to_unknown                 | UNKNOWN, same epoch           |
 /// | anything else                   | —                          | unchanged                     |
 ///
@@ -93,11 +97,11 @@ const LAPSED: &str = "(cur.state = 0 AND cur.lease_until_ms <= excluded.claimed_
 const CLAIM: &str = "INSERT INTO {table} AS cur (scope, name, key, state, epoch, fingerprint,
         token, taken_over, lease_until_ms, created_ms, claimed_ms, expires_ms, outcome,
         outcome_is_err, outcome_version)
-    VALUES (?1, ?2, ?3, 0, 1, ?4, ?5, 0, {now} + ?6, {now}, {now}, NULL, NULL, 0, 0)
+    VALUES (?1, ?2, ?3, 0, {next_epoch}, ?4, ?5, 0, {now} + ?6, {now}, {now}, NULL, NULL, 0, 0)
     ON CONFLICT (scope, name, key) DO UPDATE SET
         state = CASE WHEN {expired} OR {rerun} THEN 0 WHEN {to_unknown} THEN 2
                      ELSE cur.state END,
-        epoch = CASE WHEN {expired} OR {rerun} THEN cur.epoch + 1 ELSE cur.epoch END,
+        epoch = CASE WHEN {expired} OR {rerun} THEN excluded.epoch ELSE cur.epoch END,
         fingerprint = CASE WHEN {expired} THEN excluded.fingerprint ELSE cur.fingerprint END,
         token = CASE WHEN {expired} OR {lapsed} THEN excluded.token ELSE cur.token END,
         taken_over = CASE WHEN {expired} THEN 0 WHEN {rerun} THEN 1 ELSE cur.taken_over END,
@@ -172,7 +176,7 @@ const LIST: &str = "SELECT scope, name, key, state, epoch, max(0, {now} - claime
 /// the transaction's write lock is the claim. ?1..?3 the operation, ?4 the fingerprint.
 const TX_CLAIM: &str = "INSERT INTO {table} (scope, name, key, state, epoch, fingerprint, token,
         taken_over, lease_until_ms, created_ms, claimed_ms)
-    VALUES (?1, ?2, ?3, 0, 1, ?4, 0, 0, {now}, {now}, {now})
+    VALUES (?1, ?2, ?3, 0, {next_epoch}, ?4, 0, 0, {now}, {now}, {now})
     ON CONFLICT (scope, name, key) DO NOTHING
     RETURNING epoch";
 
@@ -185,7 +189,7 @@ const TX_READ: &str = "SELECT state, epoch, fingerprint = ?4 AS same_fingerprint
 
 /// Transactional mode: an expired COMPLETED record counts as absent; claim it afresh.
 const TX_RECLAIM_EXPIRED: &str = "UPDATE {table}
-    SET state = 0, epoch = epoch + 1, fingerprint = ?4, token = 0, taken_over = 0,
+    SET state = 0, epoch = {next_epoch}, fingerprint = ?4, token = 0, taken_over = 0,
         lease_until_ms = {now}, created_ms = {now}, claimed_ms = {now}, expires_ms = NULL,
         outcome = NULL, outcome_is_err = 0, outcome_version = 0
     WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 1 AND expires_ms <= {now}
@@ -219,7 +223,7 @@ struct Statements {
 
 impl Statements {
     fn new(table: &TableName) -> Statements {
-        let r = |sql: &str| table.render(sql, NOW_MS);
+        let r = |sql: &str| table.render(&sql.replace("{next_epoch}", NEXT_EPOCH), NOW_MS);
         let claim = CLAIM
             .replace("{rerun}", &format!("({LAPSED} AND NOT ?7)"))
             .replace("{to_unknown}", &format!("({LAPSED} AND ?7)"))
@@ -415,9 +419,16 @@ fn retryable_code(code: &str) -> bool {
         .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 15))
 }
 
+/// SQLite's primary result codes that mean the database cannot be reached at all:
+/// SQLITE_IOERR (10) and SQLITE_CANTOPEN (14).
+fn unreachable_code(code: &str) -> bool {
+    code.parse::<i32>()
+        .is_ok_and(|c| matches!(c & 0xff, 10 | 14))
+}
+
 /// Maps a driver error to a [`StoreError`], retryable when a retry can clear it.
 pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
-    sql_common::map_sqlx(e, retryable_code)
+    sql_common::map_sqlx(e, retryable_code, unreachable_code)
 }
 
 /// A fresh token per claim attempt: distinct within the process (a bijective mix of a
@@ -791,7 +802,6 @@ mod tests {
     const FP: [u8; 32] = [1; 32];
     const OTHER_FP: [u8; 32] = [2; 32];
     const LEASE: Duration = Duration::from_secs(60);
-    const TINY_LEASE: Duration = Duration::from_millis(5);
     /// Comfortably past [`TINY_LEASE`] (and a tiny retention) by the store's clock.
     const PAST_TINY: Duration = Duration::from_millis(40);
     const DAY: Duration = Duration::from_secs(86_400);
@@ -831,314 +841,21 @@ mod tests {
         store.claim(&req(id, fp, lease)).await.expect("claim")
     }
 
-    #[tokio::test]
-    async fn fresh_claim_then_in_flight_then_replay() {
-        let store = memory().await;
-        let id = op("o-1");
-        assert_eq!(
-            claim(&store, &id, FP, LEASE).await,
-            Claim::Acquired {
-                epoch: 1,
-                takeover: false
-            }
-        );
-        match claim(&store, &id, FP, LEASE).await {
-            Claim::InFlight { retry_after } => assert!(retry_after <= LEASE),
-            other => panic!("expected InFlight, got {other:?}"),
+    fn epoch_of(claim: Claim) -> u64 {
+        match claim {
+            Claim::Acquired { epoch, .. } => epoch,
+            other => panic!("expected a claim, got {other:?}"),
         }
-        assert_eq!(store.peek_completed(&id, &FP).await.unwrap(), None);
-
-        let done = StoredOutcome {
-            is_err: true,
-            version: 3,
-            body: b"{\"declined\":true}".to_vec(),
-        };
-        assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Held);
-        assert_eq!(
-            claim(&store, &id, FP, LEASE).await,
-            Claim::Completed(done.clone())
-        );
-        assert_eq!(
-            store.peek_completed(&id, &FP).await.unwrap(),
-            Some(Ok(done.clone()))
-        );
-        // The same record again (a retry whose first reply was lost) holds.
-        assert_eq!(store.record(&id, 1, &done, DAY).await.unwrap(), Fence::Held);
-        // Another outcome is fenced: the claim is no longer IN_PROGRESS.
-        assert_eq!(
-            store.record(&id, 1, &outcome("2"), DAY).await.unwrap(),
-            Fence::Lost
-        );
     }
 
     #[tokio::test]
-    async fn another_payload_is_a_mismatch_in_every_state() {
-        let store = memory().await;
-        let id = op("o-2");
-        claim(&store, &id, FP, LEASE).await;
-        assert_eq!(claim(&store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
-
-        store.record(&id, 1, &outcome("1"), DAY).await.unwrap();
-        assert_eq!(claim(&store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
-        assert_eq!(
-            store.peek_completed(&id, &OTHER_FP).await.unwrap(),
-            Some(Err(Mismatched))
-        );
-
-        let unknown = op("o-2u");
-        claim(&store, &unknown, FP, LEASE).await;
-        store.mark_unknown(&unknown, 1).await.unwrap();
-        assert_eq!(
-            claim(&store, &unknown, OTHER_FP, LEASE).await,
-            Claim::Mismatch
-        );
-        assert_eq!(
-            claim(&store, &unknown, FP, LEASE).await,
-            Claim::Unknown {
-                epoch: 1,
-                now: false
-            }
-        );
-
-        // A lapsed lease is not taken over by another payload either.
-        let lapsed = op("o-2l");
-        claim(&store, &lapsed, FP, TINY_LEASE).await;
-        tokio::time::sleep(PAST_TINY).await;
-        assert_eq!(
-            claim(&store, &lapsed, OTHER_FP, LEASE).await,
-            Claim::Mismatch
-        );
-    }
-
-    #[tokio::test]
-    async fn lapsed_lease_is_taken_over_and_the_old_epoch_is_fenced() {
-        let store = memory().await;
-        let id = op("o-3");
-        claim(&store, &id, FP, TINY_LEASE).await;
-        tokio::time::sleep(PAST_TINY).await;
-        assert_eq!(
-            claim(&store, &id, FP, LEASE).await,
-            Claim::Acquired {
-                epoch: 2,
-                takeover: true
-            }
-        );
-        assert!(matches!(
-            claim(&store, &id, FP, LEASE).await,
-            Claim::InFlight { .. }
-        ));
-
-        assert_eq!(store.renew(&id, 1, LEASE).await.unwrap(), Fence::Lost);
-        assert_eq!(store.release(&id, 1).await.unwrap(), Fence::Lost);
-        assert_eq!(store.mark_unknown(&id, 1).await.unwrap(), Fence::Lost);
-        assert_eq!(
-            store.record(&id, 1, &outcome("late"), DAY).await.unwrap(),
-            Fence::Lost
-        );
-        assert_eq!(store.renew(&id, 2, LEASE).await.unwrap(), Fence::Held);
-        assert_eq!(
-            store.record(&id, 2, &outcome("ok"), DAY).await.unwrap(),
-            Fence::Held
-        );
-        assert_eq!(
-            claim(&store, &id, FP, LEASE).await,
-            Claim::Completed(outcome("ok"))
-        );
-    }
-
-    #[tokio::test]
-    async fn lapsed_lease_goes_unknown_under_takeover_unknown() {
-        let store = memory().await;
-        let id = op("o-4");
-        claim(&store, &id, FP, TINY_LEASE).await;
-        tokio::time::sleep(PAST_TINY).await;
-        let to_unknown = ClaimRequest {
-            on_takeover: Takeover::Unknown,
-            ..req(&id, FP, LEASE)
-        };
-        assert_eq!(
-            store.claim(&to_unknown).await.unwrap(),
-            Claim::Unknown {
-                epoch: 1,
-                now: true
-            }
-        );
-        assert_eq!(
-            store.claim(&to_unknown).await.unwrap(),
-            Claim::Unknown {
-                epoch: 1,
-                now: false
-            }
-        );
-        assert_eq!(
-            claim(&store, &id, FP, LEASE).await,
-            Claim::Unknown {
-                epoch: 1,
-                now: false
-            }
-        );
-        // The late owner cannot record over UNKNOWN; only resolve moves it on.
-        assert_eq!(
-            store.record(&id, 1, &outcome("late"), DAY).await.unwrap(),
-            Fence::Lost
-        );
-        assert_eq!(store.resolve(&id, 2, None).await.unwrap(), Fence::Lost);
-        assert_eq!(store.resolve(&id, 1, None).await.unwrap(), Fence::Held);
-        assert_eq!(
-            claim(&store, &id, FP, LEASE).await,
-            Claim::Acquired {
-                epoch: 1,
-                takeover: false
-            }
-        );
-    }
-
-    #[tokio::test]
-    async fn resolve_records_an_outcome() {
-        let store = memory().await;
-        let id = op("o-5");
-        claim(&store, &id, FP, LEASE).await;
-        store.mark_unknown(&id, 1).await.unwrap();
-        let settled = outcome("\"settled\"");
-        assert_eq!(
-            store.resolve(&id, 1, Some((&settled, DAY))).await.unwrap(),
-            Fence::Held
-        );
-        assert_eq!(
-            claim(&store, &id, FP, LEASE).await,
-            Claim::Completed(settled)
-        );
-        assert_eq!(store.resolve(&id, 1, None).await.unwrap(), Fence::Lost);
-    }
-
-    #[tokio::test]
-    async fn release_lets_the_next_call_run() {
-        let store = memory().await;
-        let id = op("o-6");
-        claim(&store, &id, FP, LEASE).await;
-        assert_eq!(store.release(&id, 2).await.unwrap(), Fence::Lost);
-        assert_eq!(store.release(&id, 1).await.unwrap(), Fence::Held);
-        assert_eq!(store.release(&id, 1).await.unwrap(), Fence::Lost);
-        // Released means absent: another payload is a fresh operation, not a mismatch.
-        assert_eq!(
-            claim(&store, &id, OTHER_FP, LEASE).await,
-            Claim::Acquired {
-                epoch: 1,
-                takeover: false
-            }
-        );
-        assert_eq!(store.release(&id, u64::MAX).await.unwrap(), Fence::Lost);
-    }
-
-    #[tokio::test]
-    async fn expired_completed_is_claimed_afresh() {
-        let store = memory().await;
-        let id = op("o-7");
-        claim(&store, &id, FP, LEASE).await;
-        store
-            .record(&id, 1, &outcome("old"), Duration::from_millis(1))
+    async fn conformance_in_memory_and_in_a_file() {
+        crate::store::conformance::run_all(&memory().await).await;
+        let db = TempDb::new("conformance");
+        let store = open(db.0.to_str().unwrap(), &SqlOptions::default())
             .await
             .unwrap();
-        tokio::time::sleep(PAST_TINY).await;
-        assert_eq!(store.peek_completed(&id, &FP).await.unwrap(), None);
-        // Expired is absent: a new payload binds, with a higher epoch for fencing.
-        assert_eq!(
-            claim(&store, &id, OTHER_FP, LEASE).await,
-            Claim::Acquired {
-                epoch: 2,
-                takeover: false
-            }
-        );
-        assert_eq!(claim(&store, &id, FP, LEASE).await, Claim::Mismatch);
-        assert_eq!(
-            store.record(&id, 1, &outcome("stale"), DAY).await.unwrap(),
-            Fence::Lost
-        );
-        assert_eq!(
-            store.record(&id, 2, &outcome("new"), DAY).await.unwrap(),
-            Fence::Held
-        );
-        assert_eq!(
-            claim(&store, &id, OTHER_FP, LEASE).await,
-            Claim::Completed(outcome("new"))
-        );
-    }
-
-    #[tokio::test]
-    async fn purge_removes_only_expired_completed() {
-        let store = memory().await;
-        let (live, expired, running, unknown) =
-            (op("live"), op("expired"), op("running"), op("unknown"));
-        for id in [&live, &expired, &running, &unknown] {
-            claim(&store, id, FP, LEASE).await;
-        }
-        store.record(&live, 1, &outcome("1"), DAY).await.unwrap();
-        store
-            .record(&expired, 1, &outcome("1"), Duration::from_millis(1))
-            .await
-            .unwrap();
-        store.mark_unknown(&unknown, 1).await.unwrap();
-        // A lapsed claim is still IN_PROGRESS: never purged.
-        let lapsed = op("lapsed");
-        claim(&store, &lapsed, FP, TINY_LEASE).await;
-        tokio::time::sleep(PAST_TINY).await;
-
-        assert_eq!(store.purge_expired().await.unwrap(), 1);
-        assert_eq!(store.purge_expired().await.unwrap(), 0);
-        let stats = store.stats().await.unwrap();
-        assert_eq!(
-            (stats.in_progress, stats.completed, stats.unknown),
-            (2, 1, 1)
-        );
-        assert!(stats.oldest_in_progress.is_some() && stats.oldest_unknown.is_some());
-        assert_eq!(
-            claim(&store, &live, FP, LEASE).await,
-            Claim::Completed(outcome("1"))
-        );
-        assert!(matches!(
-            claim(&store, &running, FP, LEASE).await,
-            Claim::InFlight { .. }
-        ));
-        assert_eq!(
-            claim(&store, &unknown, FP, LEASE).await,
-            Claim::Unknown {
-                epoch: 1,
-                now: false
-            }
-        );
-    }
-
-    #[tokio::test]
-    async fn list_filters_and_orders_oldest_first() {
-        let store = memory().await;
-        let (a, b, c) = (op("a"), op("b"), op("c"));
-        claim(&store, &a, FP, LEASE).await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        claim(&store, &b, FP, LEASE).await;
-        let other = OperationId {
-            name: "email".into(),
-            ..c.clone()
-        };
-        claim(&store, &other, FP, LEASE).await;
-        store.mark_unknown(&b, 1).await.unwrap();
-
-        let all = store.list(&ListFilter::default()).await.unwrap();
-        assert_eq!(all.len(), 3);
-        assert_eq!(all[0].id, a);
-        let unknown = store.list(&ListFilter::unknown()).await.unwrap();
-        assert_eq!(unknown.iter().map(|r| &r.id).collect::<Vec<_>>(), [&b]);
-        let emails = ListFilter {
-            name: Some("email".into()),
-            ..Default::default()
-        };
-        assert_eq!(store.list(&emails).await.unwrap()[0].id, other);
-        let stuck = store.list(&ListFilter::stuck(DAY)).await.unwrap();
-        assert!(stuck.is_empty());
-        let one = ListFilter {
-            limit: Some(1),
-            ..Default::default()
-        };
-        assert_eq!(store.list(&one).await.unwrap().len(), 1);
+        crate::store::conformance::run_all(&store).await;
     }
 
     #[tokio::test]
@@ -1347,9 +1064,9 @@ mod tests {
 
         // An expired record is absent in transactional mode too.
         let expired = op("tx-3");
-        claim(&store, &expired, FP, LEASE).await;
+        let epoch = epoch_of(claim(&store, &expired, FP, LEASE).await);
         store
-            .record(&expired, 1, &outcome("old"), Duration::from_millis(1))
+            .record(&expired, epoch, &outcome("old"), Duration::from_millis(1))
             .await
             .unwrap();
         tokio::time::sleep(PAST_TINY).await;
@@ -1363,14 +1080,14 @@ mod tests {
         tx.commit().await.unwrap();
 
         let unknown = op("tx-4");
-        claim(&store, &unknown, FP, LEASE).await;
-        store.mark_unknown(&unknown, 1).await.unwrap();
+        let epoch = epoch_of(claim(&store, &unknown, FP, LEASE).await);
+        store.mark_unknown(&unknown, epoch).await.unwrap();
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_sqlite(&mut tx, &store, &unknown, &FP)
                 .await
                 .unwrap(),
-            TxClaim::Unknown { epoch: 1 }
+            TxClaim::Unknown { epoch }
         );
     }
 

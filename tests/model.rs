@@ -1,0 +1,573 @@
+//! A seeded, model-based randomized test of the leased state machine.
+//!
+//! Simulated callers issue random operations on a few keys (a call with one of two
+//! payloads whose body succeeds, fails, is slow, stalls past its lease or is
+//! cancelled; an operator `resolve`; a purge) while the store injects faults at
+//! claim, renew, record and release. A model of every body execution and every
+//! answer is checked against the contract's invariants after each run.
+//!
+//! `IDEM_MODEL_SEED=N` replays one seed; `IDEM_MODEL_RUNS=N` runs more seeds (the
+//! long run); a failure prints the seed that reproduces it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::{
+    Claim, ClaimRequest, Disposition, Fence, Idem, IdemError, InFlight, ListFilter, OperationId,
+    RecordInfo, Resolution, State, Stats, Store, StoreError, StoredOutcome, current,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+const KEYS: usize = 3;
+const CALLERS: usize = 6;
+const STEPS: usize = 10;
+const LEASE: Duration = Duration::from_millis(300);
+const RETAIN: Duration = Duration::from_secs(3600);
+
+/// The body's error: a released failure, an effect in doubt, or idem's own.
+#[derive(Debug, Serialize, Deserialize)]
+enum ModelErr {
+    Released,
+    Effect,
+    #[serde(skip)]
+    Idem(IdemError),
+}
+
+impl From<IdemError> for ModelErr {
+    fn from(e: IdemError) -> Self {
+        ModelErr::Idem(e)
+    }
+}
+
+fn classify(e: &ModelErr) -> Disposition {
+    match e {
+        ModelErr::Released => Disposition::Release,
+        _ => Disposition::Unknown,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Behavior {
+    Ok,
+    Slow,
+    Released,
+    Effect,
+    Stall,
+    Cancel,
+}
+
+#[derive(Debug)]
+struct Exec {
+    key: usize,
+    payload: u8,
+    epoch: u64,
+    stalled: bool,
+    active: bool,
+    /// The operator generation of its key when it started.
+    generation: u64,
+    /// The body ran to its end and returned `Ok`.
+    body_ok: bool,
+}
+
+#[derive(Default)]
+struct Model {
+    execs: Vec<Exec>,
+    /// Bumped by every operator `resolve` on the key.
+    generation: HashMap<usize, u64>,
+    /// (key, payload, exec id) of every `Ok` answer.
+    oks: Vec<(usize, u8, usize)>,
+    /// Exec ids whose caller was told `Fenced`, and `Unrecorded`.
+    fenced: Vec<usize>,
+    unrecorded: Vec<(usize, String)>,
+    violations: Vec<String>,
+}
+
+impl Model {
+    fn start(&mut self, key: usize, payload: u8, epoch: u64, stalled: bool) -> usize {
+        let generation = *self.generation.get(&key).unwrap_or(&0);
+        let id = self.execs.len();
+        for (other, e) in self.execs.iter().enumerate() {
+            // Two bodies of one operation at once: only after a lapsed lease (the other
+            // stalled) or an operator's resolve.
+            if e.key == key && e.active && !e.stalled && e.generation == generation {
+                self.violations.push(format!(
+                    "exec {id} (payload {payload}, epoch {epoch}) started while exec {other} \
+                     (epoch {}) of key {key} was running with a live lease",
+                    e.epoch
+                ));
+            }
+        }
+        self.execs.push(Exec {
+            key,
+            payload,
+            epoch,
+            stalled,
+            active: true,
+            generation,
+            body_ok: false,
+        });
+        id
+    }
+}
+
+/// Marks a body inactive however it ends, cancellation included.
+struct Active(Arc<Mutex<Model>>, usize);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().execs[self.1].active = false;
+    }
+}
+
+/// A store that injects faults: claims fail (before or after committing), renewals fail
+/// once in a while and always for a stalled claim, records fail at most once in a row
+/// per claim (or commit and lose their reply), releases fail.
+struct Faulty {
+    inner: Arc<dyn Store>,
+    rng: Mutex<StdRng>,
+    on: std::sync::atomic::AtomicBool,
+    stalled: Mutex<HashSet<(OperationId, u64)>>,
+    /// Claims whose last renewal or record failed: the next one goes through.
+    renew_failed: Mutex<HashSet<(OperationId, u64)>>,
+    record_failed: Mutex<HashSet<(OperationId, u64)>>,
+}
+
+fn fault(what: &str) -> StoreError {
+    StoreError::new(
+        true,
+        std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            format!("injected: {what}"),
+        ),
+    )
+}
+
+impl Faulty {
+    fn roll(&self, p: f64) -> bool {
+        self.on.load(std::sync::atomic::Ordering::SeqCst) && self.rng.lock().unwrap().gen_bool(p)
+    }
+
+    /// Fails with probability `p`, never twice in a row for one claim.
+    fn transient(
+        &self,
+        set: &Mutex<HashSet<(OperationId, u64)>>,
+        id: &OperationId,
+        epoch: u64,
+        p: f64,
+    ) -> bool {
+        let k = (id.clone(), epoch);
+        let mut set = set.lock().unwrap();
+        if set.remove(&k) {
+            return false;
+        }
+        if self.roll(p) {
+            set.insert(k);
+            return true;
+        }
+        false
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Faulty {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        if self.roll(0.04) {
+            return Err(fault("claim"));
+        }
+        let c = self.inner.claim(req).await?;
+        if self.roll(0.03) {
+            return Err(fault("claim reply lost"));
+        }
+        Ok(c)
+    }
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        o: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        if self.transient(&self.record_failed, id, epoch, 0.25) {
+            return Err(fault("record"));
+        }
+        let f = self.inner.record(id, epoch, o, retain).await?;
+        if self.transient(&self.record_failed, id, epoch, 0.05) {
+            return Err(fault("record reply lost"));
+        }
+        Ok(f)
+    }
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        if self.roll(0.05) {
+            return Err(fault("release"));
+        }
+        self.inner.release(id, epoch).await
+    }
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.inner.mark_unknown(id, epoch).await
+    }
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
+        if self.stalled.lock().unwrap().contains(&(id.clone(), epoch)) {
+            return Err(fault("renew (stalled)"));
+        }
+        if self.transient(&self.renew_failed, id, epoch, 0.1) {
+            return Err(fault("renew"));
+        }
+        self.inner.renew(id, epoch, lease).await
+    }
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        c: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        self.inner.resolve(id, epoch, c).await
+    }
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        self.inner.purge_expired().await
+    }
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.inner.stats().await
+    }
+    async fn list(&self, f: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        self.inner.list(f).await
+    }
+    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+        self.inner.announce_wait(id).await
+    }
+    fn attach_wakers(&self, hub: Arc<idem_runtime::WakeHub>) {
+        self.inner.attach_wakers(hub)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    SqliteFile,
+}
+
+struct World {
+    idem: Idem,
+    faulty: Arc<Faulty>,
+    model: Arc<Mutex<Model>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn world(backend: Backend, seed: u64) -> World {
+    let slot: Arc<Mutex<Option<Arc<Faulty>>>> = Arc::default();
+    let s = slot.clone();
+    let builder = Idem::builder()
+        .replay_cache_bytes(0)
+        .poll_interval(Duration::from_millis(20))
+        .layer(move |inner| {
+            let f = Arc::new(Faulty {
+                inner,
+                rng: Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)),
+                on: true.into(),
+                stalled: Mutex::default(),
+                renew_failed: Mutex::default(),
+                record_failed: Mutex::default(),
+            });
+            *s.lock().unwrap() = Some(f.clone());
+            f
+        });
+    let (idem, dir) = match backend {
+        Backend::Memory => (builder.memory(), None),
+        Backend::SqliteFile => {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite://{}", dir.path().join("model.db").display());
+            (builder.sqlite(&url).await.unwrap(), Some(dir))
+        }
+    };
+    let faulty = slot.lock().unwrap().clone().unwrap();
+    World {
+        idem,
+        faulty,
+        model: Arc::default(),
+        _dir: dir,
+    }
+}
+
+fn op_id(idem: &Idem, key: usize) -> OperationId {
+    idem.operation("transfer", &(key as u64))
+        .scope("model")
+        .id()
+        .clone()
+}
+
+/// One call with the given behaviour; records its answer in the model.
+async fn call(w: &World, key: usize, payload: u8, behavior: Behavior, reject: bool) {
+    let model = w.model.clone();
+    let faulty = w.faulty.clone();
+    let body = move || async move {
+        let cur = current();
+        let stall = behavior == Behavior::Stall;
+        let exec = model
+            .lock()
+            .unwrap()
+            .start(key, payload, cur.epoch(), stall);
+        let _active = Active(model.clone(), exec);
+        let id = OperationId {
+            scope: cur.scope().to_owned(),
+            name: cur.name().to_owned(),
+            key: cur.key().to_owned(),
+        };
+        let nap = match behavior {
+            Behavior::Slow => LEASE * 2,
+            Behavior::Stall => {
+                // A frozen process: its renewals stop while it sleeps past its lease.
+                faulty.stalled.lock().unwrap().insert((id, cur.epoch()));
+                LEASE * 3
+            }
+            Behavior::Cancel => LEASE * 10,
+            _ => Duration::from_millis(5),
+        };
+        tokio::time::sleep(nap).await;
+        let out = match behavior {
+            Behavior::Released => Err(ModelErr::Released),
+            Behavior::Effect => Err(ModelErr::Effect),
+            _ => Ok(exec),
+        };
+        model.lock().unwrap().execs[exec].body_ok = out.is_ok();
+        out
+    };
+    let in_flight = if reject {
+        InFlight::Reject
+    } else {
+        InFlight::Wait(LEASE * 2)
+    };
+    let fut = w
+        .idem
+        .operation("transfer", &(key as u64))
+        .scope("model")
+        .fingerprint(&payload)
+        .retain(RETAIN)
+        .lease(LEASE)
+        .in_flight(in_flight)
+        .classify(classify)
+        .run(body);
+    let out = if behavior == Behavior::Cancel {
+        match tokio::time::timeout(LEASE / 2, fut).await {
+            Ok(out) => out,
+            Err(_) => return,
+        }
+    } else {
+        fut.await
+    };
+    let mut m = w.model.lock().unwrap();
+    match out {
+        Ok(exec) => m.oks.push((key, payload, exec)),
+        Err(ModelErr::Idem(IdemError::Fenced { epoch, .. })) => {
+            let exec = m
+                .execs
+                .iter()
+                .rposition(|e| e.key == key && e.epoch == epoch && e.payload == payload);
+            match exec {
+                Some(x) => m.fenced.push(x),
+                None => m.violations.push(format!(
+                    "Fenced at epoch {epoch} for key {key}, which no body of this payload ran"
+                )),
+            }
+        }
+        Err(ModelErr::Idem(e @ IdemError::Unrecorded { .. })) => {
+            let IdemError::Unrecorded { epoch, source, .. } = &e else {
+                unreachable!()
+            };
+            let epoch = *epoch;
+            let why = format!("{e}: {source}");
+            if let Some(x) = m
+                .execs
+                .iter()
+                .rposition(|e| e.key == key && e.epoch == epoch && e.payload == payload)
+            {
+                m.unrecorded.push((x, why));
+            }
+        }
+        Err(_) => {}
+    }
+}
+
+async fn operator(w: &World, key: usize, rng: &mut StdRng) {
+    let id = op_id(&w.idem, key);
+    let rows = match w
+        .idem
+        .list(&ListFilter {
+            limit: Some(1000),
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(rows) => rows,
+        Err(_) => return,
+    };
+    let Some(row) = rows
+        .into_iter()
+        .find(|r| r.id == id && r.state != State::Completed)
+    else {
+        return;
+    };
+    // Only an operator's deliberate retry may let two bodies overlap; count it first.
+    *w.model.lock().unwrap().generation.entry(key).or_default() += 1;
+    if rng.gen_bool(0.5) || row.state == State::Unknown {
+        let _ = w.idem.resolve(&id, row.epoch, Resolution::Retry).await;
+    }
+}
+
+async fn run_seed(backend: Backend, seed: u64) {
+    let w = Arc::new(world(backend, seed).await);
+    let mut tasks = Vec::new();
+    for caller in 0..CALLERS {
+        let w = w.clone();
+        let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(caller as u64));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..STEPS {
+                let key = rng.gen_range(0..KEYS);
+                let payload = if rng.gen_bool(0.8) { 0 } else { 1 };
+                let roll = rng.gen_range(0..100);
+                if roll < 70 {
+                    let behavior = match rng.gen_range(0..100) {
+                        0..40 => Behavior::Ok,
+                        40..50 => Behavior::Slow,
+                        50..70 => Behavior::Released,
+                        70..75 => Behavior::Effect,
+                        75..88 => Behavior::Stall,
+                        _ => Behavior::Cancel,
+                    };
+                    call(&w, key, payload, behavior, rng.gen_bool(0.3)).await;
+                } else if roll < 80 {
+                    operator(&w, key, &mut rng).await;
+                } else if roll < 85 {
+                    let _ = w.idem.purge_expired().await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(rng.gen_range(0..100))).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        if let Err(e) = t.await {
+            panic!("seed {seed} on {backend:?}: a caller panicked: {e}");
+        }
+    }
+
+    // Quiet period: no faults; every claimant is gone, so after one lease no key may
+    // still be blocked (UNKNOWN waits for an operator by design).
+    w.faulty
+        .on
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    let mut blocked = Vec::new();
+    for key in 0..KEYS {
+        for payload in [0u8, 1] {
+            let r = w
+                .idem
+                .operation("transfer", &(key as u64))
+                .scope("model")
+                .fingerprint(&payload)
+                .retain(RETAIN)
+                .lease(LEASE)
+                .in_flight(InFlight::Reject)
+                .classify(classify)
+                .run(|| async { Ok::<usize, ModelErr>(usize::MAX) })
+                .await;
+            match r {
+                Err(ModelErr::Idem(e @ IdemError::InFlight { .. })) => {
+                    blocked.push(format!("key {key} payload {payload}: {e}"))
+                }
+                Ok(x) if x != usize::MAX => w.model.lock().unwrap().oks.push((key, payload, x)),
+                _ => {}
+            }
+        }
+    }
+
+    let m = w.model.lock().unwrap();
+    let mut violations = m.violations.clone();
+    violations.extend(
+        blocked
+            .into_iter()
+            .map(|b| format!("blocked past one lease: {b}")),
+    );
+    let mut ok_exec: HashMap<usize, usize> = HashMap::new();
+    for &(key, payload, exec) in &m.oks {
+        let e = &m.execs[exec];
+        if e.key != key || e.payload != payload || !e.body_ok {
+            violations.push(format!(
+                "key {key} payload {payload} was answered Ok with exec {exec}, which ran key {} \
+                 payload {} (body ok: {})",
+                e.key, e.payload, e.body_ok
+            ));
+        }
+        if let Some(&first) = ok_exec.get(&key) {
+            if first != exec {
+                violations.push(format!(
+                    "key {key} answered Ok with the outcomes of two executions ({first} and {exec})"
+                ));
+            }
+        } else {
+            ok_exec.insert(key, exec);
+        }
+    }
+    for &x in &m.fenced {
+        let e = &m.execs[x];
+        let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
+        if !e.stalled && !reset {
+            violations.push(format!(
+                "exec {x} (key {}, epoch {}) was fenced though its lease never lapsed and no \
+                 operator touched it",
+                e.key, e.epoch
+            ));
+        }
+    }
+    for (x, why) in &m.unrecorded {
+        let e = &m.execs[*x];
+        let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
+        if !e.stalled && !reset {
+            violations.push(format!(
+                "exec {x} (key {}, epoch {}) was reported Unrecorded though the store failed \
+                 only transiently while its lease held ({why})",
+                e.key, e.epoch
+            ));
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "model violations on {backend:?} with seed {seed} (rerun with IDEM_MODEL_SEED={seed}):\n{}",
+        violations.join("\n")
+    );
+}
+
+fn seeds(default_runs: u64) -> Vec<u64> {
+    if let Ok(seed) = std::env::var("IDEM_MODEL_SEED") {
+        return vec![seed.parse().expect("IDEM_MODEL_SEED is a number")];
+    }
+    let runs = std::env::var("IDEM_MODEL_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(default_runs);
+    let base = std::env::var("IDEM_MODEL_BASE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1);
+    (base..base + runs).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_memory() {
+    for seed in seeds(6) {
+        run_seed(Backend::Memory, seed).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_sqlite_file() {
+    for seed in seeds(4) {
+        run_seed(Backend::SqliteFile, seed).await;
+    }
+}
