@@ -108,6 +108,109 @@ macro_rules! tx_suite {
                 drop_orders(&pool, &_t).await;
             }
 
+            #[idem_runtime::idempotent(store = idem, key = order, retain = "1d", tx = tx)]
+            async fn ship(
+                idem: &Idem,
+                tx: &mut sqlx::Transaction<'static, $db>,
+                order: &str,
+            ) -> Result<(u64, String), AppError> {
+                let _ = &tx;
+                // The running operation is visible in a transactional body too.
+                let cur = idem_runtime::current();
+                Ok((cur.epoch(), cur.downstream_key("carrier")))
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn current_is_set_in_a_transactional_body() {
+                let Some((pool, idem, orders_table, _dir)) = setup("current_tx").await else { return };
+                let mut tx = $begin(&pool).await;
+                let (epoch, key) = ship(&idem, &mut tx, "o-8").await.unwrap();
+                tx.commit().await.unwrap();
+                assert!(epoch >= 1);
+                assert_eq!(key.len(), 64);
+                assert!(idem_runtime::try_current().is_none());
+                drop_orders(&pool, &orders_table).await;
+            }
+
+            /// A cancelled body whose caller commits anyway leaves a claim that lapses
+            /// after its lease, like a leased one: the key is never blocked for good.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn abandoned_claim_is_taken_over_after_its_lease() {
+                let Some((pool, idem, orders_table, _dir)) = setup("abandoned").await else { return };
+                let lease = std::time::Duration::from_millis(300);
+                let mut tx = $begin(&pool).await;
+                let op = idem.operation("place_order", "o-5").fingerprint(&1i64).lease(lease);
+                match op.begin_tx::<_, i64, AppError>(&mut tx).await.unwrap() {
+                    // The body is dropped mid-way (a timeout): no finish.
+                    TxStep::Run(guard) => drop(guard),
+                    TxStep::Replay(_) => panic!("fresh key replayed"),
+                }
+                tx.commit().await.unwrap();
+                let mut tx = $begin(&pool).await;
+                let r = place(&idem, &mut tx, "o-5", 1, false).await;
+                assert!(matches!(&r, Err(AppError::Idem(m)) if m.contains("already running")), "{r:?}");
+                drop(tx);
+                tokio::time::sleep(lease + std::time::Duration::from_millis(200)).await;
+                let mut tx = $begin(&pool).await;
+                assert_eq!(place(&idem, &mut tx, "o-5", 1, false).await.unwrap(), 100);
+                tx.commit().await.unwrap();
+                assert_eq!(orders(&pool, &orders_table).await, 1);
+
+                // A leased call takes over an abandoned transactional claim too.
+                let mut tx = $begin(&pool).await;
+                let op = idem.operation("place_order", "o-6").fingerprint(&1i64).lease(lease);
+                let TxStep::Run(guard) = op.begin_tx::<_, i64, AppError>(&mut tx).await.unwrap() else {
+                    panic!("fresh key replayed");
+                };
+                drop(guard);
+                tx.commit().await.unwrap();
+                tokio::time::sleep(lease + std::time::Duration::from_millis(200)).await;
+                let (v, info) = idem_runtime::observe(
+                    idem.operation("place_order", "o-6")
+                        .fingerprint(&1i64)
+                        .run(|| async { Ok::<_, AppError>(7i64) }),
+                )
+                .await;
+                assert_eq!(v.unwrap(), 7);
+                assert!(info.epoch().is_some(), "the leased call ran the body");
+                drop_orders(&pool, &orders_table).await;
+            }
+
+            /// With `errors = record`, a body whose own SQL failed (which aborts a
+            /// PostgreSQL transaction) still gets its error recorded and returned, never
+            /// a store error in its place.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn recorded_error_after_the_body_sql_failed() {
+                let Some((pool, idem, orders_table, _dir)) = setup("recorded_sql_error").await else { return };
+                let mut tx = $begin(&pool).await;
+                insert(&mut tx, "taken", 1).await.unwrap();
+                tx.commit().await.unwrap();
+                for attempt in 0..2 {
+                    let mut tx = $begin(&pool).await;
+                    let op = idem.operation("place_order", "o-7").fingerprint(&2i64).record_errors();
+                    let r: Result<i64, AppError> = match op.begin_tx(&mut tx).await {
+                        Ok(TxStep::Replay(out)) => {
+                            assert_eq!(attempt, 1, "replayed on the first call");
+                            out
+                        }
+                        Ok(TxStep::Run(guard)) => {
+                            assert_eq!(attempt, 0, "ran again after the error was recorded");
+                            // A duplicate primary key: the body's own statement fails.
+                            let out = insert(&mut tx, "taken", 2)
+                                .await
+                                .map(|()| 0)
+                                .map_err(|_| AppError::Declined("duplicate order".into()));
+                            guard.finish(&mut tx, out).await
+                        }
+                        Err(e) => panic!("{e}"),
+                    };
+                    assert_eq!(r, Err(AppError::Declined("duplicate order".into())));
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(orders(&pool, &orders_table).await, 1);
+                drop_orders(&pool, &orders_table).await;
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn concurrent_duplicates_write_once() {
                 let Some((pool, idem, orders_table, _dir)) = setup("concurrent_tx").await else { return };

@@ -150,7 +150,7 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
             let __idem_out: #ret = {
                 // A reborrow, so the body may move `tx` and it is still ours afterwards.
                 let #tx = &mut *#tx;
-                async move { #fake_return #block }.await
+                __idem_guard.body(async move { #fake_return #block }).await
             };
             __idem_guard.finish(&mut *#tx, __idem_out).await
             }

@@ -57,6 +57,12 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<[u8; 32], crate::
     Ok(b.finish())
 }
 
+/// The struct name serde_json gives a `Number` under its `arbitrary_precision` feature
+/// (the digits travel as a string field of the same name).
+const JSON_NUMBER: &str = "$serde_json::private::Number";
+/// The struct name serde_json gives a `RawValue` (the JSON text as a string field).
+const JSON_RAW: &str = "$serde_json::private::RawValue";
+
 fn write_len(out: &mut Vec<u8>, n: usize) {
     out.extend_from_slice(&(n as u64).to_be_bytes());
 }
@@ -85,11 +91,13 @@ struct Canonical<'a> {
     out: &'a mut Vec<u8>,
 }
 
-/// Collects sequence items in order, or map entries to be sorted on `end`.
+/// Collects sequence items in order, or map entries to be sorted on `end`; or stands for
+/// one of serde_json's private number or raw-JSON structs, encoded as the value it holds.
 struct Compound<'a> {
     out: &'a mut Vec<u8>,
     entries: Option<Vec<Vec<u8>>>,
     pending_key: Vec<u8>,
+    json: Option<&'static str>,
 }
 
 impl<'a> Compound<'a> {
@@ -99,6 +107,7 @@ impl<'a> Compound<'a> {
             out,
             entries: None,
             pending_key: Vec::new(),
+            json: None,
         }
     }
     fn map(out: &'a mut Vec<u8>) -> Self {
@@ -107,7 +116,48 @@ impl<'a> Compound<'a> {
             out,
             entries: Some(Vec::new()),
             pending_key: Vec::new(),
+            json: None,
         }
+    }
+    fn json(out: &'a mut Vec<u8>, token: &'static str) -> Self {
+        Compound {
+            out,
+            entries: None,
+            pending_key: Vec::new(),
+            json: Some(token),
+        }
+    }
+
+    /// A serde_json number or raw value, encoded exactly as serde_json's default build
+    /// would have serialized it, so enabling `arbitrary_precision` or `raw_value`
+    /// anywhere in an application's graph changes no fingerprint.
+    fn json_field<T: Serialize + ?Sized>(&mut self, token: &str, v: &T) -> Result<(), CanonError> {
+        // The field is a string; its canonical form is `s`, a u64 length, the bytes.
+        let mut buf = Vec::new();
+        v.serialize(Canonical { out: &mut buf })?;
+        let text = match buf.split_first() {
+            Some((b's', rest)) if rest.len() >= 8 => std::str::from_utf8(&rest[8..])
+                .map_err(|e| CanonError(format!("serde_json sent a non-UTF-8 number: {e}")))?
+                .to_owned(),
+            _ => return Err(CanonError(format!("`{token}` without its string field"))),
+        };
+        let out = Canonical { out: self.out };
+        if token == JSON_NUMBER {
+            // serde_json's default keeps u64, then i64, else f64.
+            if let Ok(n) = text.parse::<u64>() {
+                return ser::Serializer::serialize_u64(out, n);
+            }
+            if let Ok(n) = text.parse::<i64>() {
+                return ser::Serializer::serialize_i64(out, n);
+            }
+            return match text.parse::<f64>() {
+                Ok(n) => ser::Serializer::serialize_f64(out, n),
+                Err(e) => Err(CanonError(format!("invalid JSON number `{text}`: {e}"))),
+            };
+        }
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| CanonError(format!("invalid raw JSON: {e}")))?;
+        value.serialize(out)
     }
     fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
         v.serialize(Canonical { out: self.out })
@@ -125,10 +175,16 @@ impl<'a> Compound<'a> {
         Ok(())
     }
     fn field<T: Serialize + ?Sized>(&mut self, name: &str, v: &T) -> Result<(), CanonError> {
+        if let Some(token) = self.json {
+            return self.json_field(token, v);
+        }
         self.key(name)?;
         self.value(v)
     }
     fn finish(self) -> Result<(), CanonError> {
+        if self.json.is_some() {
+            return Ok(());
+        }
         if let Some(mut entries) = self.entries {
             // Keys are self-delimiting, so sorting whole entries sorts by key first.
             entries.sort_unstable();
@@ -284,8 +340,12 @@ impl<'a> ser::Serializer for Canonical<'a> {
     fn serialize_map(self, _: Option<usize>) -> Result<Compound<'a>, CanonError> {
         Ok(Compound::map(self.out))
     }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Compound<'a>, CanonError> {
-        Ok(Compound::map(self.out))
+    fn serialize_struct(self, name: &'static str, _: usize) -> Result<Compound<'a>, CanonError> {
+        Ok(match name {
+            JSON_NUMBER => Compound::json(self.out, JSON_NUMBER),
+            JSON_RAW => Compound::json(self.out, JSON_RAW),
+            _ => Compound::map(self.out),
+        })
     }
     fn serialize_struct_variant(
         self,
@@ -416,4 +476,42 @@ mod tests {
         assert_eq!(hex, PINNED);
     }
     const PINNED: &str = "1a74a0d03fad766ecfe0c2e0eb475fdb5c8477fef4d74e86721f304d0b8d7f25";
+
+    /// What serde_json's `Number` and `RawValue` serialize as under `arbitrary_precision`
+    /// and `raw_value`: a private struct with one string field. Features unify across a
+    /// whole build, so this stands in for a build where another crate turned them on.
+    struct Private(&'static str, &'static str);
+
+    impl serde::Serialize for Private {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStruct;
+            let mut st = s.serialize_struct(self.0, 1)?;
+            st.serialize_field(self.0, self.1)?;
+            st.end()
+        }
+    }
+
+    #[test]
+    fn serde_json_features_change_no_fingerprint() {
+        const NUMBER: &str = "$serde_json::private::Number";
+        const RAW: &str = "$serde_json::private::RawValue";
+        let plain = serde_json::json!({"amount": 1999, "rate": 0.25, "delta": -3});
+        let as_features = BTreeMap::from([
+            ("amount", Private(NUMBER, "1999")),
+            ("rate", Private(NUMBER, "0.25")),
+            ("delta", Private(NUMBER, "-3")),
+        ]);
+        assert_eq!(
+            fingerprint(&plain).unwrap(),
+            fingerprint(&as_features).unwrap()
+        );
+        assert_eq!(
+            fingerprint(&plain).unwrap(),
+            fingerprint(&Private(RAW, r#"{"rate":0.25,"delta":-3,"amount":1999}"#)).unwrap()
+        );
+        assert_ne!(
+            fingerprint(&Private(NUMBER, "1999")).unwrap(),
+            fingerprint(&Private(NUMBER, "2000")).unwrap()
+        );
+    }
 }

@@ -517,6 +517,10 @@ impl<P, U> Operation<P, U> {
     pub(crate) fn retain_for(&self) -> Duration {
         self.retain
     }
+
+    pub(crate) fn lease_for(&self) -> Duration {
+        self.lease
+    }
 }
 
 struct Run<'a, P, U, T> {

@@ -27,6 +27,13 @@ const SAVEPOINT: &str = "SAVEPOINT idem_body";
 const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_body";
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const ROLLBACK_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
+/// Taken after the claim, before the body: rolling back to it undoes the body's writes
+/// and keeps the claim, so an error can still be recorded after the body's own SQL
+/// failed (which aborts a PostgreSQL transaction).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const RUN_SAVEPOINT: &str = "SAVEPOINT idem_run";
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const ROLLBACK_RUN: &str = "ROLLBACK TO SAVEPOINT idem_run";
 
 /// What [`Operation::begin_tx`] decided.
 pub enum TxStep<T, E, G> {
@@ -108,15 +115,16 @@ impl Conn<'_> {
         idem: &crate::Idem,
         id: &crate::OperationId,
         fp: &[u8; 32],
+        lease: std::time::Duration,
     ) -> Result<TxClaim, IdemError> {
         let claimed = match self {
             #[cfg(feature = "sqlite")]
             Conn::Sqlite(c) => {
-                crate::store::sqlite::tx_claim_sqlite(c, sql_store(idem)?, id, fp).await
+                crate::store::sqlite::tx_claim_sqlite(c, sql_store(idem)?, id, fp, lease).await
             }
             #[cfg(feature = "postgres")]
             Conn::Postgres(c) => {
-                crate::store::postgres::tx_claim_pg(c, sql_store(idem)?, id, fp).await
+                crate::store::postgres::tx_claim_pg(c, sql_store(idem)?, id, fp, lease).await
             }
         };
         claimed.map_err(store_err("claim"))
@@ -183,6 +191,16 @@ fn sql_store<S: 'static>(idem: &crate::Idem) -> Result<&S, IdemError> {
 #[must_use = "call `finish` with the body's result, or the claim is recorded as nothing"]
 pub struct TxGuard<P, U> {
     op: Operation<P, U>,
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    epoch: u64,
+}
+
+impl<P, U> TxGuard<P, U> {
+    /// Runs the body with [`current`](crate::current) set to this operation, as a leased
+    /// body has it.
+    pub async fn body<F: std::future::Future>(&self, body: F) -> F::Output {
+        crate::context::scope_body(self.op.id(), self.epoch, body).await
+    }
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -224,10 +242,13 @@ impl<P, U> Operation<P, U> {
             conn.check_store(&idem)?;
             let fp = this.fingerprint_bytes();
             conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
-            let claim = conn.claim(&idem, this.id(), &fp).await?;
-            if claim == TxClaim::Acquired {
-                tracing::debug!(scope = %this.id().scope, name = %this.id().name, "claimed in transaction");
-                return Ok(TxStep::Run(TxGuard { op: this }));
+            let claim = conn.claim(&idem, this.id(), &fp, this.lease_for()).await?;
+            if let TxClaim::Acquired { epoch } = claim {
+                conn.exec(RUN_SAVEPOINT)
+                    .await
+                    .map_err(store_err("savepoint"))?;
+                tracing::debug!(scope = %this.id().scope, name = %this.id().name, key = %idem.log_key(&this.id().key), epoch, "claimed in transaction");
+                return Ok(TxStep::Run(TxGuard { op: this, epoch }));
             }
             conn.exec(RELEASE_SAVEPOINT)
                 .await
@@ -241,7 +262,7 @@ impl<P, U> Operation<P, U> {
                 TxClaim::Mismatch => Err(IdemError::Mismatch { name }),
                 TxClaim::Unknown { epoch } => Err(IdemError::Unknown { name, epoch }),
                 TxClaim::InFlight { retry_after } => Err(IdemError::InFlight { name, retry_after }),
-                TxClaim::Acquired => unreachable!("handled above"),
+                TxClaim::Acquired { .. } => unreachable!("handled above"),
             }
         }
     }
@@ -270,7 +291,7 @@ impl<P, U> TxGuard<P, U> {
         }
         #[cfg(any(feature = "sqlite", feature = "postgres"))]
         {
-            let op = self.op;
+            let (op, epoch) = (self.op, self.epoch);
             let mut conn = tx.idem_conn();
             let idem = op.idem_handle()?;
             conn.check_store(&idem)?;
@@ -321,10 +342,36 @@ impl<P, U> TxGuard<P, U> {
                 version: op.version_number(),
                 body: outcome,
             };
-            match conn
-                .record(&idem, op.id(), &stored, op.retain_for())
-                .await?
-            {
+            let recorded = match conn.record(&idem, op.id(), &stored, op.retain_for()).await {
+                Ok(fence) => fence,
+                Err(e) => match result {
+                    // The body's own SQL may have failed and aborted the transaction
+                    // (PostgreSQL): undo the body's writes, keep the claim, record again.
+                    // Never hide the body's error behind idem's.
+                    Err(err) => {
+                        tracing::debug!(error = %e, "record failed; recording again without the body's writes");
+                        let again = match conn.exec(ROLLBACK_RUN).await {
+                            Ok(()) => conn
+                                .record(&idem, op.id(), &stored, op.retain_for())
+                                .await
+                                .ok(),
+                            Err(_) => None,
+                        };
+                        if again != Some(crate::Fence::Held) {
+                            // Nothing recorded: release the claim with the body's writes.
+                            let _ = conn.undo_body().await;
+                            return Err(err);
+                        }
+                        conn.exec(RELEASE_SAVEPOINT)
+                            .await
+                            .map_err(store_err("savepoint"))?;
+                        crate::context::report_run(epoch);
+                        return Err(err);
+                    }
+                    Ok(_) => return Err(e.into()),
+                },
+            };
+            match recorded {
                 crate::Fence::Held => {}
                 crate::Fence::Lost => {
                     return Err(IdemError::Config {
@@ -339,7 +386,7 @@ impl<P, U> TxGuard<P, U> {
             conn.exec(RELEASE_SAVEPOINT)
                 .await
                 .map_err(store_err("savepoint"))?;
-            crate::context::report_run(1);
+            crate::context::report_run(epoch);
             result
         }
     }

@@ -267,12 +267,15 @@ const LIST: &str = "SELECT scope, name, key, state, epoch,
     ORDER BY claimed_at, scope, name, key
     LIMIT $4";
 
-/// Transactional mode: the claim inside the caller's transaction. No lease: the row lock
-/// is the claim. A concurrent duplicate blocks here until the first transaction ends.
-/// $1..$3 the operation, $4 the fingerprint.
+/// Transactional mode: the claim inside the caller's transaction. The row lock is the
+/// claim; a concurrent duplicate blocks here until the first transaction ends. The lease
+/// only matters if the caller commits without finishing (a cancelled body): the claim
+/// then lapses like a leased one. $1..$3 the operation, $4 the fingerprint, $5 the lease
+/// (ms).
 const TX_CLAIM: &str = "INSERT INTO {table} (scope, name, key, state, epoch, fingerprint,
         taken_over, lease_until, created_at, claimed_at)
-    SELECT $1, $2, $3, 0, {next_epoch}, $4, false, n.now, n.now, n.now
+    SELECT $1, $2, $3, 0, {next_epoch}, $4, false,
+        n.now + $5::bigint * interval '1 millisecond', n.now, n.now
     FROM (SELECT clock_timestamp() AS now) AS n
     ON CONFLICT (scope, name, key) DO NOTHING
     RETURNING epoch";
@@ -281,6 +284,7 @@ const TX_CLAIM: &str = "INSERT INTO {table} (scope, name, key, state, epoch, fin
 /// under READ COMMITTED it sees the row the other transaction committed.
 const TX_READ: &str = "SELECT state, epoch, fingerprint = $4 AS same_fingerprint,
         COALESCE(state = 1 AND expires_at <= clock_timestamp(), false) AS expired,
+        (state = 0 AND lease_until <= clock_timestamp()) AS lapsed,
         greatest(0, (EXTRACT(EPOCH FROM lease_until - clock_timestamp()) * 1000)::bigint)
             AS retry_after_ms,
         outcome, outcome_is_err, outcome_version
@@ -289,11 +293,22 @@ const TX_READ: &str = "SELECT state, epoch, fingerprint = $4 AS same_fingerprint
 /// Transactional mode: an expired COMPLETED record counts as absent; claim it afresh.
 const TX_RECLAIM_EXPIRED: &str = "UPDATE {table}
     SET state = 0, epoch = {next_epoch}, fingerprint = $4, taken_over = false,
-        lease_until = clock_timestamp(), created_at = clock_timestamp(),
+        lease_until = clock_timestamp() + $5::bigint * interval '1 millisecond',
+        created_at = clock_timestamp(),
         claimed_at = clock_timestamp(), expires_at = NULL, outcome = NULL,
         outcome_is_err = false, outcome_version = 0, waiters = false
     WHERE scope = $1 AND name = $2 AND key = $3 AND state = 1
       AND expires_at <= clock_timestamp()
+    RETURNING epoch";
+
+/// Transactional mode: a lapsed claim of the same request is taken over, as a leased
+/// claim would be. $5 the lease (ms).
+const TX_TAKEOVER: &str = "UPDATE {table}
+    SET epoch = {next_epoch}, taken_over = true,
+        lease_until = clock_timestamp() + $5::bigint * interval '1 millisecond',
+        claimed_at = clock_timestamp()
+    WHERE scope = $1 AND name = $2 AND key = $3 AND state = 0
+      AND lease_until <= clock_timestamp() AND fingerprint = $4
     RETURNING epoch";
 
 /// Transactional mode: $4 outcome, $5 is_err, $6 version, $7 retain (ms).
@@ -319,6 +334,7 @@ struct Statements {
     tx_claim: String,
     tx_read: String,
     tx_reclaim: String,
+    tx_takeover: String,
     tx_record: String,
 }
 
@@ -348,6 +364,7 @@ impl Statements {
             tx_claim: r(TX_CLAIM),
             tx_read: r(TX_READ),
             tx_reclaim: r(TX_RECLAIM_EXPIRED),
+            tx_takeover: r(TX_TAKEOVER),
             tx_record: r(TX_RECORD),
         }
     }
@@ -958,12 +975,14 @@ pub(crate) async fn tx_claim_pg(
     store: &PgStore,
     id: &OperationId,
     fingerprint: &[u8; 32],
+    lease: Duration,
 ) -> Result<TxClaim, StoreError> {
     sql_common::tx_claim(&mut TxConn {
         conn,
         sql: &store.sql,
         id,
         fingerprint,
+        lease: millis(lease),
     })
     .await
 }
@@ -974,37 +993,48 @@ struct TxConn<'a> {
     sql: &'a Statements,
     id: &'a OperationId,
     fingerprint: &'a [u8; 32],
+    lease: i64,
 }
 
 impl TxConn<'_> {
-    /// One statement over (scope, name, key, fingerprint).
-    async fn step(&mut self, sql: &str) -> Result<Option<PgRow>, StoreError> {
-        sqlx::query(sql)
+    /// One statement over (scope, name, key, fingerprint), and the lease if it takes one.
+    async fn step(&mut self, sql: &str, lease: bool) -> Result<Option<PgRow>, StoreError> {
+        let mut query = sqlx::query(sql)
             .bind(&self.id.scope)
             .bind(&self.id.name)
             .bind(&self.id.key)
-            .bind(&self.fingerprint[..])
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)
+            .bind(&self.fingerprint[..]);
+        if lease {
+            query = query.bind(self.lease);
+        }
+        query.fetch_optional(&mut *self.conn).await.map_err(map_err)
+    }
+
+    /// A claiming statement: the epoch it returned, if it claimed.
+    async fn claiming(&mut self, sql: &str) -> Result<Option<i64>, StoreError> {
+        match self.step(sql, true).await? {
+            Some(row) => row.try_get("epoch").map(Some).map_err(map_err),
+            None => Ok(None),
+        }
     }
 }
 
 impl sql_common::TxSteps for TxConn<'_> {
-    async fn insert(&mut self) -> Result<bool, StoreError> {
+    async fn insert(&mut self) -> Result<Option<i64>, StoreError> {
         let sql = self.sql;
-        Ok(self.step(&sql.tx_claim).await?.is_some())
+        self.claiming(&sql.tx_claim).await
     }
 
     async fn read(&mut self) -> Result<Option<TxRow>, StoreError> {
         let sql = self.sql;
-        let Some(row) = self.step(&sql.tx_read).await? else {
+        let Some(row) = self.step(&sql.tx_read, false).await? else {
             return Ok(None);
         };
         let read = || -> Result<TxRow, sqlx::Error> {
             Ok(TxRow {
                 same_fingerprint: row.try_get("same_fingerprint")?,
                 expired: row.try_get("expired")?,
+                lapsed: row.try_get("lapsed")?,
                 state: i64::from(row.try_get::<i16, _>("state")?),
                 epoch: row.try_get("epoch")?,
                 retry_after_ms: row.try_get("retry_after_ms")?,
@@ -1016,9 +1046,14 @@ impl sql_common::TxSteps for TxConn<'_> {
         read().map(Some).map_err(map_err)
     }
 
-    async fn reclaim_expired(&mut self) -> Result<bool, StoreError> {
+    async fn reclaim_expired(&mut self) -> Result<Option<i64>, StoreError> {
         let sql = self.sql;
-        Ok(self.step(&sql.tx_reclaim).await?.is_some())
+        self.claiming(&sql.tx_reclaim).await
+    }
+
+    async fn take_over(&mut self) -> Result<Option<i64>, StoreError> {
+        let sql = self.sql;
+        self.claiming(&sql.tx_takeover).await
     }
 }
 
@@ -1451,12 +1486,16 @@ mod tests {
         let store = Arc::new(db.store);
         let id = op("tx-1");
         let mut first = store.pool.begin().await.unwrap();
-        assert_eq!(
-            tx_claim_pg(&mut first, &store, &id, &FP).await.unwrap(),
-            TxClaim::Acquired
-        );
         assert!(matches!(
-            tx_claim_pg(&mut first, &store, &id, &FP).await.unwrap(),
+            tx_claim_pg(&mut first, &store, &id, &FP, LEASE)
+                .await
+                .unwrap(),
+            TxClaim::Acquired { .. }
+        ));
+        assert!(matches!(
+            tx_claim_pg(&mut first, &store, &id, &FP, LEASE)
+                .await
+                .unwrap(),
             TxClaim::InFlight { .. }
         ));
 
@@ -1465,7 +1504,7 @@ mod tests {
             let (store, id) = (store.clone(), id.clone());
             tokio::spawn(async move {
                 let mut tx = store.pool.begin().await.unwrap();
-                let claim = tx_claim_pg(&mut tx, &store, &id, &FP).await;
+                let claim = tx_claim_pg(&mut tx, &store, &id, &FP, LEASE).await;
                 tx.rollback().await.unwrap();
                 claim
             })
@@ -1485,7 +1524,9 @@ mod tests {
 
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_pg(&mut tx, &store, &id, &OTHER_FP).await.unwrap(),
+            tx_claim_pg(&mut tx, &store, &id, &OTHER_FP, LEASE)
+                .await
+                .unwrap(),
             TxClaim::Mismatch
         );
         tx.rollback().await.unwrap();
@@ -1493,23 +1534,30 @@ mod tests {
         // Rollback is the release: the blocked duplicate claims.
         let rolled = op("tx-2");
         let mut first = store.pool.begin().await.unwrap();
-        tx_claim_pg(&mut first, &store, &rolled, &FP).await.unwrap();
+        tx_claim_pg(&mut first, &store, &rolled, &FP, LEASE)
+            .await
+            .unwrap();
         let second = {
             let (store, rolled) = (store.clone(), rolled.clone());
             tokio::spawn(async move {
                 let mut tx = store.pool.begin().await.unwrap();
-                let claim = tx_claim_pg(&mut tx, &store, &rolled, &OTHER_FP).await;
+                let claim = tx_claim_pg(&mut tx, &store, &rolled, &OTHER_FP, LEASE).await;
                 tx.rollback().await.unwrap();
                 claim
             })
         };
         first.rollback().await.unwrap();
-        assert_eq!(second.await.unwrap().unwrap(), TxClaim::Acquired);
+        assert!(matches!(
+            second.await.unwrap().unwrap(),
+            TxClaim::Acquired { .. }
+        ));
 
         // Under REPEATABLE READ the conflict is a retryable serialization failure.
         let serial = op("tx-3");
         let mut first = store.pool.begin().await.unwrap();
-        tx_claim_pg(&mut first, &store, &serial, &FP).await.unwrap();
+        tx_claim_pg(&mut first, &store, &serial, &FP, LEASE)
+            .await
+            .unwrap();
         let second = {
             let (store, serial) = (store.clone(), serial.clone());
             tokio::spawn(async move {
@@ -1519,7 +1567,7 @@ mod tests {
                     .unwrap();
                 tx.execute("SELECT 1").await.unwrap(); // take the snapshot now
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                let claim = tx_claim_pg(&mut tx, &store, &serial, &FP).await;
+                let claim = tx_claim_pg(&mut tx, &store, &serial, &FP, LEASE).await;
                 let _ = tx.rollback().await;
                 claim
             })

@@ -390,8 +390,11 @@ pub(crate) fn decide(row: ClaimRow) -> Result<Decision, StoreError> {
 /// no epochs to fence on; the row lock is the claim and rollback is the release).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum TxClaim {
-    /// This transaction inserted the claim: run the body, then `tx_record_*`.
-    Acquired,
+    /// This transaction holds the claim at `epoch`: run the body, then `tx_record_*`.
+    Acquired {
+        /// The claim's epoch (what `current().epoch()` shows in the body).
+        epoch: u64,
+    },
     /// The operation completed (committed by another transaction): replay this.
     Completed(StoredOutcome),
     /// The key is bound to another fingerprint.
@@ -416,6 +419,9 @@ pub(crate) struct TxRow {
     pub(crate) same_fingerprint: bool,
     /// COMPLETED and past its retention: it counts as absent.
     pub(crate) expired: bool,
+    /// IN_PROGRESS and its lease lapsed: its owner is gone (a cancelled transactional
+    /// body whose transaction committed anyway, or a crashed leased caller).
+    pub(crate) lapsed: bool,
     /// The state code.
     pub(crate) state: i64,
     /// The epoch.
@@ -433,12 +439,15 @@ pub(crate) struct TxRow {
 /// The statements of a transactional claim, each over (scope, name, key, fingerprint),
 /// as one backend runs them on the caller's connection.
 pub(crate) trait TxSteps {
-    /// The insert of a fresh claim: whether it inserted.
-    async fn insert(&mut self) -> Result<bool, StoreError>;
+    /// The insert of a fresh claim: its epoch, if it inserted.
+    async fn insert(&mut self) -> Result<Option<i64>, StoreError>;
     /// The existing row, if any.
     async fn read(&mut self) -> Result<Option<TxRow>, StoreError>;
-    /// A fresh claim over an expired COMPLETED row: whether it took it.
-    async fn reclaim_expired(&mut self) -> Result<bool, StoreError>;
+    /// A fresh claim over an expired COMPLETED row: its epoch, if it took it.
+    async fn reclaim_expired(&mut self) -> Result<Option<i64>, StoreError>;
+    /// A takeover of a lapsed IN_PROGRESS row of the same fingerprint: its epoch, if it
+    /// took it.
+    async fn take_over(&mut self) -> Result<Option<i64>, StoreError>;
 }
 
 /// How often a transactional claim retries when the row it conflicted with vanished
@@ -448,18 +457,31 @@ const TX_ATTEMPTS: usize = 5;
 /// Transactional mode's claim, the same for both backends: insert, else read the row the
 /// insert conflicted with (committed by now: the insert waited on its lock), and decide.
 pub(crate) async fn tx_claim(steps: &mut impl TxSteps) -> Result<TxClaim, StoreError> {
+    let acquired = |epoch| {
+        Ok::<_, StoreError>(TxClaim::Acquired {
+            epoch: epoch_from_sql(epoch)?,
+        })
+    };
     for _ in 0..TX_ATTEMPTS {
-        if steps.insert().await? {
-            return Ok(TxClaim::Acquired);
+        if let Some(epoch) = steps.insert().await? {
+            return acquired(epoch);
         }
         let Some(row) = steps.read().await? else {
             continue; // deleted since the insert saw it: try the insert again
         };
         if row.expired {
-            if steps.reclaim_expired().await? {
-                return Ok(TxClaim::Acquired);
+            match steps.reclaim_expired().await? {
+                Some(epoch) => return acquired(epoch),
+                None => continue,
             }
-            continue;
+        }
+        // The two modes agree: a claim whose owner is gone is taken over after its
+        // lease, whichever mode made it, so no key stays blocked.
+        if row.lapsed && row.same_fingerprint {
+            match steps.take_over().await? {
+                Some(epoch) => return acquired(epoch),
+                None => continue,
+            }
         }
         return decide_tx(row);
     }

@@ -172,17 +172,20 @@ const LIST: &str = "SELECT scope, name, key, state, epoch, max(0, {now} - claime
     ORDER BY claimed_ms, scope, name, key
     LIMIT ?4";
 
-/// Transactional mode: the claim inside the caller's transaction. No lease, no token:
-/// the transaction's write lock is the claim. ?1..?3 the operation, ?4 the fingerprint.
+/// Transactional mode: the claim inside the caller's transaction. The transaction's write
+/// lock is the claim; the lease only matters if the caller commits without finishing
+/// (a cancelled body), so the claim lapses like a leased one. ?1..?3 the operation, ?4
+/// the fingerprint, ?5 the lease (ms).
 const TX_CLAIM: &str = "INSERT INTO {table} (scope, name, key, state, epoch, fingerprint, token,
         taken_over, lease_until_ms, created_ms, claimed_ms)
-    VALUES (?1, ?2, ?3, 0, {next_epoch}, ?4, 0, 0, {now}, {now}, {now})
+    VALUES (?1, ?2, ?3, 0, {next_epoch}, ?4, 0, 0, {now} + ?5, {now}, {now})
     ON CONFLICT (scope, name, key) DO NOTHING
     RETURNING epoch";
 
 /// Transactional mode: the row that made [`TX_CLAIM`] do nothing.
 const TX_READ: &str = "SELECT state, epoch, fingerprint = ?4 AS same_fingerprint,
         state = 1 AND expires_ms <= {now} AS expired,
+        state = 0 AND lease_until_ms <= {now} AS lapsed,
         max(0, lease_until_ms - {now}) AS retry_after_ms,
         outcome, outcome_is_err, outcome_version
     FROM {table} WHERE scope = ?1 AND name = ?2 AND key = ?3";
@@ -190,9 +193,18 @@ const TX_READ: &str = "SELECT state, epoch, fingerprint = ?4 AS same_fingerprint
 /// Transactional mode: an expired COMPLETED record counts as absent; claim it afresh.
 const TX_RECLAIM_EXPIRED: &str = "UPDATE {table}
     SET state = 0, epoch = {next_epoch}, fingerprint = ?4, token = 0, taken_over = 0,
-        lease_until_ms = {now}, created_ms = {now}, claimed_ms = {now}, expires_ms = NULL,
+        lease_until_ms = {now} + ?5, created_ms = {now}, claimed_ms = {now}, expires_ms = NULL,
         outcome = NULL, outcome_is_err = 0, outcome_version = 0
     WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 1 AND expires_ms <= {now}
+    RETURNING epoch";
+
+/// Transactional mode: a lapsed claim of the same request is taken over, as a leased
+/// claim would be. ?5 the lease (ms).
+const TX_TAKEOVER: &str = "UPDATE {table}
+    SET epoch = {next_epoch}, token = 0, taken_over = 1, lease_until_ms = {now} + ?5,
+        claimed_ms = {now}
+    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 0 AND lease_until_ms <= {now}
+      AND fingerprint = ?4
     RETURNING epoch";
 
 /// Transactional mode: ?4 outcome, ?5 is_err, ?6 version, ?7 retain (ms).
@@ -218,6 +230,7 @@ struct Statements {
     tx_claim: String,
     tx_read: String,
     tx_reclaim: String,
+    tx_takeover: String,
     tx_record: String,
 }
 
@@ -244,6 +257,7 @@ impl Statements {
             tx_claim: r(TX_CLAIM),
             tx_read: r(TX_READ),
             tx_reclaim: r(TX_RECLAIM_EXPIRED),
+            tx_takeover: r(TX_TAKEOVER),
             tx_record: r(TX_RECORD),
         }
     }
@@ -707,12 +721,14 @@ pub(crate) async fn tx_claim_sqlite(
     store: &SqliteStore,
     id: &OperationId,
     fingerprint: &[u8; 32],
+    lease: Duration,
 ) -> Result<TxClaim, StoreError> {
     sql_common::tx_claim(&mut TxConn {
         conn,
         sql: &store.sql,
         id,
         fingerprint,
+        lease: millis(lease),
     })
     .await
 }
@@ -723,37 +739,48 @@ struct TxConn<'a> {
     sql: &'a Statements,
     id: &'a OperationId,
     fingerprint: &'a [u8; 32],
+    lease: i64,
 }
 
 impl TxConn<'_> {
-    /// One statement over (scope, name, key, fingerprint).
-    async fn step(&mut self, sql: &str) -> Result<Option<SqliteRow>, StoreError> {
-        sqlx::query(sql)
+    /// One statement over (scope, name, key, fingerprint), and the lease if it takes one.
+    async fn step(&mut self, sql: &str, lease: bool) -> Result<Option<SqliteRow>, StoreError> {
+        let mut query = sqlx::query(sql)
             .bind(&self.id.scope)
             .bind(&self.id.name)
             .bind(&self.id.key)
-            .bind(&self.fingerprint[..])
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(map_err)
+            .bind(&self.fingerprint[..]);
+        if lease {
+            query = query.bind(self.lease);
+        }
+        query.fetch_optional(&mut *self.conn).await.map_err(map_err)
+    }
+
+    /// A claiming statement: the epoch it returned, if it claimed.
+    async fn claiming(&mut self, sql: &str) -> Result<Option<i64>, StoreError> {
+        match self.step(sql, true).await? {
+            Some(row) => row.try_get("epoch").map(Some).map_err(map_err),
+            None => Ok(None),
+        }
     }
 }
 
 impl sql_common::TxSteps for TxConn<'_> {
-    async fn insert(&mut self) -> Result<bool, StoreError> {
+    async fn insert(&mut self) -> Result<Option<i64>, StoreError> {
         let sql = self.sql;
-        Ok(self.step(&sql.tx_claim).await?.is_some())
+        self.claiming(&sql.tx_claim).await
     }
 
     async fn read(&mut self) -> Result<Option<TxRow>, StoreError> {
         let sql = self.sql;
-        let Some(row) = self.step(&sql.tx_read).await? else {
+        let Some(row) = self.step(&sql.tx_read, false).await? else {
             return Ok(None);
         };
         let read = || -> Result<TxRow, sqlx::Error> {
             Ok(TxRow {
                 same_fingerprint: row.try_get("same_fingerprint")?,
                 expired: row.try_get("expired")?,
+                lapsed: row.try_get("lapsed")?,
                 state: row.try_get("state")?,
                 epoch: row.try_get("epoch")?,
                 retry_after_ms: row.try_get("retry_after_ms")?,
@@ -765,9 +792,14 @@ impl sql_common::TxSteps for TxConn<'_> {
         read().map(Some).map_err(map_err)
     }
 
-    async fn reclaim_expired(&mut self) -> Result<bool, StoreError> {
+    async fn reclaim_expired(&mut self) -> Result<Option<i64>, StoreError> {
         let sql = self.sql;
-        Ok(self.step(&sql.tx_reclaim).await?.is_some())
+        self.claiming(&sql.tx_reclaim).await
+    }
+
+    async fn take_over(&mut self) -> Result<Option<i64>, StoreError> {
+        let sql = self.sql;
+        self.claiming(&sql.tx_takeover).await
     }
 }
 
@@ -1015,13 +1047,17 @@ mod tests {
     async fn transactional(store: SqliteStore) {
         let id = op("tx-1");
         let mut tx = store.pool.begin().await.unwrap();
-        assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &id, &FP).await.unwrap(),
-            TxClaim::Acquired
-        );
+        assert!(matches!(
+            tx_claim_sqlite(&mut tx, &store, &id, &FP, LEASE)
+                .await
+                .unwrap(),
+            TxClaim::Acquired { .. }
+        ));
         // The same transaction claiming twice sees its own claim.
         assert!(matches!(
-            tx_claim_sqlite(&mut tx, &store, &id, &FP).await.unwrap(),
+            tx_claim_sqlite(&mut tx, &store, &id, &FP, LEASE)
+                .await
+                .unwrap(),
             TxClaim::InFlight { .. }
         ));
         let done = outcome("\"tx\"");
@@ -1035,11 +1071,13 @@ mod tests {
 
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &id, &FP).await.unwrap(),
+            tx_claim_sqlite(&mut tx, &store, &id, &FP, LEASE)
+                .await
+                .unwrap(),
             TxClaim::Completed(done)
         );
         assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &id, &OTHER_FP)
+            tx_claim_sqlite(&mut tx, &store, &id, &OTHER_FP, LEASE)
                 .await
                 .unwrap(),
             TxClaim::Mismatch
@@ -1049,17 +1087,17 @@ mod tests {
         // Rollback is the release.
         let rolled = op("tx-2");
         let mut tx = store.pool.begin().await.unwrap();
-        tx_claim_sqlite(&mut tx, &store, &rolled, &FP)
+        tx_claim_sqlite(&mut tx, &store, &rolled, &FP, LEASE)
             .await
             .unwrap();
         tx.rollback().await.unwrap();
         let mut tx = store.pool.begin().await.unwrap();
-        assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &rolled, &OTHER_FP)
+        assert!(matches!(
+            tx_claim_sqlite(&mut tx, &store, &rolled, &OTHER_FP, LEASE)
                 .await
                 .unwrap(),
-            TxClaim::Acquired
-        );
+            TxClaim::Acquired { .. }
+        ));
         tx.rollback().await.unwrap();
 
         // An expired record is absent in transactional mode too.
@@ -1071,12 +1109,12 @@ mod tests {
             .unwrap();
         tokio::time::sleep(PAST_TINY).await;
         let mut tx = store.pool.begin().await.unwrap();
-        assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &expired, &OTHER_FP)
+        assert!(matches!(
+            tx_claim_sqlite(&mut tx, &store, &expired, &OTHER_FP, LEASE)
                 .await
                 .unwrap(),
-            TxClaim::Acquired
-        );
+            TxClaim::Acquired { .. }
+        ));
         tx.commit().await.unwrap();
 
         let unknown = op("tx-4");
@@ -1084,7 +1122,7 @@ mod tests {
         store.mark_unknown(&unknown, epoch).await.unwrap();
         let mut tx = store.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &unknown, &FP)
+            tx_claim_sqlite(&mut tx, &store, &unknown, &FP, LEASE)
                 .await
                 .unwrap(),
             TxClaim::Unknown { epoch }
