@@ -6,8 +6,70 @@ use idem_runtime::{IdemError, ListFilter};
 suite!(
     oversized_key_is_refused,
     oversized_scope_is_refused,
-    oversized_outcome_is_refused_and_not_rerun
+    oversized_outcome_is_refused_and_not_rerun,
+    absurd_durations_are_refused_before_anything_is_written,
+    an_operators_outcome_is_capped_too
 );
+
+async fn absurd_durations_are_refused_before_anything_is_written(ctx: Ctx) {
+    use std::time::Duration;
+    let runs = Counter::default();
+    for (what, op) in [
+        (
+            "lease",
+            ctx.idem.operation("op", "forever").lease(Duration::MAX),
+        ),
+        (
+            "wait",
+            ctx.idem
+                .operation("op", "forever")
+                .in_flight(idem_runtime::InFlight::Wait(Duration::MAX)),
+        ),
+    ] {
+        let r = op
+            .run(|| async {
+                runs.hit();
+                Ok::<_, IdemError>(())
+            })
+            .await;
+        assert!(
+            matches!(&r, Err(IdemError::Config { message }) if message.contains("366 days")),
+            "{what}: {r:?}"
+        );
+    }
+    assert_eq!(runs.get(), 0);
+    let stats = ctx.idem.stats().await.unwrap();
+    assert_eq!(
+        stats.in_progress + stats.completed + stats.unknown,
+        0,
+        "nothing written"
+    );
+}
+
+async fn an_operators_outcome_is_capped_too(ctx: Ctx) {
+    let idem = ctx.variant(|b| b.max_outcome_bytes(64)).await;
+    let op = || {
+        idem.operation("op", "parked")
+            .classify(|_: &AppError| idem_runtime::Disposition::Unknown)
+    };
+    let r = op()
+        .run(|| async { Err::<u8, AppError>(AppError::Timeout) })
+        .await;
+    assert!(r.is_err());
+    let parked = idem.list(&ListFilter::unknown()).await.unwrap();
+    let big = idem_runtime::Resolution::Completed {
+        outcome: serde_json::json!("x".repeat(100)),
+        version: 1,
+        retain: std::time::Duration::from_secs(60),
+    };
+    let r = idem.resolve(&parked[0].id, parked[0].epoch, big).await;
+    assert!(
+        matches!(r, Err(IdemError::OutcomeTooLarge { max: 64, .. })),
+        "{r:?}"
+    );
+    // Still UNKNOWN: nothing was recorded.
+    assert_eq!(idem.list(&ListFilter::unknown()).await.unwrap().len(), 1);
+}
 
 async fn oversized_key_is_refused(ctx: Ctx) {
     let runs = Counter::default();

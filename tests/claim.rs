@@ -104,12 +104,15 @@ async fn keys_are_typed(ctx: Ctx) {
     );
 }
 
+const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
 #[tokio::test]
 async fn hashed_keys_never_reach_the_store() {
-    let idem = idem_runtime::Idem::builder().hash_keys(true).memory();
+    let idem = idem_runtime::Idem::builder().hash_keys(SECRET).memory();
     let runs = Counter::default();
     for _ in 0..2 {
         idem.operation("email", "alice@example.com")
+            .scope("tenant\0with-nul@example.com")
             .run(|| async {
                 runs.hit();
                 Ok::<_, IdemError>(())
@@ -125,4 +128,61 @@ async fn hashed_keys_never_reach_the_store() {
     assert_eq!(listed.len(), 1);
     assert!(listed[0].id.key.starts_with("h:"), "{}", listed[0].id.key);
     assert!(!listed[0].id.key.contains("alice"));
+    let scope = &listed[0].id.scope;
+    assert!(
+        scope.starts_with("h:") && !scope.contains("tenant"),
+        "{scope}"
+    );
+    // Keyed: another secret gives another digest, so a dictionary of keys is no help.
+    let other = idem_runtime::Idem::builder()
+        .hash_keys(b"another secret of 32 bytes......")
+        .memory();
+    let id = other.operation("email", "alice@example.com").id().clone();
+    assert_ne!(id.key, listed[0].id.key);
+}
+
+/// The key mode is recorded with the table: opening it in the other mode, or with
+/// another secret, is a clear error rather than a silent change of every identity.
+#[tokio::test]
+async fn a_table_keeps_its_key_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("modes.db").display());
+    let hashed = idem_runtime::Idem::builder()
+        .hash_keys(SECRET)
+        .sqlite(&url)
+        .await
+        .unwrap();
+    hashed
+        .operation("email", "bob@example.com")
+        .run(|| async { Ok::<_, IdemError>(1) })
+        .await
+        .unwrap();
+    drop(hashed);
+    let plain = idem_runtime::Idem::sqlite(&url).await;
+    assert!(
+        matches!(&plain, Err(IdemError::Config { message }) if message.contains("hash_keys")),
+        "{plain:?}"
+    );
+    let other = idem_runtime::Idem::builder()
+        .hash_keys(b"another secret of 32 bytes......")
+        .sqlite(&url)
+        .await;
+    assert!(matches!(other, Err(IdemError::Config { .. })), "{other:?}");
+    let again = idem_runtime::Idem::builder()
+        .hash_keys(SECRET)
+        .sqlite(&url)
+        .await
+        .unwrap();
+    let replayed = again
+        .operation("email", "bob@example.com")
+        .run(|| async { Ok::<_, IdemError>(2) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, 1, "the same secret finds the same operation");
+
+    let short = idem_runtime::Idem::builder()
+        .hash_keys(b"short")
+        .sqlite("sqlite::memory:")
+        .await;
+    assert!(matches!(short, Err(IdemError::Config { .. })), "{short:?}");
 }

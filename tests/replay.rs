@@ -7,8 +7,24 @@ use serde::{Deserialize, Serialize};
 suite!(
     completed_duplicate_replays,
     replay_survives_a_new_handle,
-    observe_tells_replays_apart
+    observe_tells_replays_apart,
+    a_replayed_recorded_error_is_a_replay
 );
+
+async fn a_replayed_recorded_error_is_a_replay(ctx: Ctx) {
+    let call = || {
+        ctx.idem
+            .operation("charge", "declined-1")
+            .record_errors()
+            .run(|| async { Err::<u32, AppError>(AppError::Declined("card".into())) })
+    };
+    let (first, info) = observe(call()).await;
+    assert_eq!(first, Err(AppError::Declined("card".into())));
+    assert!(!info.replayed());
+    let (again, info) = observe(call()).await;
+    assert_eq!(again, Err(AppError::Declined("card".into())));
+    assert!(info.replayed(), "a recorded error replayed must say so");
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Receipt {

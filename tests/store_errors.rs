@@ -1,4 +1,5 @@
 //! A store that fails: fail closed, fail open, unrecorded outcomes.
+mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -21,6 +22,21 @@ struct Flaky {
     /// Claims beyond this many fail (0: no limit).
     claims_before_failing: std::sync::atomic::AtomicUsize,
     claims: std::sync::atomic::AtomicUsize,
+    /// Claims fail with this error instead (the store answered: not unreachable).
+    refuse: std::sync::Mutex<Option<fn() -> StoreError>>,
+    /// Claims numbered in this range fail like a dropped connection.
+    fail_window: std::sync::Mutex<std::ops::Range<usize>>,
+}
+
+fn refusal() -> StoreError {
+    StoreError::new(false, "invalid byte sequence for encoding \"UTF8\": 0x00")
+}
+
+fn raced() -> StoreError {
+    StoreError::new(
+        true,
+        "the claim raced concurrent writers 5 times in a row; retry",
+    )
 }
 
 fn down() -> StoreError {
@@ -35,8 +51,14 @@ impl Store for Flaky {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let n = self.claims.fetch_add(1, Ordering::SeqCst) + 1;
         let limit = self.claims_before_failing.load(Ordering::SeqCst);
-        if self.claims_fail.load(Ordering::SeqCst) || (limit > 0 && n > limit) {
+        if self.claims_fail.load(Ordering::SeqCst)
+            || (limit > 0 && n > limit)
+            || self.fail_window.lock().unwrap().contains(&n)
+        {
             return Err(down());
+        }
+        if let Some(refuse) = *self.refuse.lock().unwrap() {
+            return Err(refuse());
         }
         self.inner.claim(req).await
     }
@@ -243,7 +265,7 @@ async fn fail_open_never_runs_a_duplicate_of_a_call_known_to_be_running() {
     let r = idem
         .operation("notify", "k5")
         .on_store_error(OnStoreError::FailOpen)
-        .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(30)))
+        .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(1)))
         .run(|| async {
             ran = true;
             Ok::<_, IdemError>(2u8)
@@ -253,4 +275,88 @@ async fn fail_open_never_runs_a_duplicate_of_a_call_known_to_be_running() {
     assert!(!ran, "fail_open ran a duplicate of a running call");
     go_tx.send(()).unwrap();
     assert_eq!(first.await.unwrap().unwrap(), 1);
+}
+
+#[tokio::test]
+async fn fail_open_runs_nothing_when_the_store_answers_with_a_refusal() {
+    for error in [refusal as fn() -> StoreError, raced] {
+        let (f, idem) = flaky();
+        *f.refuse.lock().unwrap() = Some(error);
+        let mut ran = false;
+        let r = idem
+            .operation("notify", "k6")
+            .on_store_error(OnStoreError::FailOpen)
+            .run(|| async {
+                ran = true;
+                Ok::<_, IdemError>(())
+            })
+            .await;
+        assert!(matches!(r, Err(IdemError::Store { .. })), "{r:?}");
+        assert!(!ran, "fail_open ran the body on {}", error());
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_rides_out_transient_claim_errors() {
+    let (f, idem) = flaky_with(|b| b.poll_interval(Duration::from_millis(10)));
+    // Claims 3 to 5 (the waiter's re-claims) fail like a dropped connection.
+    *f.fail_window.lock().unwrap() = 3..6;
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.operation("charge", "k7")
+                .run(move || async move {
+                    let _ = started_tx.send(());
+                    let _ = go_rx.await;
+                    Ok::<_, IdemError>(1u8)
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let waiter = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.operation("charge", "k7")
+                .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(60)))
+                .run(|| async { Ok::<_, IdemError>(2u8) })
+                .await
+        })
+    };
+    // Let the waiter meet the failing claims before the first call finishes.
+    while f.claims.load(Ordering::SeqCst) < 6 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    go_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), 1);
+    assert_eq!(
+        waiter.await.unwrap().unwrap(),
+        1,
+        "the waiter replays the outcome"
+    );
+}
+
+/// A key PostgreSQL refuses (a NUL byte in TEXT) is a refusal, not an outage: with
+/// `fail_open` the body still does not run.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn fail_open_does_not_run_on_a_postgres_refusal() {
+    let Some(ctx) = common::Ctx::open(common::Backend::Postgres, "fail_open_nul").await else {
+        return;
+    };
+    let mut ran = false;
+    let r = ctx
+        .idem
+        .operation("notify", "a\0b")
+        .on_store_error(OnStoreError::FailOpen)
+        .run(|| async {
+            ran = true;
+            Ok::<_, IdemError>(())
+        })
+        .await;
+    assert!(matches!(&r, Err(IdemError::Store { .. })), "{r:?}");
+    assert!(!ran, "fail_open ran the body on a refused key");
+    ctx.cleanup().run().await;
 }

@@ -22,7 +22,7 @@ const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// let idem = idem_runtime::Idem::builder()
 ///     .table("billing_idempotency")
 ///     .max_outcome_bytes(16 * 1024)
-///     .hash_keys(true)
+///     .hash_keys(b"a secret of at least 32 random bytes from your vault")
 ///     .sqlite("sqlite::memory:")
 ///     .await?;
 /// # let _ = idem; Ok(()) }
@@ -34,7 +34,8 @@ pub struct IdemBuilder {
     pub(crate) max_waiters: usize,
     pub(crate) poll_interval: Duration,
     pub(crate) renew_leases: bool,
-    pub(crate) hash_keys: bool,
+    /// The secret keys and scopes are HMAC'd with, when they are stored hashed.
+    pub(crate) hash_keys: Option<Secret>,
     pub(crate) log_keys_hashed: bool,
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) table: Option<String>,
@@ -43,6 +44,16 @@ pub struct IdemBuilder {
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) max_connections: Option<u32>,
     pub(crate) layer: Option<StoreLayer>,
+}
+
+/// The `hash_keys` secret; never printed.
+#[derive(Clone)]
+pub(crate) struct Secret(pub(crate) Arc<[u8]>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 /// A function wrapping the opened store, set with [`IdemBuilder::layer`].
@@ -66,7 +77,7 @@ impl Default for IdemBuilder {
             max_waiters: DEFAULT_MAX_WAITERS,
             poll_interval: DEFAULT_POLL_INTERVAL,
             renew_leases: true,
-            hash_keys: false,
+            hash_keys: None,
             log_keys_hashed: false,
             table: None,
             migrate: true,
@@ -140,10 +151,16 @@ impl IdemBuilder {
         self
     }
 
-    /// Store keys as SHA-256 digests, so raw keys (emails, account numbers) never
-    /// reach the table. `list` then shows digests.
-    pub fn hash_keys(mut self, hash: bool) -> Self {
-        self.hash_keys = hash;
+    /// Store keys and scopes as HMAC-SHA256 digests keyed with `secret`, so raw keys and
+    /// scopes (emails, account numbers, principals) never reach the table and a
+    /// dictionary cannot reverse them without the secret. `list` then shows digests.
+    ///
+    /// The mode (and a check value of the secret) is recorded in the table at first
+    /// open; opening it later without hashing, or with another secret, is a
+    /// [`IdemError::Config`] rather than a silent change of every operation's identity.
+    /// Keep the secret stable: changing it makes every recorded operation new.
+    pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.hash_keys = Some(Secret(secret.as_ref().into()));
         self
     }
 
@@ -192,6 +209,19 @@ impl IdemBuilder {
         }
         opts.migrate = self.migrate;
         opts.max_connections = self.max_connections;
+        if let Some(Secret(secret)) = &self.hash_keys {
+            if secret.len() < 16 {
+                return Err(IdemError::Config {
+                    message: "the `hash_keys` secret is shorter than 16 bytes; use at least 32 \
+                              random bytes kept with your other secrets"
+                        .into(),
+                });
+            }
+            opts.key_mode = format!(
+                "hmac-sha256:{}",
+                &crate::idem::keyed_hex(secret, b"idem key-mode check")[..16]
+            );
+        }
         Ok(opts)
     }
 

@@ -46,7 +46,7 @@ struct Config {
     max_waiters: usize,
     poll_interval: Duration,
     renew_leases: bool,
-    hash_keys: bool,
+    hash_keys: Option<crate::builder::Secret>,
     log_keys_hashed: bool,
 }
 
@@ -177,17 +177,27 @@ impl Idem {
                 outcome,
                 version,
                 retain,
-            } => Some((
-                StoredOutcome {
+            } => {
+                let body = serde_json::to_vec(outcome).map_err(|e| IdemError::Codec {
+                    name: id.name.clone(),
+                    message: e.to_string(),
+                })?;
+                // The same cap as a recorded outcome: an operator's is replayed alike.
+                let max = self.inner.cfg.max_outcome_bytes;
+                if body.len() > max {
+                    return Err(IdemError::OutcomeTooLarge {
+                        name: id.name.clone(),
+                        len: body.len(),
+                        max,
+                    });
+                }
+                let stored = StoredOutcome {
                     is_err: false,
                     version: *version,
-                    body: serde_json::to_vec(outcome).map_err(|e| IdemError::Codec {
-                        name: id.name.clone(),
-                        message: e.to_string(),
-                    })?,
-                },
-                *retain,
-            )),
+                    body,
+                };
+                Some((stored, *retain))
+            }
         };
         let fence = self
             .store()
@@ -197,7 +207,7 @@ impl Idem {
         self.wake(id);
         match fence {
             crate::store::Fence::Held => {
-                tracing::info!(scope = %id.scope, name = %id.name, key = %self.log_key(&id.key), epoch, ?resolution, "resolved");
+                tracing::info!(scope = %self.log_key(&id.scope), name = %id.name, key = %self.log_key(&id.key), epoch, ?resolution, "resolved");
                 Ok(())
             }
             crate::store::Fence::Lost => Err(IdemError::Fenced {
@@ -224,7 +234,7 @@ impl Idem {
                     max_waiters: b.max_waiters,
                     poll_interval: b.poll_interval,
                     renew_leases: b.renew_leases,
-                    hash_keys: b.hash_keys,
+                    hash_keys: b.hash_keys.clone(),
                     log_keys_hashed: b.log_keys_hashed,
                 },
             }),
@@ -255,18 +265,17 @@ impl Idem {
         self.inner.hub.register(id, self.inner.cfg.max_waiters)
     }
 
-    /// The key as stored: hashed when the builder asked for it, so raw keys (emails,
-    /// account numbers) never reach the table.
+    /// A key or scope as stored: keyed-hashed when the builder asked for it, so raw keys
+    /// and scopes (emails, account numbers, principals) never reach the table.
     pub(crate) fn stored_key(&self, encoded: String) -> String {
-        if self.inner.cfg.hash_keys {
-            format!("h:{}", hex_sha256(encoded.as_bytes()))
-        } else {
-            encoded
+        match &self.inner.cfg.hash_keys {
+            Some(secret) => format!("h:{}", keyed_hex(&secret.0, encoded.as_bytes())),
+            None => encoded,
         }
     }
 
     pub(crate) fn log_key<'k>(&self, key: &'k str) -> std::borrow::Cow<'k, str> {
-        if self.inner.cfg.log_keys_hashed && !key.starts_with("h:") {
+        if self.inner.cfg.log_keys_hashed && !key.is_empty() && !key.starts_with("h:") {
             format!("h:{}", &hex_sha256(key.as_bytes())[..16]).into()
         } else {
             key.into()
@@ -301,7 +310,17 @@ impl Idem {
                     // The store extends the lease from its own now, which is no earlier
                     // than this moment.
                     let sent = tokio::time::Instant::now();
-                    match idem.store().renew(&id, epoch, lease).await {
+                    // Bounded: a renewal stuck on a half-open connection must not keep
+                    // this loop from trying again before the lease runs out.
+                    let renewed =
+                        tokio::time::timeout(every, idem.store().renew(&id, epoch, lease))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(crate::error::StoreError::unreachable(
+                                    "the lease renewal did not answer in time",
+                                ))
+                            });
+                    match renewed {
                         Ok(crate::store::Fence::Held) => {
                             *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent + lease);
                         }
@@ -326,8 +345,20 @@ impl Idem {
 }
 
 fn hex_sha256(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// HMAC-SHA256 of `bytes` under `secret`, in hex.
+pub(crate) fn keyed_hex(secret: &[u8], bytes: &[u8]) -> String {
+    use hmac::Mac;
+    let mut mac =
+        hmac::Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(bytes);
+    hex(&mac.finalize().into_bytes())
+}
+
+fn hex(digest: &[u8]) -> String {
     use std::fmt::Write;
-    let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(64);
     for b in digest {
         let _ = write!(out, "{b:02x}");

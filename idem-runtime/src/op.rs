@@ -279,7 +279,10 @@ impl<P, U> Operation<P, U> {
                 max: MAX_KEY_BYTES,
             });
         }
-        self.id.scope = scope;
+        self.id.scope = match &self.idem {
+            Some(idem) => idem.stored_key(scope),
+            None => scope,
+        };
         self
     }
 
@@ -559,7 +562,7 @@ where
         // unknown), the renewal task's and the body's own carry scope, name and key.
         let span = tracing::info_span!(
             "idem",
-            scope = %id.scope,
+            scope = %self.idem.log_key(&id.scope),
             name = %id.name,
             key = %self.idem.log_key(&id.key),
         );
@@ -830,11 +833,13 @@ where
         result
     }
 
-    /// Records, retrying a failing store while the lease may still hold: up to one lease
-    /// past the last renewal the store confirmed. The store extends a lease from its own
-    /// clock when the statement runs, which may be well after it was sent, so the lease
-    /// this process can prove is shorter than the real one; every attempt is fenced, so
-    /// one that lands after a takeover changes nothing and reports `Fenced`.
+    /// Records, retrying a retryable store error while the lease may still hold, for at
+    /// most one lease: from the first attempt, or from the last renewal the store
+    /// confirmed if that is earlier (renewals keep running meanwhile). The store extends
+    /// a lease from its own clock when the statement runs, which may be well after it was
+    /// sent, so the lease this process can prove is shorter than the real one; every
+    /// attempt is fenced, so one that lands after a takeover changes nothing and reports
+    /// `Fenced`.
     async fn record(
         &self,
         epoch: u64,
@@ -845,7 +850,9 @@ where
         let id = &self.op.id;
         let mut backoff = Duration::from_millis(20);
         // Before the first attempt, so the store's expiry is no earlier than this + retain.
-        let sent_at = Instant::now().into_std();
+        // The cache keeps time by the standard clock, like its reads.
+        let sent_at = std::time::Instant::now();
+        let started = Instant::now();
         loop {
             match self
                 .idem
@@ -878,7 +885,7 @@ where
                             epoch,
                         });
                     };
-                    if now + backoff >= held_until + self.op.lease {
+                    if !e.retryable || now + backoff >= started.min(held_until) + self.op.lease {
                         tracing::error!(parent: span, epoch, error = %e, "outcome unrecorded");
                         return Err(IdemError::Unrecorded {
                             name: self.name().to_owned(),

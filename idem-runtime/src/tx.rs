@@ -247,7 +247,7 @@ impl<P, U> Operation<P, U> {
                 conn.exec(RUN_SAVEPOINT)
                     .await
                     .map_err(store_err("savepoint"))?;
-                tracing::debug!(scope = %this.id().scope, name = %this.id().name, key = %idem.log_key(&this.id().key), epoch, "claimed in transaction");
+                tracing::debug!(scope = %idem.log_key(&this.id().scope), name = %this.id().name, key = %idem.log_key(&this.id().key), epoch, "claimed in transaction");
                 return Ok(TxStep::Run(TxGuard { op: this, epoch }));
             }
             conn.exec(RELEASE_SAVEPOINT)

@@ -200,9 +200,12 @@ impl Cleanup {
         if let Some((url, table)) = self.0
             && let Ok(pool) = sqlx::PgPool::connect(&url).await
         {
-            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-                .execute(&pool)
-                .await;
+            let _ = sqlx::query(&format!(
+                "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_meta; \
+                 DROP SEQUENCE IF EXISTS {table}_epoch_seq"
+            ))
+            .execute(&pool)
+            .await;
             let _ = sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = $1")
                 .bind(&table)
                 .execute(&pool)

@@ -82,6 +82,9 @@ const PROBE: &str = "SELECT scope, name, key, state, epoch, fingerprint, taken_o
     (SELECT last_value FROM {epoch_seq}) AS last_epoch
     FROM {table} LIMIT 0";
 
+const SET_KEY_MODE: &str = "UPDATE {meta} SET key_mode = $1 WHERE id = 0 AND key_mode IS NULL";
+const GET_KEY_MODE: &str = "SELECT key_mode FROM {meta} WHERE id = 0";
+
 /// The record is COMPLETED and its retention has passed: it counts as absent, so the
 /// claim starts afresh (new fingerprint, a new epoch so stale writers stay fenced).
 const EXPIRED: &str = "(cur.state = 1 AND cur.expires_at <= EXCLUDED.claimed_at)";
@@ -504,22 +507,22 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
         (*pool.connect_options()).clone(),
         opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
     );
-    prepare(pool, Some(owned), table, opts.migrate).await
+    prepare(pool, Some(owned), table, opts).await
 }
 
 /// Uses an application's pool; creates the idem table unless `opts.migrate` is false.
 pub(crate) async fn from_pool(pool: PgPool, opts: &SqlOptions) -> Result<PgStore, IdemError> {
     let table = TableName::parse(&opts.table, true)?;
-    prepare(pool, None, table, opts.migrate).await
+    prepare(pool, None, table, opts).await
 }
 
 async fn prepare(
     pool: PgPool,
     owned: Option<Conns>,
     table: TableName,
-    migrate: bool,
+    opts: &SqlOptions,
 ) -> Result<PgStore, IdemError> {
-    if migrate {
+    if opts.migrate {
         run_migrations(&pool, &table).await.map_err(|e| {
             open_error(
                 e,
@@ -540,6 +543,20 @@ async fn prepare(
             ),
         )
     })?;
+    let set = table.render(SET_KEY_MODE, "clock_timestamp()");
+    let get = table.render(GET_KEY_MODE, "clock_timestamp()");
+    let recorded = async {
+        sqlx::query(&set)
+            .bind(&opts.key_mode)
+            .execute(&pool)
+            .await?;
+        sqlx::query_scalar::<_, Option<String>>(&get)
+            .fetch_one(&pool)
+            .await
+    }
+    .await
+    .map_err(|e| open_error(e, format!("cannot read the key mode of `{table}`")))?;
+    sql_common::check_key_mode(&table, recorded, &opts.key_mode)?;
     let sql = Statements::new(&table);
     Ok(PgStore {
         pool,

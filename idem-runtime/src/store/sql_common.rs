@@ -53,6 +53,37 @@ pub(crate) const POSTGRES_MIGRATIONS: &[(i32, &str)] = &[
     ),
 ];
 
+/// The key mode of a table whose keys and scopes are stored as given.
+pub(crate) const PLAIN_KEYS: &str = "plain";
+
+/// Fails unless the table's recorded key mode is the one this store was opened with:
+/// opening it in the other mode would silently give every operation a new identity.
+pub(crate) fn check_key_mode(
+    table: &TableName,
+    recorded: Option<String>,
+    wanted: &str,
+) -> Result<(), IdemError> {
+    let describe = |mode: &str| {
+        if mode == PLAIN_KEYS {
+            "as given (no `hash_keys`)".to_owned()
+        } else {
+            format!("keyed-hashed with the secret whose check value is `{mode}`")
+        }
+    };
+    match recorded {
+        Some(found) if found != wanted => Err(IdemError::Config {
+            message: format!(
+                "the idem table `{table}` stores keys and scopes {}, but this store was opened \
+                 with keys {}; open it with the same `hash_keys` setting and secret, or use \
+                 another table",
+                describe(&found),
+                describe(wanted)
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The table name the shipped DDL uses.
 pub(crate) const DEFAULT_TABLE: &str = "idem_operations";
 
@@ -82,6 +113,9 @@ pub(crate) struct SqlOptions {
     pub migrate: bool,
     /// The size of the pool idem opens itself (not used with `from_pool`).
     pub max_connections: Option<u32>,
+    /// How keys and scopes are stored (`plain`, or `hmac-sha256:` and a check value of
+    /// the secret), recorded in the table at first open and required to match after.
+    pub key_mode: String,
 }
 
 impl Default for SqlOptions {
@@ -90,6 +124,7 @@ impl Default for SqlOptions {
             table: DEFAULT_TABLE.to_owned(),
             migrate: true,
             max_connections: None,
+            key_mode: PLAIN_KEYS.to_owned(),
         }
     }
 }

@@ -64,6 +64,9 @@ const PROBE: &str = "SELECT scope, name, key, state, epoch, fingerprint, token, 
     (SELECT last_epoch FROM {meta} WHERE id = 0) AS last_epoch
     FROM {table} LIMIT 0";
 
+const SET_KEY_MODE: &str = "UPDATE {meta} SET key_mode = ?1 WHERE id = 0 AND key_mode IS NULL";
+const GET_KEY_MODE: &str = "SELECT key_mode FROM {meta} WHERE id = 0";
+
 /// The record is COMPLETED and its retention has passed: it counts as absent, so the
 /// claim starts afresh (new fingerprint, a new epoch so stale writers stay fenced).
 const EXPIRED: &str = "(cur.state = 1 AND cur.expires_ms <= excluded.claimed_ms)";
@@ -320,7 +323,7 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<SqliteStore, Id
             "cannot open SQLite database at `{url}`: {e}; check the path exists and is writable"
         ),
     })?;
-    prepare(pool, table, opts.migrate).await
+    prepare(pool, table, opts).await
 }
 
 /// Uses an application's pool; creates the idem table in it unless `opts.migrate` is false.
@@ -329,7 +332,7 @@ pub(crate) async fn from_pool(
     opts: &SqlOptions,
 ) -> Result<SqliteStore, IdemError> {
     let table = TableName::parse(&opts.table, false)?;
-    prepare(pool, table, opts.migrate).await
+    prepare(pool, table, opts).await
 }
 
 fn is_memory(url: &str) -> bool {
@@ -344,9 +347,9 @@ fn is_memory(url: &str) -> bool {
 async fn prepare(
     pool: SqlitePool,
     table: TableName,
-    migrate: bool,
+    opts: &SqlOptions,
 ) -> Result<SqliteStore, IdemError> {
-    if migrate {
+    if opts.migrate {
         run_migrations(&pool, &table).await.map_err(|e| {
             open_error(
                 e,
@@ -367,8 +370,24 @@ async fn prepare(
             ),
         )
     })?;
+    let recorded = record_key_mode(&pool, &table, &opts.key_mode)
+        .await
+        .map_err(|e| open_error(e, format!("cannot read the key mode of `{table}`")))?;
+    sql_common::check_key_mode(&table, recorded, &opts.key_mode)?;
     let sql = Statements::new(&table);
     Ok(SqliteStore { pool, sql })
+}
+
+/// Records `mode` as the table's key mode unless one is recorded; returns the recorded one.
+async fn record_key_mode(
+    pool: &SqlitePool,
+    table: &TableName,
+    mode: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let set = table.render(SET_KEY_MODE, NOW_MS);
+    sqlx::query(&set).bind(mode).execute(pool).await?;
+    let get = table.render(GET_KEY_MODE, NOW_MS);
+    sqlx::query_scalar(&get).fetch_one(pool).await
 }
 
 /// Applies the missing migrations under `BEGIN IMMEDIATE`, which takes the write lock at
@@ -447,7 +466,9 @@ pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
 
 /// A fresh token per claim attempt: distinct within the process (a bijective mix of a
 /// counter), and unpredictable across processes (seeded from the OS-keyed `RandomState`,
-/// the process id and the start time). Only equality with the row's token matters.
+/// the process id and the start time). The current process id is mixed into every
+/// token, so a forked child, which inherits the seed and the counter, draws another
+/// stream. Only equality with the row's token matters.
 fn claim_token() -> i64 {
     static SEED: OnceLock<u64> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -463,7 +484,8 @@ fn claim_token() -> i64 {
     });
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     // SplitMix64: a bijection of seed + n·γ, so no two attempts of this process collide.
-    let mut z = seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let pid = u64::from(std::process::id()).wrapping_mul(0xd6e8_feb8_6659_fd93);
+    let mut z = (seed ^ pid).wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     i64::from_ne_bytes((z ^ (z >> 31)).to_ne_bytes())
