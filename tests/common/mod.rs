@@ -195,6 +195,11 @@ impl Ctx {
 }
 
 impl Cleanup {
+    /// The cleanup of a PostgreSQL table a test opened itself.
+    pub fn for_table(table: &str) -> Cleanup {
+        Cleanup(Some((postgres_url(), table.to_owned())))
+    }
+
     pub async fn run(self) {
         #[cfg(feature = "postgres")]
         if let Some((url, table)) = self.0
