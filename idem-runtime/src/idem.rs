@@ -162,6 +162,19 @@ impl Idem {
             .map_err(|e| IdemError::store("list", e))
     }
 
+    /// One record in full (state, epoch, ages, lease, outcome), or `None` when the store
+    /// holds nothing for `id`. For operators; `id` as [`Idem::list`] or
+    /// [`Operation::id`] give it.
+    pub async fn get(
+        &self,
+        id: &OperationId,
+    ) -> Result<Option<crate::store::RecordDetail>, IdemError> {
+        self.store()
+            .get(id)
+            .await
+            .map_err(|e| IdemError::store("get", e))
+    }
+
     /// Settles an UNKNOWN (or stuck IN_PROGRESS) operation at `epoch` (from
     /// [`Idem::list`] or [`IdemError::Unknown`]). Returns [`IdemError::Fenced`] when the
     /// record is no longer at that epoch.

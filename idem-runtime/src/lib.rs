@@ -76,8 +76,8 @@ pub use op::{
     OnStoreError, Operation, RecordErrors, ReleaseErrors, Upgrade, UpgradeWith,
 };
 pub use store::{
-    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordInfo, Resolution, State, Stats,
-    Store, StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, Resolution,
+    State, Stats, Store, StoredOutcome, Takeover,
 };
 pub use tx::{TxConnection, TxGuard, TxStep};
 pub use wake::WakeHub;

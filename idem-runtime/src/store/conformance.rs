@@ -120,6 +120,12 @@ pub async fn fresh_claim_in_flight_then_replay(store: &dyn Store) {
         claim(store, &id, FP, LEASE).await,
         Claim::Completed(done.clone())
     );
+    if let Ok(detail) = store.get(&id).await {
+        let detail = detail.expect("get finds the record");
+        assert_eq!(detail.info.state, State::Completed);
+        assert_eq!(detail.outcome.as_ref(), Some(&done));
+        assert!(detail.expires_in.is_some_and(|d| d <= DAY && d > DAY / 2));
+    }
     if let Some(peeked) = store.peek_completed(&id, &FP).await.unwrap() {
         assert_eq!(peeked, Ok(done.clone()), "peek must return the outcome");
     }
@@ -433,6 +439,12 @@ pub async fn stats_and_list(store: &dyn Store) {
         limit: Some(1000),
         ..Default::default()
     };
+    if let Ok(detail) = store.get(&b).await {
+        let detail = detail.expect("get finds the record");
+        assert_eq!((detail.info.state, detail.info.epoch), (State::Unknown, eb));
+        assert_eq!(detail.outcome, None);
+        assert_eq!(store.get(&fresh_id("absent")).await.unwrap(), None);
+    }
     let rows = store
         .list(&all("list-b", Some(State::Unknown)))
         .await

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordInfo, State, Stats,
-    Store, StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
+    State, Stats, Store, StoredOutcome, Takeover,
 };
 use crate::error::StoreError;
 
@@ -253,6 +253,26 @@ impl Store for MemoryStore {
             }
         }
         Ok(s)
+    }
+
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        let now = Instant::now();
+        let map = self.lock();
+        Ok(map.get(id).map(|r| RecordDetail {
+            info: RecordInfo {
+                id: id.clone(),
+                state: r.state,
+                epoch: r.epoch,
+                age: now - r.claimed_at,
+            },
+            lease_remaining: (r.state == State::InProgress)
+                .then(|| r.lease_until.saturating_duration_since(now)),
+            expires_in: (r.state == State::Completed).then(|| {
+                r.expires_at
+                    .map_or(Duration::MAX, |t| t.saturating_duration_since(now))
+            }),
+            outcome: r.outcome.clone(),
+        }))
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {

@@ -162,6 +162,20 @@ pub struct RecordInfo {
     pub age: Duration,
 }
 
+/// One record in full, as [`Idem::get`](crate::Idem::get) shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordDetail {
+    /// Its identity, state, epoch and age.
+    pub info: RecordInfo,
+    /// For IN_PROGRESS: how long the lease still runs by the store's clock (zero once
+    /// lapsed).
+    pub lease_remaining: Option<Duration>,
+    /// For COMPLETED: how long until the outcome expires (zero once expired).
+    pub expires_in: Option<Duration>,
+    /// For COMPLETED: the recorded outcome.
+    pub outcome: Option<StoredOutcome>,
+}
+
 /// Which records [`Idem::list`](crate::Idem::list) returns.
 #[derive(Clone, Debug, Default)]
 pub struct ListFilter {
@@ -284,6 +298,15 @@ pub trait Store: Send + Sync + 'static {
     /// Records matching `filter`, oldest first.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError>;
 
+    /// One record in full, for operators. The default says the store cannot show it.
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        let _ = id;
+        Err(StoreError::new(
+            false,
+            "this store cannot show a single record",
+        ))
+    }
+
     /// Called once by a caller about to wait on an in-flight operation, so a store
     /// that can wake waiters in other processes knows to do so. The default does nothing
     /// (waiters then fall back to polling).
@@ -347,6 +370,9 @@ macro_rules! forward_store {
             }
             async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
                 (**self).list(filter).await
+            }
+            async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+                (**self).get(id).await
             }
             async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
                 (**self).announce_wait(id).await

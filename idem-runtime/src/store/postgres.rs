@@ -17,8 +17,8 @@ use super::sql_common::{
     epoch_from_sql, millis, redact_url, sql_epoch, sql_version,
 };
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordInfo, State, Stats, Store,
-    StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
+    Store, StoredOutcome, Takeover,
 };
 use crate::error::{IdemError, StoreError};
 use crate::wake::WakeHub;
@@ -270,6 +270,17 @@ const LIST: &str = "SELECT scope, name, key, state, epoch,
     ORDER BY claimed_at, scope, name, key
     LIMIT $4";
 
+/// One record in full. $1..$3 the operation.
+const GET: &str = "SELECT state, epoch,
+        greatest(0, (EXTRACT(EPOCH FROM clock_timestamp() - claimed_at) * 1000)::bigint)
+            AS age_ms,
+        greatest(0, (EXTRACT(EPOCH FROM lease_until - clock_timestamp()) * 1000)::bigint)
+            AS lease_ms,
+        greatest(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)
+            AS expires_ms,
+        outcome, outcome_is_err, outcome_version
+    FROM {table} WHERE scope = $1 AND name = $2 AND key = $3";
+
 /// Transactional mode: the claim inside the caller's transaction. The row lock is the
 /// claim; a concurrent duplicate blocks here until the first transaction ends. The lease
 /// only matters if the caller commits without finishing (a cancelled body): the claim
@@ -334,6 +345,7 @@ struct Statements {
     purge: String,
     stats: String,
     list: String,
+    get: String,
     tx_claim: String,
     tx_read: String,
     tx_reclaim: String,
@@ -364,6 +376,7 @@ impl Statements {
             purge: r(PURGE),
             stats: r(STATS),
             list: r(LIST),
+            get: r(GET),
             tx_claim: r(TX_CLAIM),
             tx_read: r(TX_READ),
             tx_reclaim: r(TX_RECLAIM_EXPIRED),
@@ -875,6 +888,35 @@ impl Store for PgStore {
             }
         }
         Ok(stats)
+    }
+
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        let row = sqlx::query(&self.sql.get)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        let Some(row) = row else { return Ok(None) };
+        let read = || -> Result<_, sqlx::Error> {
+            Ok((
+                i64::from(row.try_get::<i16, _>("state")?),
+                row.try_get::<i64, _>("epoch")?,
+                row.try_get::<i64, _>("age_ms")?,
+                row.try_get::<Option<i64>, _>("lease_ms")?,
+                row.try_get::<Option<i64>, _>("expires_ms")?,
+                row.try_get::<Option<Vec<u8>>, _>("outcome")?,
+                row.try_get::<bool, _>("outcome_is_err")?,
+                i64::from(row.try_get::<i32, _>("outcome_version")?),
+            ))
+        };
+        let (state, epoch, age, lease, expires, outcome, is_err, version) =
+            read().map_err(map_err)?;
+        sql_common::record_detail(
+            id, state, epoch, age, lease, expires, outcome, is_err, version,
+        )
+        .map(Some)
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {

@@ -325,6 +325,41 @@ pub(crate) fn outcome_from_sql(
     })
 }
 
+/// A [`RecordDetail`](crate::store::RecordDetail) from a row's columns (times in ms by
+/// the store's clock).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_detail(
+    id: &crate::store::OperationId,
+    state: i64,
+    epoch: i64,
+    age_ms: i64,
+    lease_ms: Option<i64>,
+    expires_ms: Option<i64>,
+    outcome: Option<Vec<u8>>,
+    outcome_is_err: bool,
+    outcome_version: i64,
+) -> Result<crate::store::RecordDetail, StoreError> {
+    use crate::store::State;
+    let state =
+        State::from_code(state).ok_or_else(|| corrupt(format!("unknown state code {state}")))?;
+    let completed = state == State::Completed;
+    Ok(crate::store::RecordDetail {
+        info: crate::store::RecordInfo {
+            id: id.clone(),
+            state,
+            epoch: epoch_from_sql(epoch)?,
+            age: duration_ms(age_ms),
+        },
+        lease_remaining: (state == State::InProgress).then(|| duration_ms(lease_ms.unwrap_or(0))),
+        expires_in: completed.then(|| expires_ms.map_or(Duration::MAX, duration_ms)),
+        outcome: if completed {
+            Some(outcome_from_sql(outcome, outcome_is_err, outcome_version)?)
+        } else {
+            None
+        },
+    })
+}
+
 /// A record that breaks the table's invariants: someone wrote it by hand, or a newer idem
 /// with another schema did. Not retryable.
 pub(crate) fn corrupt(what: String) -> StoreError {

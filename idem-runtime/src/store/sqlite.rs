@@ -21,8 +21,8 @@ use super::sql_common::{
     epoch_from_sql, millis, outcome_from_sql, sql_epoch,
 };
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordInfo, State, Stats,
-    Store, StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
+    State, Stats, Store, StoredOutcome, Takeover,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -175,6 +175,12 @@ const LIST: &str = "SELECT scope, name, key, state, epoch, max(0, {now} - claime
     ORDER BY claimed_ms, scope, name, key
     LIMIT ?4";
 
+/// One record in full. ?1..?3 the operation.
+const GET: &str = "SELECT scope, name, key, state, epoch, max(0, {now} - claimed_ms) AS age_ms,
+        max(0, lease_until_ms - {now}) AS lease_ms, max(0, expires_ms - {now}) AS expires_ms,
+        outcome, outcome_is_err, outcome_version
+    FROM {table} WHERE scope = ?1 AND name = ?2 AND key = ?3";
+
 /// Transactional mode: the claim inside the caller's transaction. The transaction's write
 /// lock is the claim; the lease only matters if the caller commits without finishing
 /// (a cancelled body), so the claim lapses like a leased one. ?1..?3 the operation, ?4
@@ -230,6 +236,7 @@ struct Statements {
     purge: String,
     stats: String,
     list: String,
+    get: String,
     tx_claim: String,
     tx_read: String,
     tx_reclaim: String,
@@ -257,6 +264,7 @@ impl Statements {
             purge: r(PURGE),
             stats: r(STATS),
             list: r(LIST),
+            get: r(GET),
             tx_claim: r(TX_CLAIM),
             tx_read: r(TX_READ),
             tx_reclaim: r(TX_RECLAIM_EXPIRED),
@@ -703,6 +711,30 @@ impl Store for SqliteStore {
             }
         }
         Ok(stats)
+    }
+
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        let row = sqlx::query(&self.sql.get)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        let Some(row) = row else { return Ok(None) };
+        let get = |c: &str| row.try_get::<Option<i64>, _>(c).map_err(map_err);
+        sql_common::record_detail(
+            id,
+            get("state")?.unwrap_or(-1),
+            get("epoch")?.unwrap_or(-1),
+            get("age_ms")?.unwrap_or(0),
+            get("lease_ms")?,
+            get("expires_ms")?,
+            row.try_get("outcome").map_err(map_err)?,
+            get("outcome_is_err")?.unwrap_or(0) != 0,
+            get("outcome_version")?.unwrap_or(0),
+        )
+        .map(Some)
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
