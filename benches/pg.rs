@@ -16,8 +16,8 @@
 //! connection per task, transactional mode's statements issued by sqlx, and pgbench
 //! running idem's own SQL; about three minutes with `IDEM_BENCH_SECS=1.5`).
 //!
-//! The baseline's SQL is read from `idem-runtime/src/store/postgres.rs` at build time, so
-//! it is the store's SQL as built; the counted run checks on the wire that idem sends it.
+//! The baseline's SQL is rendered by the store's own engine from `idem-runtime/sql/postgres/`,
+//! so it is the store's SQL as built; the counted run checks on the wire that idem sends it.
 //! Statements and round trips per operation are counted by a small TCP proxy that reads
 //! the client's protocol messages (each `Query` or `Execute` is a statement; each `Sync`
 //! or `Query` a round trip); `pg_stat_database.xact_commit` and `pg_stat_user_tables`
@@ -53,9 +53,6 @@ const RETAIN_MS: i64 = 86_400_000;
 /// Any fixed fingerprint: the baseline binds 32 bytes, as idem does.
 const FINGERPRINT: [u8; 32] = [7; 32];
 
-/// idem's PostgreSQL store, whose statements the baseline issues verbatim.
-const PG_STORE: &str = include_str!("../idem-runtime/src/store/postgres.rs");
-
 const FRESH_SQL: &str = include_str!("pgbench/fresh.sql");
 const REPLAY_SQL: &str = include_str!("pgbench/replay.sql");
 const TX_SQL: &str = include_str!("pgbench/tx.sql");
@@ -65,64 +62,24 @@ const FLOOR_DDL: &str = "CREATE TABLE {table} (scope TEXT NOT NULL, name TEXT NO
     key TEXT NOT NULL, outcome BYTEA, PRIMARY KEY (scope, name, key))";
 const ORDERS_DDL: &str = "CREATE TABLE {table} (id TEXT PRIMARY KEY, qty BIGINT NOT NULL)";
 
-/// The value of `const NAME: &str = "...";` in [`PG_STORE`].
-fn store_const(name: &str) -> Res<String> {
-    let start = format!("const {name}: &str = \"");
-    let at = PG_STORE
-        .find(&start)
-        .ok_or_else(|| format!("no `const {name}: &str` in postgres.rs"))?
-        + start.len();
-    let mut out = String::new();
-    let mut chars = PG_STORE[at..].chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Ok(out),
-            '\\' => match chars.next() {
-                // A line continuation skips the next line's indentation.
-                Some('\n') => chars = chars.as_str().trim_start().chars(),
-                Some('"') => out.push('"'),
-                Some('\\') => out.push('\\'),
-                Some('n') => out.push('\n'),
-                other => return Err(format!("unsupported escape {other:?} in `{name}`").into()),
-            },
-            c => out.push(c),
-        }
-    }
-    Err(format!("unterminated `{name}`").into())
-}
-
-/// The store's statements, unrendered.
-struct Templates {
-    claim: String,
-    record: String,
-    tx_claim: String,
-    tx_record: String,
-}
+/// The store's statements, rendered by the store's own engine from its `.sql` files.
+struct Templates;
 
 impl Templates {
     fn load() -> Res<Templates> {
-        // As the store's `Statements::new` assembles the claim.
-        let claim = store_const("CLAIM")?
-            .replace("{lapsed}", &store_const("LAPSED")?)
-            .replace("{expired}", &store_const("EXPIRED")?);
-        Ok(Templates {
-            claim,
-            record: store_const("RECORD")?,
-            tx_claim: store_const("TX_CLAIM")?,
-            tx_record: store_const("TX_RECORD")?,
-        })
+        Ok(Templates)
     }
 
     fn render(&self, table: &str) -> Sql {
-        let r = |sql: &str| {
-            sql.replace("{table}", &quoted(table))
-                .replace("{now}", "clock_timestamp()")
+        let r = |name: &str| {
+            idem_runtime::store::bench::postgres_statement(name, table)
+                .expect("idem's statements render for the bench's table")
         };
         Sql {
-            claim: r(&self.claim),
-            record: r(&self.record),
-            tx_claim: r(&self.tx_claim),
-            tx_record: r(&self.tx_record),
+            claim: r("claim"),
+            record: r("record"),
+            tx_claim: r("tx_claim"),
+            tx_record: r("tx_record"),
         }
     }
 }
@@ -482,6 +439,7 @@ impl Subject {
             .bind(&id.name)
             .bind(&id.key)
             .bind(&FINGERPRINT[..])
+            .bind(LEASE_MS)
             .fetch_optional(&mut *tx)
             .await?;
         check(claimed.is_some(), "the transactional claim was not ours")?;

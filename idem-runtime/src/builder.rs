@@ -198,7 +198,7 @@ impl IdemBuilder {
 
     /// An `Idem` over a store of your own.
     pub fn store(self, store: impl Store) -> Idem {
-        Idem::from_store(Arc::new(store), &self)
+        Idem::from_store(Arc::new(store), Default::default(), &self)
     }
 
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -228,28 +228,49 @@ impl IdemBuilder {
     /// The embedded SQLite store; see [`Idem::sqlite`].
     #[cfg(feature = "sqlite")]
     pub async fn sqlite(self, url: &str) -> Result<Idem, IdemError> {
-        let store = crate::store::sqlite::open(url, &self.sql_options()?).await?;
-        Ok(self.store(store))
+        let store = Arc::new(crate::store::sqlite::open(url, &self.sql_options()?).await?);
+        Ok(self.sql_store(crate::tx::TxStores::sqlite(store)))
     }
 
     /// The PostgreSQL store; see [`Idem::postgres`].
     #[cfg(feature = "postgres")]
     pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
-        let store = crate::store::postgres::open(url, &self.sql_options()?).await?;
-        Ok(self.store(store))
+        let store = Arc::new(crate::store::postgres::open(url, &self.sql_options()?).await?);
+        Ok(self.sql_store(crate::tx::TxStores::postgres(store)))
     }
 
     /// A store on the application's own sqlx pool; see [`Idem::from_pool`].
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub async fn pool<P: IntoStore>(self, pool: P) -> Result<Idem, IdemError> {
         let opts = self.sql_options()?;
-        let store: Arc<dyn Store> = match pool.into_pool() {
+        let tx = match pool.into_pool() {
             #[cfg(feature = "sqlite")]
-            Pool::Sqlite(p) => Arc::new(crate::store::sqlite::from_pool(p, &opts).await?),
+            Pool::Sqlite(p) => crate::tx::TxStores::sqlite(Arc::new(
+                crate::store::sqlite::from_pool(p, &opts).await?,
+            )),
             #[cfg(feature = "postgres")]
-            Pool::Postgres(p) => Arc::new(crate::store::postgres::from_pool(p, &opts).await?),
+            Pool::Postgres(p) => crate::tx::TxStores::postgres(Arc::new(
+                crate::store::postgres::from_pool(p, &opts).await?,
+            )),
         };
-        Ok(Idem::from_store(store, &self))
+        Ok(self.sql_store(tx))
+    }
+
+    /// An `Idem` over the one SQL store in `tx`, reachable by transactional mode too.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    fn sql_store(self, tx: crate::tx::TxStores) -> Idem {
+        let store: Arc<dyn Store> = match &tx {
+            #[cfg(feature = "sqlite")]
+            crate::tx::TxStores {
+                sqlite: Some(s), ..
+            } => s.clone(),
+            #[cfg(feature = "postgres")]
+            crate::tx::TxStores {
+                postgres: Some(s), ..
+            } => s.clone(),
+            _ => unreachable!("one SQL store is set"),
+        };
+        Idem::from_store(store, tx, &self)
     }
 }
 

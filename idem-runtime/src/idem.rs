@@ -35,6 +35,7 @@ pub struct Idem {
 
 struct Inner {
     store: Arc<dyn Store>,
+    tx: crate::tx::TxStores,
     hub: Arc<WakeHub>,
     cache: ReplayCache,
     cfg: Config,
@@ -230,7 +231,11 @@ impl Idem {
         }
     }
 
-    pub(crate) fn from_store(store: Arc<dyn Store>, b: &crate::builder::IdemBuilder) -> Idem {
+    pub(crate) fn from_store(
+        store: Arc<dyn Store>,
+        tx: crate::tx::TxStores,
+        b: &crate::builder::IdemBuilder,
+    ) -> Idem {
         let store = match &b.layer {
             Some(layer) => (layer.0)(store),
             None => store,
@@ -240,6 +245,7 @@ impl Idem {
         Idem {
             inner: Arc::new(Inner {
                 store,
+                tx,
                 hub,
                 cache: ReplayCache::new(b.replay_cache_bytes),
                 cfg: Config {
@@ -256,6 +262,11 @@ impl Idem {
 
     pub(crate) fn store(&self) -> &dyn Store {
         &*self.inner.store
+    }
+
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn tx_stores(&self) -> &crate::tx::TxStores {
+        &self.inner.tx
     }
 
     pub(crate) fn cache(&self) -> &ReplayCache {

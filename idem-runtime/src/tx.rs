@@ -119,13 +119,9 @@ impl Conn<'_> {
     ) -> Result<TxClaim, IdemError> {
         let claimed = match self {
             #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => {
-                crate::store::sqlite::tx_claim_sqlite(c, sql_store(idem)?, id, fp, lease).await
-            }
+            Conn::Sqlite(c) => sqlite(idem)?.tx_claim(c, id, fp, lease).await,
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => {
-                crate::store::postgres::tx_claim_pg(c, sql_store(idem)?, id, fp, lease).await
-            }
+            Conn::Postgres(c) => postgres(idem)?.tx_claim(c, id, fp, lease).await,
         };
         claimed.map_err(store_err("claim"))
     }
@@ -139,15 +135,9 @@ impl Conn<'_> {
     ) -> Result<crate::Fence, IdemError> {
         let recorded = match self {
             #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => {
-                let store = sql_store(idem)?;
-                crate::store::sqlite::tx_record_sqlite(c, store, id, outcome, retain).await
-            }
+            Conn::Sqlite(c) => sqlite(idem)?.tx_record(c, id, outcome, retain).await,
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => {
-                let store = sql_store(idem)?;
-                crate::store::postgres::tx_record_pg(c, store, id, outcome, retain).await
-            }
+            Conn::Postgres(c) => postgres(idem)?.tx_record(c, id, outcome, retain).await,
         };
         recorded.map_err(store_err("record"))
     }
@@ -166,25 +156,61 @@ impl Conn<'_> {
     fn check_store(&self, idem: &crate::Idem) -> Result<(), IdemError> {
         match self {
             #[cfg(feature = "sqlite")]
-            Conn::Sqlite(_) => sql_store::<crate::store::sqlite::SqliteStore>(idem).map(drop),
+            Conn::Sqlite(_) => sqlite(idem).map(drop),
             #[cfg(feature = "postgres")]
-            Conn::Postgres(_) => sql_store::<crate::store::postgres::PgStore>(idem).map(drop),
+            Conn::Postgres(_) => postgres(idem).map(drop),
         }
     }
 }
 
-/// `idem`'s store as the SQL store of one backend.
+/// The SQL stores an `Idem` was opened on, by backend: how transactional mode reaches
+/// its store without looking behind the `Store` trait.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TxStores {
+    #[cfg(feature = "sqlite")]
+    pub(crate) sqlite: Option<std::sync::Arc<crate::store::sqlite::SqliteStore>>,
+    #[cfg(feature = "postgres")]
+    pub(crate) postgres: Option<std::sync::Arc<crate::store::postgres::PgStore>>,
+}
+
+// The other backend's field exists only with its feature.
+#[allow(clippy::needless_update)]
+impl TxStores {
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn sqlite(store: std::sync::Arc<crate::store::sqlite::SqliteStore>) -> Self {
+        TxStores {
+            sqlite: Some(store),
+            ..Default::default()
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(store: std::sync::Arc<crate::store::postgres::PgStore>) -> Self {
+        TxStores {
+            postgres: Some(store),
+            ..Default::default()
+        }
+    }
+}
+
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn sql_store<S: 'static>(idem: &crate::Idem) -> Result<&S, IdemError> {
-    idem.store()
-        .as_any()
-        .and_then(|a| a.downcast_ref::<S>())
-        .ok_or_else(|| IdemError::Config {
-            message: "transactional mode (`tx = ...`) needs an idem store on the same kind of \
-                      database as the transaction: open the `Idem` with `Idem::postgres`, \
-                      `Idem::sqlite` or `Idem::from_pool` on that database"
-                .into(),
-        })
+fn wrong_store() -> IdemError {
+    IdemError::Config {
+        message: "transactional mode (`tx = ...`) needs an idem store on the same kind of \
+                  database as the transaction: open the `Idem` with `Idem::postgres`, \
+                  `Idem::sqlite` or `Idem::from_pool` on that database"
+            .into(),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite(idem: &crate::Idem) -> Result<&crate::store::sqlite::SqliteStore, IdemError> {
+    idem.tx_stores().sqlite.as_deref().ok_or_else(wrong_store)
+}
+
+#[cfg(feature = "postgres")]
+fn postgres(idem: &crate::Idem) -> Result<&crate::store::postgres::PgStore, IdemError> {
+    idem.tx_stores().postgres.as_deref().ok_or_else(wrong_store)
 }
 
 /// The claim this transaction holds; [`finish`](TxGuard::finish) records the outcome.

@@ -8,8 +8,23 @@
 pub mod conformance;
 mod memory;
 pub use memory::MemoryStore;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod engine;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+
+/// What the benches read of the stores. Not a stable API.
+#[cfg(feature = "postgres")]
+#[doc(hidden)]
+pub mod bench {
+    /// The PostgreSQL statement `name` (`sql/postgres/<name>.sql`) rendered for `table`,
+    /// exactly as the store issues it.
+    pub fn postgres_statement(name: &str, table: &str) -> Result<String, crate::IdemError> {
+        use super::engine::{Dialect, Stmt};
+        let table = super::sql_common::TableName::parse(table, true)?;
+        Ok(Stmt::render::<super::postgres::Pg>(super::postgres::Pg::sql(name), &table).sql)
+    }
+}
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql_common;
 #[cfg(feature = "sqlite")]
@@ -320,13 +335,6 @@ pub trait Store: Send + Sync + 'static {
     fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
         let _ = hub;
     }
-
-    /// The store as `Any`, so transactional mode can find the SQL store's table. Not a
-    /// stable API.
-    #[doc(hidden)]
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        None
-    }
 }
 
 /// A completed record exists but is bound to another fingerprint.
@@ -380,9 +388,7 @@ macro_rules! forward_store {
             fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
                 (**self).attach_wakers(hub)
             }
-            fn as_any(&self) -> Option<&dyn std::any::Any> {
-                (**self).as_any()
-            }
+
         }
     )*};
 }

@@ -295,20 +295,6 @@ pub(crate) fn epoch_from_sql(epoch: i64) -> Result<u64, StoreError> {
     u64::try_from(epoch).map_err(|_| corrupt(format!("negative epoch {epoch}")))
 }
 
-/// An outcome version as PostgreSQL's `INTEGER`.
-#[cfg(feature = "postgres")]
-pub(crate) fn sql_version(version: u32) -> Result<i32, StoreError> {
-    i32::try_from(version).map_err(|_| {
-        StoreError::new(
-            false,
-            format!(
-                "outcome version {version} is over the largest storable version {}",
-                i32::MAX
-            ),
-        )
-    })
-}
-
 /// An outcome read back from SQL; `None` columns on a COMPLETED row are corruption.
 pub(crate) fn outcome_from_sql(
     body: Option<Vec<u8>>,

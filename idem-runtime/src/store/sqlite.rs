@@ -1,7 +1,9 @@
-//! The embedded store: one SQLite table, a file in WAL mode or a pinned in-memory database.
+//! The embedded store's dialect: one SQLite table, a file in WAL mode or a pinned
+//! in-memory database.
 //!
 //! Every method is one statement. Times come from SQLite's clock inside the statement
 //! (`unixepoch('subsec')`, fixed for the whole statement), never from the application.
+//! SQLite has one writer, so the claim's upsert never races: it is issued once.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -11,20 +13,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Connection, Executor, Row};
+use sqlx::{Column, Connection, Executor, Row as _, TypeInfo, ValueRef};
 
-use super::sql_common::{
-    self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, TxRow, corrupt, decide, duration_ms,
-    epoch_from_sql, millis, outcome_from_sql, sql_epoch,
-};
-use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    State, Stats, Store, StoredOutcome, Takeover,
-};
+use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, open_error};
+use super::sql_common::{self, SqlOptions, TableName};
 use crate::error::{IdemError, StoreError};
+
+use sql_common::SQLITE_MIGRATIONS as MIGRATIONS;
 
 /// The store's clock in unix milliseconds. SQLite fixes `'now'` for the duration of one
 /// `sqlite3_step`, so every use within a statement sees the same instant.
@@ -32,12 +30,6 @@ const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// How long a statement waits for another connection's write lock before `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-use sql_common::SQLITE_MIGRATIONS as MIGRATIONS;
-
-/// The epoch a claim takes: one above every epoch this table ever issued (the claim's
-/// own statement raises `last_epoch` through the table's triggers).
-const NEXT_EPOCH: &str = "(SELECT last_epoch + 1 FROM {meta} WHERE id = 0)";
 
 /// idem's own migration bookkeeping, one row per (table, version); never sqlx's
 /// `_sqlx_migrations`, which belongs to the application.
@@ -57,228 +49,126 @@ const APPLIED_MIGRATIONS: &str = "SELECT version FROM idem_schema_migrations WHE
 const RECORD_MIGRATION: &str =
     "INSERT INTO idem_schema_migrations (table_name, version, applied_at) VALUES (?1, ?2, {now})";
 
-/// Reads every column idem uses, so a missing or foreign table fails at open, not at the
-/// first claim.
-const PROBE: &str = "SELECT scope, name, key, state, epoch, fingerprint, token, taken_over,
-    lease_until_ms, created_ms, claimed_ms, expires_ms, outcome, outcome_is_err, outcome_version,
-    (SELECT last_epoch FROM {meta} WHERE id = 0) AS last_epoch
-    FROM {table} LIMIT 0";
-
-const SET_KEY_MODE: &str = "UPDATE {meta} SET key_mode = ?1 WHERE id = 0 AND key_mode IS NULL";
-const GET_KEY_MODE: &str = "SELECT key_mode FROM {meta} WHERE id = 0";
-
-/// The record is COMPLETED and its retention has passed: it counts as absent, so the
-/// claim starts afresh (new fingerprint, a new epoch so stale writers stay fenced).
-const EXPIRED: &str = "(cur.state = 1 AND cur.expires_ms <= excluded.claimed_ms)";
-
-/// The record is IN_PROGRESS, its lease has lapsed, and it is the same request: another
-/// caller may take it over. A different request never takes over (that is a mismatch).
-const LAPSED: &str = "(cur.state = 0 AND cur.lease_until_ms <= excluded.claimed_ms \
-                      AND cur.fingerprint = excluded.fingerprint)";
-
-/// The claim: one atomic upsert that decides everything.
-///
-/// Parameters: ?1 scope, ?2 name, ?3 key, ?4 fingerprint, ?5 this attempt's token,
-/// ?6 lease (ms), ?7 whether a lapsed lease goes to UNKNOWN.
-///
-/// A missing row is inserted as a fresh claim with the next epoch. On conflict, `DO UPDATE` always
-/// runs (SQLite returns no row for an upsert that does nothing, which would force a
-/// second statement), but every column keeps its old value unless the old row is
-/// claimable, so an unclaimable row is rewritten unchanged:
-///
-/// | old row                         | `{rerun}` / `{to_unknown}` | new row                       |
-/// |---------------------------------|----------------------------|-------------------------------|
-/// | COMPLETED, expired              | —                          | fresh claim, next epoch, new fp |
-/// | IN_PROGRESS, lapsed, same fp    | rerun                      | takeover: next epoch, new lease |
-/// | IN_PROGRESS, lapsed, same fp    | to_unknown                 | UNKNOWN, same epoch           |
-/// | anything else                   | —                          | unchanged                     |
-///
-/// `excluded.claimed_ms` is the statement's `now`. RETURNING shows the row after the
-/// statement; `token = ?5` says whether this statement wrote it (the token column takes
-/// the new token exactly when the row was claimed or moved to UNKNOWN), and
-/// `taken_over` tells a takeover from a fresh claim. [`decide`] reads the rest.
-const CLAIM: &str = "INSERT INTO {table} AS cur (scope, name, key, state, epoch, fingerprint,
-        token, taken_over, lease_until_ms, created_ms, claimed_ms, expires_ms, outcome,
-        outcome_is_err, outcome_version)
-    VALUES (?1, ?2, ?3, 0, {next_epoch}, ?4, ?5, 0, {now} + ?6, {now}, {now}, NULL, NULL, 0, 0)
-    ON CONFLICT (scope, name, key) DO UPDATE SET
-        state = CASE WHEN {expired} OR {rerun} THEN 0 WHEN {to_unknown} THEN 2
-                     ELSE cur.state END,
-        epoch = CASE WHEN {expired} OR {rerun} THEN excluded.epoch ELSE cur.epoch END,
-        fingerprint = CASE WHEN {expired} THEN excluded.fingerprint ELSE cur.fingerprint END,
-        token = CASE WHEN {expired} OR {lapsed} THEN excluded.token ELSE cur.token END,
-        taken_over = CASE WHEN {expired} THEN 0 WHEN {rerun} THEN 1 ELSE cur.taken_over END,
-        lease_until_ms = CASE WHEN {expired} OR {rerun} THEN excluded.lease_until_ms
-                              ELSE cur.lease_until_ms END,
-        created_ms = CASE WHEN {expired} THEN excluded.created_ms ELSE cur.created_ms END,
-        claimed_ms = CASE WHEN {expired} OR {rerun} THEN excluded.claimed_ms
-                          ELSE cur.claimed_ms END,
-        expires_ms = CASE WHEN {expired} THEN NULL ELSE cur.expires_ms END,
-        outcome = CASE WHEN {expired} THEN NULL ELSE cur.outcome END,
-        outcome_is_err = CASE WHEN {expired} THEN 0 ELSE cur.outcome_is_err END,
-        outcome_version = CASE WHEN {expired} THEN 0 ELSE cur.outcome_version END
-    RETURNING token = ?5 AS mine, state, epoch, fingerprint = ?4 AS same_fingerprint,
-        taken_over, lease_until_ms - {now} AS retry_after_ms, outcome, outcome_is_err,
-        outcome_version";
-
-/// The replay fast path: read-only. ?1..?3 the operation, ?4 the fingerprint.
-const PEEK: &str = "SELECT fingerprint = ?4 AS same_fingerprint,
-        CASE WHEN fingerprint = ?4 THEN outcome END AS outcome, outcome_is_err, outcome_version
-    FROM {table}
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 1 AND expires_ms > {now}";
-
-/// ?1..?3 the operation, ?4 epoch, ?5 outcome, ?6 is_err, ?7 version, ?8 retain (ms).
-///
-/// The same outcome already recorded at the same epoch also holds: that is this record
-/// retried after its first attempt committed but its reply was lost.
-const RECORD: &str = "UPDATE {table}
-    SET state = 1, outcome = ?5, outcome_is_err = ?6, outcome_version = ?7,
-        expires_ms = CASE WHEN state = 0 THEN {now} + ?8 ELSE expires_ms END
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4
-      AND (state = 0 OR (state = 1 AND outcome = ?5 AND outcome_is_err = ?6
-                         AND outcome_version = ?7))";
-
-const RELEASE: &str = "DELETE FROM {table}
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
-
-const MARK_UNKNOWN: &str = "UPDATE {table} SET state = 2
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
-
-/// ?5 the new lease (ms).
-const RENEW: &str = "UPDATE {table} SET lease_until_ms = {now} + ?5
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state = 0";
-
-/// Parameters as [`RECORD`]; also settles an UNKNOWN record.
-const RESOLVE_RECORD: &str = "UPDATE {table}
-    SET state = 1, outcome = ?5, outcome_is_err = ?6, outcome_version = ?7,
-        expires_ms = {now} + ?8
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state IN (0, 2)";
-
-const RESOLVE_DELETE: &str = "DELETE FROM {table}
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND epoch = ?4 AND state IN (0, 2)";
-
-/// Records purged per statement, so a large purge does not hold the write lock for long.
-const PURGE_BATCH: i64 = 1000;
-
-/// ?1 the batch size.
-const PURGE: &str = "DELETE FROM {table} WHERE rowid IN (
-    SELECT rowid FROM {table} WHERE state = 1 AND expires_ms <= {now} LIMIT ?1)";
-
-const STATS: &str = "SELECT state, count(*) AS n, max(0, {now} - min(claimed_ms)) AS oldest_ms
-    FROM {table} GROUP BY state";
-
-/// ?1 state or NULL, ?2 name or NULL, ?3 minimum age (ms) or NULL, ?4 limit.
-const LIST: &str = "SELECT scope, name, key, state, epoch, max(0, {now} - claimed_ms) AS age_ms
-    FROM {table}
-    WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR name = ?2)
-      AND (?3 IS NULL OR claimed_ms <= {now} - ?3)
-    ORDER BY claimed_ms, scope, name, key
-    LIMIT ?4";
-
-/// One record in full. ?1..?3 the operation.
-const GET: &str = "SELECT scope, name, key, state, epoch, max(0, {now} - claimed_ms) AS age_ms,
-        max(0, lease_until_ms - {now}) AS lease_ms, max(0, expires_ms - {now}) AS expires_ms,
-        outcome, outcome_is_err, outcome_version
-    FROM {table} WHERE scope = ?1 AND name = ?2 AND key = ?3";
-
-/// Transactional mode: the claim inside the caller's transaction. The transaction's write
-/// lock is the claim; the lease only matters if the caller commits without finishing
-/// (a cancelled body), so the claim lapses like a leased one. ?1..?3 the operation, ?4
-/// the fingerprint, ?5 the lease (ms).
-const TX_CLAIM: &str = "INSERT INTO {table} (scope, name, key, state, epoch, fingerprint, token,
-        taken_over, lease_until_ms, created_ms, claimed_ms)
-    VALUES (?1, ?2, ?3, 0, {next_epoch}, ?4, 0, 0, {now} + ?5, {now}, {now})
-    ON CONFLICT (scope, name, key) DO NOTHING
-    RETURNING epoch";
-
-/// Transactional mode: the row that made [`TX_CLAIM`] do nothing.
-const TX_READ: &str = "SELECT state, epoch, fingerprint = ?4 AS same_fingerprint,
-        state = 1 AND expires_ms <= {now} AS expired,
-        state = 0 AND lease_until_ms <= {now} AS lapsed,
-        max(0, lease_until_ms - {now}) AS retry_after_ms,
-        outcome, outcome_is_err, outcome_version
-    FROM {table} WHERE scope = ?1 AND name = ?2 AND key = ?3";
-
-/// Transactional mode: an expired COMPLETED record counts as absent; claim it afresh.
-const TX_RECLAIM_EXPIRED: &str = "UPDATE {table}
-    SET state = 0, epoch = {next_epoch}, fingerprint = ?4, token = 0, taken_over = 0,
-        lease_until_ms = {now} + ?5, created_ms = {now}, claimed_ms = {now}, expires_ms = NULL,
-        outcome = NULL, outcome_is_err = 0, outcome_version = 0
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 1 AND expires_ms <= {now}
-    RETURNING epoch";
-
-/// Transactional mode: a lapsed claim of the same request is taken over, as a leased
-/// claim would be. ?5 the lease (ms).
-const TX_TAKEOVER: &str = "UPDATE {table}
-    SET epoch = {next_epoch}, token = 0, taken_over = 1, lease_until_ms = {now} + ?5,
-        claimed_ms = {now}
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 0 AND lease_until_ms <= {now}
-      AND fingerprint = ?4
-    RETURNING epoch";
-
-/// Transactional mode: ?4 outcome, ?5 is_err, ?6 version, ?7 retain (ms).
-const TX_RECORD: &str = "UPDATE {table}
-    SET state = 1, outcome = ?4, outcome_is_err = ?5, outcome_version = ?6,
-        expires_ms = {now} + ?7
-    WHERE scope = ?1 AND name = ?2 AND key = ?3 AND state = 0";
-
-/// Every statement, rendered once for the configured table.
+/// The SQLite dialect: a pool over one database.
 #[derive(Debug)]
-struct Statements {
-    claim: String,
-    peek: String,
-    record: String,
-    release: String,
-    mark_unknown: String,
-    renew: String,
-    resolve_record: String,
-    resolve_delete: String,
-    purge: String,
-    stats: String,
-    list: String,
-    get: String,
-    tx_claim: String,
-    tx_read: String,
-    tx_reclaim: String,
-    tx_takeover: String,
-    tx_record: String,
+pub(crate) struct Sqlite {
+    pub(crate) pool: SqlitePool,
 }
 
-impl Statements {
-    fn new(table: &TableName) -> Statements {
-        let r = |sql: &str| table.render(&sql.replace("{next_epoch}", NEXT_EPOCH), NOW_MS);
-        let claim = CLAIM
-            .replace("{rerun}", &format!("({LAPSED} AND NOT ?7)"))
-            .replace("{to_unknown}", &format!("({LAPSED} AND ?7)"))
-            .replace("{lapsed}", LAPSED)
-            .replace("{expired}", EXPIRED);
-        Statements {
-            claim: r(&claim),
-            peek: r(PEEK),
-            record: r(RECORD),
-            release: r(RELEASE),
-            mark_unknown: r(MARK_UNKNOWN),
-            renew: r(RENEW),
-            resolve_record: r(RESOLVE_RECORD),
-            resolve_delete: r(RESOLVE_DELETE),
-            purge: r(PURGE),
-            stats: r(STATS),
-            list: r(LIST),
-            get: r(GET),
-            tx_claim: r(TX_CLAIM),
-            tx_read: r(TX_READ),
-            tx_reclaim: r(TX_RECLAIM_EXPIRED),
-            tx_takeover: r(TX_TAKEOVER),
-            tx_record: r(TX_RECORD),
+/// The SQLite store.
+pub(crate) type SqliteStore = SqlStore<Sqlite>;
+
+macro_rules! statements {
+    ($($name:literal),* $(,)?) => {
+        fn sql(name: &str) -> &'static str {
+            match name {
+                $($name => include_str!(concat!("../../sql/sqlite/", $name, ".sql")),)*
+                _ => "",
+            }
         }
-    }
+    };
 }
 
-/// The SQLite [`Store`]: a pool over one database and the statements for its table.
-#[derive(Debug)]
-pub(crate) struct SqliteStore {
-    pool: SqlitePool,
-    sql: Statements,
+fn bind<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments<'q>>,
+    args: Vec<Arg<'q>>,
+) -> sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments<'q>> {
+    for arg in args {
+        query = match arg {
+            Arg::Text(t) => query.bind(t),
+            Arg::OptText(t) => query.bind(t),
+            Arg::Bytes(b) => query.bind(b),
+            Arg::Int(i) => query.bind(i),
+            Arg::OptInt(i) => query.bind(i),
+            Arg::Bool(b) => query.bind(b),
+        };
+    }
+    query
+}
+
+/// A row as the engine reads it; SQLite types values, not columns.
+fn row(row: &SqliteRow) -> Result<Row, sqlx::Error> {
+    let mut out = Vec::with_capacity(row.len());
+    for (i, col) in row.columns().iter().enumerate() {
+        let raw = row.try_get_raw(i)?;
+        let val = if raw.is_null() {
+            Val::Null
+        } else {
+            match raw.type_info().name() {
+                "TEXT" => Val::Text(row.try_get(i)?),
+                "BLOB" => Val::Bytes(row.try_get(i)?),
+                _ => Val::Int(row.try_get(i)?),
+            }
+        };
+        out.push((col.name().to_owned(), val));
+    }
+    Ok(Row(out))
+}
+
+#[async_trait::async_trait]
+impl Dialect for Sqlite {
+    type Conn = SqliteConnection;
+    const NOW: &'static str = NOW_MS;
+    const NEXT_EPOCH: &'static str = "(SELECT last_epoch + 1 FROM {meta} WHERE id = 0)";
+    const SCHEMA: &'static str = "SQLITE_SCHEMA_SQL";
+
+    statements!(
+        "claim",
+        "peek",
+        "record",
+        "release",
+        "mark_unknown",
+        "renew",
+        "resolve_record",
+        "resolve_delete",
+        "purge",
+        "stats",
+        "list",
+        "get",
+        "probe",
+        "set_key_mode",
+        "get_key_mode",
+        "tx_claim",
+        "tx_read",
+        "tx_reclaim",
+        "tx_takeover",
+        "tx_record",
+        "expired",
+        "lapsed",
+    );
+
+    fn placeholder(n: usize) -> String {
+        format!("?{n}")
+    }
+
+    fn map_err(e: sqlx::Error) -> StoreError {
+        sql_common::map_sqlx(e, retryable_code, unreachable_code)
+    }
+
+    async fn fetch(
+        &self,
+        on: On<'_, SqliteConnection>,
+        stmt: &Stmt,
+        args: Vec<Arg<'_>>,
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        let query = bind(sqlx::query(&stmt.sql), args);
+        let rows = match on {
+            On::Pool | On::Hot => query.fetch_all(&self.pool).await?,
+            On::Conn(conn) => query.fetch_all(conn).await?,
+        };
+        rows.iter().map(row).collect()
+    }
+
+    async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error> {
+        let done = bind(sqlx::query(&stmt.sql), args)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn claim_token(&self) -> Option<i64> {
+        Some(claim_token())
+    }
 }
 
 /// Opens (creating if missing) the database at `url` — `sqlite://path`, `sqlite:path`,
@@ -359,7 +249,7 @@ async fn prepare(
 ) -> Result<SqliteStore, IdemError> {
     if opts.migrate {
         run_migrations(&pool, &table).await.map_err(|e| {
-            open_error(
+            open_error::<Sqlite>(
                 e,
                 format!(
                     "cannot create the idem table `{table}` in SQLite; check the database is \
@@ -368,34 +258,7 @@ async fn prepare(
             )
         })?;
     }
-    let probe = table.render(PROBE, NOW_MS);
-    sqlx::query(&probe).execute(&pool).await.map_err(|e| {
-        open_error(
-            e,
-            format!(
-                "the idem table `{table}` is missing or lacks idem's columns; create it with \
-                     `SQLITE_SCHEMA_SQL` (renamed to `{table}`) or enable migrate"
-            ),
-        )
-    })?;
-    let recorded = record_key_mode(&pool, &table, &opts.key_mode)
-        .await
-        .map_err(|e| open_error(e, format!("cannot read the key mode of `{table}`")))?;
-    sql_common::check_key_mode(&table, recorded, &opts.key_mode)?;
-    let sql = Statements::new(&table);
-    Ok(SqliteStore { pool, sql })
-}
-
-/// Records `mode` as the table's key mode unless one is recorded; returns the recorded one.
-async fn record_key_mode(
-    pool: &SqlitePool,
-    table: &TableName,
-    mode: &str,
-) -> Result<Option<String>, sqlx::Error> {
-    let set = table.render(SET_KEY_MODE, NOW_MS);
-    sqlx::query(&set).bind(mode).execute(pool).await?;
-    let get = table.render(GET_KEY_MODE, NOW_MS);
-    sqlx::query_scalar(&get).fetch_one(pool).await
+    SqlStore::prepare(Sqlite { pool }, &table, &opts.key_mode).await
 }
 
 /// Applies the missing migrations under `BEGIN IMMEDIATE`, which takes the write lock at
@@ -437,22 +300,6 @@ async fn run_migrations(pool: &SqlitePool, table: &TableName) -> Result<(), sqlx
     tx.commit().await
 }
 
-/// An error while opening: transient ones (busy) are retryable store errors, the rest are
-/// configuration to fix.
-fn open_error(e: sqlx::Error, what: String) -> IdemError {
-    let e = map_err(e);
-    if e.retryable {
-        IdemError::store(
-            "opening the SQLite store",
-            StoreError::new(true, format!("{what}: {}", e.source)),
-        )
-    } else {
-        IdemError::Config {
-            message: format!("{what}: {}", e.source),
-        }
-    }
-}
-
 /// SQLite's primary result codes (the low byte of the extended code) that a retry can
 /// clear: SQLITE_BUSY (5), SQLITE_LOCKED (6), SQLITE_PROTOCOL (15, a WAL lock race).
 fn retryable_code(code: &str) -> bool {
@@ -469,7 +316,7 @@ fn unreachable_code(code: &str) -> bool {
 
 /// Maps a driver error to a [`StoreError`], retryable when a retry can clear it.
 pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
-    sql_common::map_sqlx(e, retryable_code, unreachable_code)
+    Sqlite::map_err(e)
 }
 
 /// A fresh token per claim attempt: distinct within the process (a bijective mix of a
@@ -499,391 +346,33 @@ fn claim_token() -> i64 {
     i64::from_ne_bytes((z ^ (z >> 31)).to_ne_bytes())
 }
 
-fn claim_row(row: &SqliteRow) -> Result<ClaimRow, sqlx::Error> {
-    Ok(ClaimRow {
-        mine: row.try_get("mine")?,
-        stale: false,
-        state: row.try_get("state")?,
-        epoch: row.try_get("epoch")?,
-        same_fingerprint: row.try_get("same_fingerprint")?,
-        taken_over: row.try_get("taken_over")?,
-        retry_after_ms: row.try_get("retry_after_ms")?,
-        outcome: row.try_get("outcome")?,
-        outcome_is_err: row.try_get("outcome_is_err")?,
-        outcome_version: row.try_get("outcome_version")?,
-    })
-}
-
-fn fence(rows: u64) -> Fence {
-    if rows == 0 { Fence::Lost } else { Fence::Held }
-}
-
-impl SqliteStore {
-    /// One fenced statement over `(scope, name, key, epoch)` that reports whether it hit.
-    async fn fenced(&self, sql: &str, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        let Some(epoch) = sql_epoch(epoch) else {
-            return Ok(Fence::Lost);
-        };
-        let done = sqlx::query(sql)
-            .bind(&id.scope)
-            .bind(&id.name)
-            .bind(&id.key)
-            .bind(epoch)
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(fence(done.rows_affected()))
-    }
-
-    async fn write_outcome(
-        &self,
-        sql: &str,
-        id: &OperationId,
-        epoch: u64,
-        outcome: &StoredOutcome,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        let Some(epoch) = sql_epoch(epoch) else {
-            return Ok(Fence::Lost);
-        };
-        let done = sqlx::query(sql)
-            .bind(&id.scope)
-            .bind(&id.name)
-            .bind(&id.key)
-            .bind(epoch)
-            .bind(&outcome.body)
-            .bind(outcome.is_err)
-            .bind(i64::from(outcome.version))
-            .bind(millis(retain))
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(fence(done.rows_affected()))
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for SqliteStore {
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let row = sqlx::query(&self.sql.claim)
-            .bind(&req.id.scope)
-            .bind(&req.id.name)
-            .bind(&req.id.key)
-            .bind(&req.fingerprint[..])
-            .bind(claim_token())
-            .bind(millis(req.lease))
-            .bind(req.on_takeover == Takeover::Unknown)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_err)?;
-        match decide(claim_row(&row).map_err(map_err)?)? {
-            Decision::Claim(claim) => Ok(claim),
-            // Writes are serialized and RETURNING shows this statement's own result, so
-            // a row that is not ours is never claimable.
-            Decision::Reissue => Err(corrupt("the claim returned a claimable row".to_owned())),
-        }
-    }
-
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-        let Some(row) = sqlx::query(&self.sql.peek)
-            .bind(&id.scope)
-            .bind(&id.name)
-            .bind(&id.key)
-            .bind(&fingerprint[..])
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?
-        else {
-            return Ok(None);
-        };
-        let same: bool = row.try_get("same_fingerprint").map_err(map_err)?;
-        if !same {
-            return Ok(Some(Err(Mismatched)));
-        }
-        let outcome = outcome_from_sql(
-            row.try_get("outcome").map_err(map_err)?,
-            row.try_get("outcome_is_err").map_err(map_err)?,
-            row.try_get("outcome_version").map_err(map_err)?,
-        )?;
-        Ok(Some(Ok(outcome)))
-    }
-
-    async fn record(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        outcome: &StoredOutcome,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
-            .await
-    }
-
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.fenced(&self.sql.release, id, epoch).await
-    }
-
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.fenced(&self.sql.mark_unknown, id, epoch).await
-    }
-
-    async fn renew(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        lease: Duration,
-    ) -> Result<Fence, StoreError> {
-        let Some(epoch) = sql_epoch(epoch) else {
-            return Ok(Fence::Lost);
-        };
-        let done = sqlx::query(&self.sql.renew)
-            .bind(&id.scope)
-            .bind(&id.name)
-            .bind(&id.key)
-            .bind(epoch)
-            .bind(millis(lease))
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(fence(done.rows_affected()))
-    }
-
-    async fn resolve(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        completed: Option<(&StoredOutcome, Duration)>,
-    ) -> Result<Fence, StoreError> {
-        match completed {
-            None => self.fenced(&self.sql.resolve_delete, id, epoch).await,
-            Some((outcome, retain)) => {
-                self.write_outcome(&self.sql.resolve_record, id, epoch, outcome, retain)
-                    .await
-            }
-        }
-    }
-
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let mut total = 0;
-        loop {
-            let done = sqlx::query(&self.sql.purge)
-                .bind(PURGE_BATCH)
-                .execute(&self.pool)
-                .await
-                .map_err(map_err)?;
-            total += done.rows_affected();
-            if done.rows_affected() < PURGE_BATCH.unsigned_abs() {
-                return Ok(total);
-            }
-        }
-    }
-
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        let rows = sqlx::query(&self.sql.stats)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(map_err)?;
-        let mut stats = Stats::default();
-        for row in rows {
-            let code: i64 = row.try_get("state").map_err(map_err)?;
-            let n: i64 = row.try_get("n").map_err(map_err)?;
-            let oldest: i64 = row.try_get("oldest_ms").map_err(map_err)?;
-            let n = u64::try_from(n).unwrap_or(0);
-            match State::from_code(code) {
-                Some(State::InProgress) => {
-                    stats.in_progress = n;
-                    stats.oldest_in_progress = Some(duration_ms(oldest));
-                }
-                Some(State::Completed) => stats.completed = n,
-                Some(State::Unknown) => {
-                    stats.unknown = n;
-                    stats.oldest_unknown = Some(duration_ms(oldest));
-                }
-                None => return Err(corrupt(format!("unknown state code {code}"))),
-            }
-        }
-        Ok(stats)
-    }
-
-    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
-        let row = sqlx::query(&self.sql.get)
-            .bind(&id.scope)
-            .bind(&id.name)
-            .bind(&id.key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
-        let Some(row) = row else { return Ok(None) };
-        let get = |c: &str| row.try_get::<Option<i64>, _>(c).map_err(map_err);
-        sql_common::record_detail(
-            id,
-            get("state")?.unwrap_or(-1),
-            get("epoch")?.unwrap_or(-1),
-            get("age_ms")?.unwrap_or(0),
-            get("lease_ms")?,
-            get("expires_ms")?,
-            row.try_get("outcome").map_err(map_err)?,
-            get("outcome_is_err")?.unwrap_or(0) != 0,
-            get("outcome_version")?.unwrap_or(0),
-        )
-        .map(Some)
-    }
-
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
-        let rows = sqlx::query(&self.sql.list)
-            .bind(filter.state.map(|s| i64::from(s.code())))
-            .bind(filter.name.as_deref())
-            .bind(filter.older_than.map(millis))
-            .bind(i64::from(filter.limit()))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                let code: i64 = row.try_get("state").map_err(map_err)?;
-                Ok(RecordInfo {
-                    id: OperationId {
-                        scope: row.try_get("scope").map_err(map_err)?,
-                        name: row.try_get("name").map_err(map_err)?,
-                        key: row.try_get("key").map_err(map_err)?,
-                    },
-                    state: State::from_code(code)
-                        .ok_or_else(|| corrupt(format!("unknown state code {code}")))?,
-                    epoch: epoch_from_sql(row.try_get("epoch").map_err(map_err)?)?,
-                    age: duration_ms(row.try_get("age_ms").map_err(map_err)?),
-                })
-            })
-            .collect()
-    }
-}
-
-/// Transactional mode: claims `id` inside the caller's transaction on `conn`.
-///
-/// SQLite has no row locks: a concurrent duplicate waits on the database write lock (the
-/// caller should `BEGIN IMMEDIATE`), so by the time this runs the other transaction has
-/// committed or rolled back.
-pub(crate) async fn tx_claim_sqlite(
-    conn: &mut SqliteConnection,
-    store: &SqliteStore,
-    id: &OperationId,
-    fingerprint: &[u8; 32],
-    lease: Duration,
-) -> Result<TxClaim, StoreError> {
-    sql_common::tx_claim(&mut TxConn {
-        conn,
-        sql: &store.sql,
-        id,
-        fingerprint,
-        lease: millis(lease),
-    })
-    .await
-}
-
-/// One transactional claim's statements on the caller's connection.
-struct TxConn<'a> {
-    conn: &'a mut SqliteConnection,
-    sql: &'a Statements,
-    id: &'a OperationId,
-    fingerprint: &'a [u8; 32],
-    lease: i64,
-}
-
-impl TxConn<'_> {
-    /// One statement over (scope, name, key, fingerprint), and the lease if it takes one.
-    async fn step(&mut self, sql: &str, lease: bool) -> Result<Option<SqliteRow>, StoreError> {
-        let mut query = sqlx::query(sql)
-            .bind(&self.id.scope)
-            .bind(&self.id.name)
-            .bind(&self.id.key)
-            .bind(&self.fingerprint[..]);
-        if lease {
-            query = query.bind(self.lease);
-        }
-        query.fetch_optional(&mut *self.conn).await.map_err(map_err)
-    }
-
-    /// A claiming statement: the epoch it returned, if it claimed.
-    async fn claiming(&mut self, sql: &str) -> Result<Option<i64>, StoreError> {
-        match self.step(sql, true).await? {
-            Some(row) => row.try_get("epoch").map(Some).map_err(map_err),
-            None => Ok(None),
-        }
-    }
-}
-
-impl sql_common::TxSteps for TxConn<'_> {
-    async fn insert(&mut self) -> Result<Option<i64>, StoreError> {
-        let sql = self.sql;
-        self.claiming(&sql.tx_claim).await
-    }
-
-    async fn read(&mut self) -> Result<Option<TxRow>, StoreError> {
-        let sql = self.sql;
-        let Some(row) = self.step(&sql.tx_read, false).await? else {
-            return Ok(None);
-        };
-        let read = || -> Result<TxRow, sqlx::Error> {
-            Ok(TxRow {
-                same_fingerprint: row.try_get("same_fingerprint")?,
-                expired: row.try_get("expired")?,
-                lapsed: row.try_get("lapsed")?,
-                state: row.try_get("state")?,
-                epoch: row.try_get("epoch")?,
-                retry_after_ms: row.try_get("retry_after_ms")?,
-                outcome: row.try_get("outcome")?,
-                outcome_is_err: row.try_get("outcome_is_err")?,
-                outcome_version: row.try_get("outcome_version")?,
-            })
-        };
-        read().map(Some).map_err(map_err)
-    }
-
-    async fn reclaim_expired(&mut self) -> Result<Option<i64>, StoreError> {
-        let sql = self.sql;
-        self.claiming(&sql.tx_reclaim).await
-    }
-
-    async fn take_over(&mut self) -> Result<Option<i64>, StoreError> {
-        let sql = self.sql;
-        self.claiming(&sql.tx_takeover).await
-    }
-}
-
-/// Transactional mode: records the outcome of the claim this transaction holds on `id`.
-pub(crate) async fn tx_record_sqlite(
-    conn: &mut SqliteConnection,
-    store: &SqliteStore,
-    id: &OperationId,
-    outcome: &StoredOutcome,
-    retain: Duration,
-) -> Result<Fence, StoreError> {
-    let done = sqlx::query(&store.sql.tx_record)
-        .bind(&id.scope)
-        .bind(&id.name)
-        .bind(&id.key)
-        .bind(&outcome.body)
-        .bind(outcome.is_err)
-        .bind(i64::from(outcome.version))
-        .bind(millis(retain))
-        .execute(conn)
-        .await
-        .map_err(map_err)?;
-    Ok(fence(done.rows_affected()))
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::store::sql_common::TxClaim;
+    use crate::store::{Claim, ClaimRequest, Fence, OperationId, Store, StoredOutcome, Takeover};
+
+    async fn tx_claim_sqlite(
+        conn: &mut <Sqlite as Dialect>::Conn,
+        store: &SqlStore<Sqlite>,
+        id: &OperationId,
+        fp: &[u8; 32],
+        lease: Duration,
+    ) -> Result<TxClaim, StoreError> {
+        store.tx_claim(conn, id, fp, lease).await
+    }
+
+    async fn tx_record_sqlite(
+        conn: &mut <Sqlite as Dialect>::Conn,
+        store: &SqlStore<Sqlite>,
+        id: &OperationId,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        store.tx_record(conn, id, outcome, retain).await
+    }
 
     const FP: [u8; 32] = [1; 32];
     const OTHER_FP: [u8; 32] = [2; 32];
@@ -1100,7 +589,7 @@ mod tests {
 
     async fn transactional(store: SqliteStore) {
         let id = op("tx-1");
-        let mut tx = store.pool.begin().await.unwrap();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
         assert!(matches!(
             tx_claim_sqlite(&mut tx, &store, &id, &FP, LEASE)
                 .await
@@ -1123,7 +612,7 @@ mod tests {
         );
         tx.commit().await.unwrap();
 
-        let mut tx = store.pool.begin().await.unwrap();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_sqlite(&mut tx, &store, &id, &FP, LEASE)
                 .await
@@ -1140,12 +629,12 @@ mod tests {
 
         // Rollback is the release.
         let rolled = op("tx-2");
-        let mut tx = store.pool.begin().await.unwrap();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
         tx_claim_sqlite(&mut tx, &store, &rolled, &FP, LEASE)
             .await
             .unwrap();
         tx.rollback().await.unwrap();
-        let mut tx = store.pool.begin().await.unwrap();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
         assert!(matches!(
             tx_claim_sqlite(&mut tx, &store, &rolled, &OTHER_FP, LEASE)
                 .await
@@ -1162,7 +651,7 @@ mod tests {
             .await
             .unwrap();
         tokio::time::sleep(PAST_TINY).await;
-        let mut tx = store.pool.begin().await.unwrap();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
         assert!(matches!(
             tx_claim_sqlite(&mut tx, &store, &expired, &OTHER_FP, LEASE)
                 .await
@@ -1174,7 +663,7 @@ mod tests {
         let unknown = op("tx-4");
         let epoch = epoch_of(claim(&store, &unknown, FP, LEASE).await);
         store.mark_unknown(&unknown, epoch).await.unwrap();
-        let mut tx = store.pool.begin().await.unwrap();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
         assert_eq!(
             tx_claim_sqlite(&mut tx, &store, &unknown, &FP, LEASE)
                 .await

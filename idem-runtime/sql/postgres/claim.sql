@@ -1,0 +1,47 @@
+WITH seen AS (
+    SELECT state, epoch, fingerprint, taken_over, lease_until, expires_at, outcome,
+        outcome_is_err, outcome_version, clock_timestamp() AS now
+    FROM {table}
+    WHERE scope = :scope AND name = :name AND key = :key
+), ins AS (
+    INSERT INTO {table} AS cur (scope, name, key, state, epoch, fingerprint, taken_over,
+        lease_until, created_at, claimed_at, expires_at, outcome, outcome_is_err,
+        outcome_version, waiters)
+    SELECT :scope, :name, :key, 0, {next_epoch}, :fp, false, n.now + :lease_ms::bigint * interval '1 millisecond',
+        n.now, n.now, NULL, NULL, false, 0, false
+    FROM (SELECT clock_timestamp() AS now) AS n
+    WHERE NOT EXISTS (
+        SELECT 1 FROM seen
+        WHERE NOT ((state = 0 AND lease_until <= now AND fingerprint = :fp)
+                   OR (state = 1 AND expires_at <= now)))
+    ON CONFLICT (scope, name, key) DO UPDATE SET
+        state = CASE WHEN {expired} OR NOT :to_unknown THEN 0 ELSE 2 END,
+        epoch = CASE WHEN {expired} OR NOT :to_unknown THEN EXCLUDED.epoch ELSE cur.epoch END,
+        fingerprint = EXCLUDED.fingerprint,
+        taken_over = CASE WHEN {expired} THEN false WHEN :to_unknown THEN cur.taken_over ELSE true END,
+        lease_until = CASE WHEN {expired} OR NOT :to_unknown THEN EXCLUDED.lease_until
+                           ELSE cur.lease_until END,
+        created_at = CASE WHEN {expired} THEN EXCLUDED.created_at ELSE cur.created_at END,
+        claimed_at = CASE WHEN {expired} OR NOT :to_unknown THEN EXCLUDED.claimed_at
+                          ELSE cur.claimed_at END,
+        expires_at = NULL,
+        outcome = NULL,
+        outcome_is_err = false,
+        outcome_version = 0,
+        waiters = CASE WHEN {expired} THEN false ELSE cur.waiters END
+    WHERE {expired} OR {lapsed}
+    RETURNING true AS mine, false AS stale, cur.state, cur.epoch,
+        true AS same_fingerprint, cur.taken_over, 0::bigint AS retry_after_ms, cur.outcome,
+        cur.outcome_is_err, cur.outcome_version
+)
+SELECT mine, stale, state, epoch, same_fingerprint, taken_over, retry_after_ms, outcome,
+    outcome_is_err, outcome_version
+FROM ins
+UNION ALL
+SELECT false, (state = 0 AND lease_until <= now AND fingerprint = :fp)
+        OR (state = 1 AND expires_at <= now),
+    state, epoch, fingerprint = :fp, taken_over,
+    greatest(0, (EXTRACT(EPOCH FROM lease_until - now) * 1000)::bigint),
+    CASE WHEN fingerprint = :fp THEN outcome END, outcome_is_err, outcome_version
+FROM seen
+WHERE NOT EXISTS (SELECT 1 FROM ins)

@@ -1,0 +1,10 @@
+SELECT scope, name, key, state, epoch,
+        greatest(0, (EXTRACT(EPOCH FROM clock_timestamp() - claimed_at) * 1000)::bigint)
+            AS age_ms
+    FROM {table}
+    WHERE (:state::smallint IS NULL OR state = :state)
+      AND (:op_name::text IS NULL OR name = :op_name)
+      AND (:older_ms::bigint IS NULL
+           OR claimed_at <= clock_timestamp() - :older_ms::bigint * interval '1 millisecond')
+    ORDER BY claimed_at, scope, name, key
+    LIMIT :limit

@@ -1,0 +1,10 @@
+WITH upd AS (
+    UPDATE {table}
+    SET state = 1, outcome = :outcome, outcome_is_err = :is_err, outcome_version = :version,
+        expires_at = clock_timestamp() + :retain_ms::bigint * interval '1 millisecond'
+    WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch AND state IN (0, 2)
+    RETURNING waiters
+), woke AS (
+    SELECT pg_notify('idem_wake', :payload) FROM upd WHERE waiters
+)
+SELECT (SELECT count(*) FROM upd) AS held, (SELECT count(*) FROM woke) AS woke

@@ -1,0 +1,4 @@
+SELECT scope, name, key, state, epoch, fingerprint, token, taken_over,
+    lease_until_ms, created_ms, claimed_ms, expires_ms, outcome, outcome_is_err, outcome_version,
+    (SELECT last_epoch FROM {meta} WHERE id = 0) AS last_epoch
+    FROM {table} LIMIT 0

@@ -1,0 +1,2 @@
+DELETE FROM {table} WHERE rowid IN (
+    SELECT rowid FROM {table} WHERE state = 1 AND expires_ms <= {now} LIMIT :limit)

@@ -1,0 +1,790 @@
+//! The SQL engine: the state machine's SQL side, written once for every SQL backend.
+//!
+//! [`SqlStore`] implements [`Store`] over a [`Dialect`], which says only what differs
+//! between databases: how to run a statement and read its rows, the clock and epoch
+//! expressions, error classes, and hooks (PostgreSQL's snapshot re-issue, wake-ups,
+//! its own connections). Statements live in `sql/<dialect>/<name>.sql` with named
+//! parameters (`:scope`, `:epoch`, ...); rendering turns them into the dialect's
+//! positional placeholders once per store.
+
+use std::time::Duration;
+
+use super::sql_common::{
+    self, ClaimRow, Decision, TableName, TxClaim, TxRow, corrupt, decide, duration_ms,
+    epoch_from_sql, millis, outcome_from_sql, sql_epoch,
+};
+use super::{
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
+    State, Stats, Store, StoredOutcome, Takeover,
+};
+use crate::error::{IdemError, StoreError};
+
+/// A value bound to a named parameter.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg<'a> {
+    Text(&'a str),
+    OptText(Option<&'a str>),
+    Bytes(&'a [u8]),
+    Int(i64),
+    OptInt(Option<i64>),
+    Bool(bool),
+}
+
+/// A column value read back, whatever the backend's type for it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Val {
+    Null,
+    Int(i64),
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Bool(bool),
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+/// One row: column names and values.
+#[derive(Debug, Default)]
+pub(crate) struct Row(pub(crate) Vec<(String, Val)>);
+
+impl Row {
+    fn val(&self, name: &str) -> Result<&Val, StoreError> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| corrupt(format!("no column `{name}` in a statement's row")))
+    }
+
+    fn opt_int(&self, name: &str) -> Result<Option<i64>, StoreError> {
+        match self.val(name)? {
+            Val::Null => Ok(None),
+            Val::Int(i) => Ok(Some(*i)),
+            Val::Bool(b) => Ok(Some(i64::from(*b))),
+            other => Err(corrupt(format!("`{name}` is {other:?}, not a number"))),
+        }
+    }
+
+    fn int(&self, name: &str) -> Result<i64, StoreError> {
+        self.opt_int(name)?
+            .ok_or_else(|| corrupt(format!("`{name}` is NULL")))
+    }
+
+    /// A boolean, which SQLite stores as an integer.
+    fn flag(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(self.int(name)? != 0)
+    }
+
+    fn text(&self, name: &str) -> Result<String, StoreError> {
+        match self.val(name)? {
+            Val::Text(t) => Ok(t.clone()),
+            other => Err(corrupt(format!("`{name}` is {other:?}, not text"))),
+        }
+    }
+
+    fn opt_text(&self, name: &str) -> Result<Option<String>, StoreError> {
+        match self.val(name)? {
+            Val::Null => Ok(None),
+            _ => self.text(name).map(Some),
+        }
+    }
+
+    fn opt_bytes(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.val(name)? {
+            Val::Null => Ok(None),
+            Val::Bytes(b) => Ok(Some(b.clone())),
+            other => Err(corrupt(format!("`{name}` is {other:?}, not bytes"))),
+        }
+    }
+}
+
+/// The order parameters are numbered in, whatever order a statement uses them in.
+const PARAM_ORDER: &[&str] = &[
+    "scope",
+    "name",
+    "key",
+    "fp",
+    "token",
+    "epoch",
+    "payload",
+    "lease_ms",
+    "to_unknown",
+    "outcome",
+    "is_err",
+    "version",
+    "retain_ms",
+    "state",
+    "op_name",
+    "older_ms",
+    "limit",
+    "mode",
+];
+
+/// A rendered statement: its text with positional placeholders, and which named
+/// parameter each position takes.
+#[derive(Debug)]
+pub(crate) struct Stmt {
+    pub(crate) sql: String,
+    params: Vec<String>,
+}
+
+impl Stmt {
+    /// Renders `template`: fragments and names (`{table}`, `{now}`, ...) filled in, each
+    /// `:name` parameter replaced by the dialect's placeholder for its position.
+    pub(crate) fn render<D: Dialect>(template: &str, table: &TableName) -> Stmt {
+        let expanded = template
+            .replace("{rerun}", "({lapsed} AND NOT :to_unknown)")
+            .replace("{to_unknown}", "({lapsed} AND :to_unknown)")
+            .replace("{lapsed}", D::sql("lapsed").trim())
+            .replace("{expired}", D::sql("expired").trim())
+            .replace("{next_epoch}", D::NEXT_EPOCH);
+        let text = table.render(&expanded, D::NOW);
+        // Two passes: find the parameters, number them in one canonical order (so a
+        // statement's positions are the same wherever it is issued, benches included),
+        // then write the placeholders.
+        let mut params: Vec<String> = Vec::new();
+        let mut spans = Vec::new();
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let starts_name = bytes[i] == b':'
+                && (i == 0 || bytes[i - 1] != b':')
+                && bytes.get(i + 1).is_some_and(|b| b.is_ascii_lowercase());
+            if !starts_name {
+                i += 1;
+                continue;
+            }
+            let end = text[i + 1..]
+                .find(|ch: char| !(ch.is_ascii_lowercase() || ch == '_'))
+                .map_or(text.len(), |e| i + 1 + e);
+            let name = &text[i + 1..end];
+            if !params.iter().any(|p| p == name) {
+                params.push(name.to_owned());
+            }
+            spans.push((i, end));
+            i = end;
+        }
+        let rank = |p: &String| {
+            PARAM_ORDER
+                .iter()
+                .position(|o| o == p)
+                .unwrap_or(PARAM_ORDER.len())
+        };
+        params.sort_by_key(rank);
+        let mut sql = String::with_capacity(text.len());
+        let mut at = 0;
+        for (start, end) in spans {
+            sql.push_str(&text[at..start]);
+            let name = &text[start + 1..end];
+            let pos = params.iter().position(|p| p == name).expect("collected");
+            sql.push_str(&D::placeholder(pos + 1));
+            at = end;
+        }
+        sql.push_str(&text[at..]);
+        Stmt { sql, params }
+    }
+
+    /// The arguments in this statement's positional order, from named ones.
+    pub(crate) fn args<'a>(&self, named: &[(&str, Arg<'a>)]) -> Result<Vec<Arg<'a>>, StoreError> {
+        self.params
+            .iter()
+            .map(|p| {
+                named
+                    .iter()
+                    .find(|(n, _)| n == p)
+                    .map(|(_, a)| *a)
+                    .ok_or_else(|| corrupt(format!("no value for the parameter `:{p}`")))
+            })
+            .collect()
+    }
+}
+
+/// Where a statement runs.
+pub(crate) enum On<'c, C> {
+    /// The store's pool.
+    Pool,
+    /// The connections for claims and records (the pool, unless the dialect keeps its own).
+    Hot,
+    /// The caller's transaction (transactional mode).
+    Conn(&'c mut C),
+}
+
+/// What differs between SQL backends.
+#[async_trait::async_trait]
+pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
+    /// The connection under a caller's transaction.
+    type Conn: Send;
+    /// The store's clock, as SQL (milliseconds on SQLite, a timestamp on PostgreSQL).
+    const NOW: &'static str;
+    /// The epoch a claim takes, as SQL: one never issued before for this table.
+    const NEXT_EPOCH: &'static str;
+    /// The name of the shipped schema's constant in `idem_runtime::schema`.
+    const SCHEMA: &'static str;
+    /// How often the claim may be issued before giving up: more than once only where
+    /// the database's snapshot rules can make it return no row.
+    const CLAIM_ATTEMPTS: usize = 1;
+
+    /// The statement template `name` (`sql/<dialect>/<name>.sql`).
+    fn sql(name: &str) -> &'static str;
+    /// The placeholder for the `n`th parameter (1-based).
+    fn placeholder(n: usize) -> String;
+    /// A driver error as a store error: retryable, unreachable.
+    fn map_err(e: sqlx::Error) -> StoreError;
+    /// A conflict the claim may be issued again after (a serialization failure).
+    fn is_conflict(_e: &sqlx::Error) -> bool {
+        false
+    }
+
+    /// Runs `stmt` and returns its rows.
+    async fn fetch(
+        &self,
+        on: On<'_, Self::Conn>,
+        stmt: &Stmt,
+        args: Vec<Arg<'_>>,
+    ) -> Result<Vec<Row>, sqlx::Error>;
+    /// Runs `stmt` and returns how many rows it changed.
+    async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error>;
+
+    /// A value that tells this claim attempt's row from another's, where the claim
+    /// statement needs one (SQLite's `RETURNING` shows only the row after it).
+    fn claim_token(&self) -> Option<i64> {
+        None
+    }
+    /// Starts waking this process's waiters when other processes finish operations.
+    fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
+        let _ = hub;
+    }
+}
+
+/// Every statement, rendered once for the store's table.
+#[derive(Debug)]
+struct Statements {
+    claim: Stmt,
+    peek: Option<Stmt>,
+    record: Stmt,
+    release: Stmt,
+    mark_unknown: Stmt,
+    renew: Stmt,
+    resolve_record: Stmt,
+    resolve_delete: Stmt,
+    announce_wait: Option<Stmt>,
+    purge: Stmt,
+    stats: Stmt,
+    list: Stmt,
+    get: Stmt,
+    tx_claim: Stmt,
+    tx_read: Stmt,
+    tx_reclaim: Stmt,
+    tx_takeover: Stmt,
+    tx_record: Stmt,
+}
+
+impl Statements {
+    fn new<D: Dialect>(table: &TableName) -> Statements {
+        let r = |name: &str| Stmt::render::<D>(D::sql(name), table);
+        let optional = |name: &str| (!D::sql(name).is_empty()).then(|| r(name));
+        Statements {
+            claim: r("claim"),
+            peek: optional("peek"),
+            record: r("record"),
+            release: r("release"),
+            mark_unknown: r("mark_unknown"),
+            renew: r("renew"),
+            resolve_record: r("resolve_record"),
+            resolve_delete: r("resolve_delete"),
+            announce_wait: optional("announce_wait"),
+            purge: r("purge"),
+            stats: r("stats"),
+            list: r("list"),
+            get: r("get"),
+            tx_claim: r("tx_claim"),
+            tx_read: r("tx_read"),
+            tx_reclaim: r("tx_reclaim"),
+            tx_takeover: r("tx_takeover"),
+            tx_record: r("tx_record"),
+        }
+    }
+}
+
+/// Records purged per statement, so a large purge does not lock many rows at once.
+const PURGE_BATCH: i64 = 1000;
+
+/// A SQL store: one engine over a dialect.
+#[derive(Debug)]
+pub(crate) struct SqlStore<D: Dialect> {
+    pub(crate) dialect: D,
+    sql: Statements,
+}
+
+fn id_args(id: &OperationId) -> [(&'static str, Arg<'_>); 3] {
+    [
+        ("scope", Arg::Text(&id.scope)),
+        ("name", Arg::Text(&id.name)),
+        ("key", Arg::Text(&id.key)),
+    ]
+}
+
+/// The `NOTIFY` payload naming an operation, for dialects that wake other processes.
+fn wake_payload(id: &OperationId) -> Result<String, StoreError> {
+    serde_json::to_string(id).map_err(|e| StoreError::new(false, e))
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// Checks the table (every column idem reads) and its key mode, then renders the
+    /// statements.
+    pub(crate) async fn prepare(
+        dialect: D,
+        table: &TableName,
+        key_mode: &str,
+    ) -> Result<SqlStore<D>, IdemError> {
+        let probe = Stmt::render::<D>(D::sql("probe"), table);
+        dialect
+            .fetch(On::Pool, &probe, Vec::new())
+            .await
+            .map_err(|e| {
+                open_error::<D>(
+                    e,
+                    format!(
+                        "the idem table `{table}` is missing or lacks idem's columns; create it \
+                     with `idem_runtime::schema::{}` (renamed to `{table}`) or enable migrate",
+                        D::SCHEMA
+                    ),
+                )
+            })?;
+        let set = Stmt::render::<D>(D::sql("set_key_mode"), table);
+        let get = Stmt::render::<D>(D::sql("get_key_mode"), table);
+        let mode = [("mode", Arg::Text(key_mode))];
+        let recorded = async {
+            dialect
+                .fetch(On::Pool, &set, set.args(&mode).expect("mode"))
+                .await?;
+            dialect.fetch(On::Pool, &get, Vec::new()).await
+        }
+        .await
+        .map_err(|e| open_error::<D>(e, format!("cannot read the key mode of `{table}`")))?;
+        let recorded = match recorded.first() {
+            Some(row) => row.opt_text("key_mode").map_err(|e| IdemError::Config {
+                message: e.to_string(),
+            })?,
+            None => None,
+        };
+        sql_common::check_key_mode(table, recorded, key_mode)?;
+        Ok(SqlStore {
+            sql: Statements::new::<D>(table),
+            dialect,
+        })
+    }
+
+    async fn rows(
+        &self,
+        on: On<'_, D::Conn>,
+        stmt: &Stmt,
+        named: &[(&str, Arg<'_>)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let args = stmt.args(named)?;
+        self.dialect.fetch(on, stmt, args).await.map_err(D::map_err)
+    }
+
+    /// A fenced write: held when the statement reports a row it changed.
+    async fn fenced(
+        &self,
+        stmt: &Stmt,
+        id: &OperationId,
+        epoch: u64,
+        extra: &[(&str, Arg<'_>)],
+    ) -> Result<Fence, StoreError> {
+        let Some(epoch) = sql_epoch(epoch) else {
+            return Ok(Fence::Lost);
+        };
+        let payload = wake_payload(id)?;
+        let mut named = id_args(id).to_vec();
+        named.push(("epoch", Arg::Int(epoch)));
+        named.push(("payload", Arg::Text(&payload)));
+        named.extend_from_slice(extra);
+        let rows = self.rows(On::Hot, stmt, &named).await?;
+        let mut held = 0;
+        for row in &rows {
+            held += row.int("held")?;
+        }
+        Ok(if held > 0 { Fence::Held } else { Fence::Lost })
+    }
+
+    async fn write_outcome(
+        &self,
+        stmt: &Stmt,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        let extra = outcome_args(outcome, retain);
+        self.fenced(stmt, id, epoch, &extra).await
+    }
+}
+
+fn outcome_args(outcome: &StoredOutcome, retain: Duration) -> [(&'static str, Arg<'_>); 4] {
+    [
+        ("outcome", Arg::Bytes(&outcome.body)),
+        ("is_err", Arg::Bool(outcome.is_err)),
+        ("version", Arg::Int(i64::from(outcome.version))),
+        ("retain_ms", Arg::Int(millis(retain))),
+    ]
+}
+
+/// An error while opening: transient ones are retryable store errors, the rest are
+/// configuration to fix.
+pub(crate) fn open_error<D: Dialect>(e: sqlx::Error, what: String) -> IdemError {
+    let e = D::map_err(e);
+    if e.retryable {
+        IdemError::store(
+            "opening the store",
+            StoreError::new(true, format!("{what}: {}", e.source)),
+        )
+    } else {
+        IdemError::Config {
+            message: format!("{what}: {}", e.source),
+        }
+    }
+}
+
+fn claim_row(row: &Row) -> Result<ClaimRow, StoreError> {
+    Ok(ClaimRow {
+        mine: row.flag("mine")?,
+        stale: match row.val("stale") {
+            Ok(_) => row.flag("stale")?,
+            Err(_) => false,
+        },
+        state: row.int("state")?,
+        epoch: row.int("epoch")?,
+        same_fingerprint: row.flag("same_fingerprint")?,
+        taken_over: row.flag("taken_over")?,
+        retry_after_ms: row.int("retry_after_ms")?,
+        outcome: row.opt_bytes("outcome")?,
+        outcome_is_err: row.flag("outcome_is_err")?,
+        outcome_version: row.int("outcome_version")?,
+    })
+}
+
+fn record_info(row: &Row) -> Result<RecordInfo, StoreError> {
+    let code = row.int("state")?;
+    Ok(RecordInfo {
+        id: OperationId {
+            scope: row.text("scope")?,
+            name: row.text("name")?,
+            key: row.text("key")?,
+        },
+        state: State::from_code(code)
+            .ok_or_else(|| corrupt(format!("unknown state code {code}")))?,
+        epoch: epoch_from_sql(row.int("epoch")?)?,
+        age: duration_ms(row.int("age_ms")?),
+    })
+}
+
+#[async_trait::async_trait]
+impl<D: Dialect> Store for SqlStore<D> {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let mut named = id_args(req.id).to_vec();
+        named.push(("fp", Arg::Bytes(&req.fingerprint)));
+        named.push(("lease_ms", Arg::Int(millis(req.lease))));
+        named.push((
+            "to_unknown",
+            Arg::Bool(req.on_takeover == Takeover::Unknown),
+        ));
+        // The events below carry no key: the caller's `idem` span does, hashed when asked.
+        for attempt in 0..D::CLAIM_ATTEMPTS {
+            if attempt > 0 {
+                // Back off (1, 2, 4, 8 ms) so racing writers settle instead of spinning.
+                tokio::time::sleep(Duration::from_millis(1 << (attempt - 1).min(6))).await;
+            }
+            let token = self.dialect.claim_token();
+            named.retain(|(n, _)| *n != "token");
+            if let Some(token) = token {
+                named.push(("token", Arg::Int(token)));
+            }
+            let args = self.sql.claim.args(&named)?;
+            let rows = match self.dialect.fetch(On::Hot, &self.sql.claim, args).await {
+                // Under SERIALIZABLE or REPEATABLE READ the snapshot race surfaces as a
+                // serialization failure; the statement is its own transaction, so
+                // issuing it again is safe.
+                Err(e) if D::is_conflict(&e) && D::CLAIM_ATTEMPTS > 1 => {
+                    tracing::trace!(error = %e, "claim conflicted; issuing it again");
+                    continue;
+                }
+                rows => rows.map_err(D::map_err)?,
+            };
+            let Some(row) = rows.first() else {
+                tracing::trace!("claim raced a concurrent commit; issuing it again");
+                continue;
+            };
+            match decide(claim_row(row)?)? {
+                Decision::Claim(claim) => return Ok(claim),
+                Decision::Reissue => {
+                    tracing::trace!("claim read a superseded row; issuing it again");
+                }
+            }
+        }
+        Err(StoreError::new(
+            true,
+            format!(
+                "the claim of operation `{}` raced concurrent writers {} times in a row; retry",
+                req.id.name,
+                D::CLAIM_ATTEMPTS
+            ),
+        ))
+    }
+
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        let Some(peek) = &self.sql.peek else {
+            return Ok(None);
+        };
+        let mut named = id_args(id).to_vec();
+        named.push(("fp", Arg::Bytes(fingerprint)));
+        let rows = self.rows(On::Pool, peek, &named).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        if !row.flag("same_fingerprint")? {
+            return Ok(Some(Err(Mismatched)));
+        }
+        let outcome = outcome_from_sql(
+            row.opt_bytes("outcome")?,
+            row.flag("outcome_is_err")?,
+            row.int("outcome_version")?,
+        )?;
+        Ok(Some(Ok(outcome)))
+    }
+
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
+            .await
+    }
+
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.fenced(&self.sql.release, id, epoch, &[]).await
+    }
+
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.fenced(&self.sql.mark_unknown, id, epoch, &[]).await
+    }
+
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
+        let lease = [("lease_ms", Arg::Int(millis(lease)))];
+        self.fenced(&self.sql.renew, id, epoch, &lease).await
+    }
+
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        match completed {
+            None => self.fenced(&self.sql.resolve_delete, id, epoch, &[]).await,
+            Some((outcome, retain)) => {
+                self.write_outcome(&self.sql.resolve_record, id, epoch, outcome, retain)
+                    .await
+            }
+        }
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let args = self.sql.purge.args(&[("limit", Arg::Int(PURGE_BATCH))])?;
+            let n = self
+                .dialect
+                .execute(&self.sql.purge, args)
+                .await
+                .map_err(D::map_err)?;
+            total += n;
+            if n < PURGE_BATCH.unsigned_abs() {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let mut stats = Stats::default();
+        for row in self.rows(On::Pool, &self.sql.stats, &[]).await? {
+            let code = row.int("state")?;
+            let n = u64::try_from(row.int("n")?).unwrap_or(0);
+            let oldest = Some(duration_ms(row.int("oldest_ms")?));
+            match State::from_code(code) {
+                Some(State::InProgress) => {
+                    (stats.in_progress, stats.oldest_in_progress) = (n, oldest)
+                }
+                Some(State::Completed) => stats.completed = n,
+                Some(State::Unknown) => (stats.unknown, stats.oldest_unknown) = (n, oldest),
+                None => return Err(corrupt(format!("unknown state code {code}"))),
+            }
+        }
+        Ok(stats)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        let named = [
+            (
+                "state",
+                Arg::OptInt(filter.state.map(|s| i64::from(s.code()))),
+            ),
+            ("op_name", Arg::OptText(filter.name.as_deref())),
+            ("older_ms", Arg::OptInt(filter.older_than.map(millis))),
+            ("limit", Arg::Int(i64::from(filter.limit()))),
+        ];
+        let rows = self.rows(On::Pool, &self.sql.list, &named).await?;
+        rows.iter().map(record_info).collect()
+    }
+
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        let rows = self.rows(On::Pool, &self.sql.get, &id_args(id)).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        sql_common::record_detail(
+            id,
+            row.int("state")?,
+            row.int("epoch")?,
+            row.int("age_ms")?,
+            row.opt_int("lease_ms")?,
+            row.opt_int("expires_ms")?,
+            row.opt_bytes("outcome")?,
+            row.flag("outcome_is_err")?,
+            row.int("outcome_version")?,
+        )
+        .map(Some)
+    }
+
+    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+        if let Some(stmt) = &self.sql.announce_wait {
+            self.rows(On::Pool, stmt, &id_args(id)).await?;
+        }
+        Ok(())
+    }
+
+    fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
+        self.dialect.attach_wakers(hub);
+    }
+}
+
+/// Transactional mode's statements on the caller's connection.
+struct TxConn<'a, D: Dialect> {
+    store: &'a SqlStore<D>,
+    conn: &'a mut D::Conn,
+    id: &'a OperationId,
+    fingerprint: &'a [u8; 32],
+    lease: i64,
+}
+
+impl<D: Dialect> TxConn<'_, D> {
+    async fn step(&mut self, stmt: &Stmt) -> Result<Vec<Row>, StoreError> {
+        let mut named = id_args(self.id).to_vec();
+        named.push(("fp", Arg::Bytes(self.fingerprint)));
+        named.push(("lease_ms", Arg::Int(self.lease)));
+        let args = stmt.args(&named)?;
+        self.store
+            .dialect
+            .fetch(On::Conn(&mut *self.conn), stmt, args)
+            .await
+            .map_err(D::map_err)
+    }
+
+    /// A claiming statement: the epoch it returned, if it claimed.
+    async fn claiming(&mut self, stmt: &Stmt) -> Result<Option<i64>, StoreError> {
+        match self.step(stmt).await?.first() {
+            Some(row) => row.int("epoch").map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl<D: Dialect> sql_common::TxSteps for TxConn<'_, D> {
+    async fn insert(&mut self) -> Result<Option<i64>, StoreError> {
+        let sql = &self.store.sql;
+        self.claiming(&sql.tx_claim).await
+    }
+
+    async fn read(&mut self) -> Result<Option<TxRow>, StoreError> {
+        let sql = &self.store.sql;
+        let rows = self.step(&sql.tx_read).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        Ok(Some(TxRow {
+            same_fingerprint: row.flag("same_fingerprint")?,
+            expired: row.flag("expired")?,
+            lapsed: row.flag("lapsed")?,
+            state: row.int("state")?,
+            epoch: row.int("epoch")?,
+            retry_after_ms: row.int("retry_after_ms")?,
+            outcome: row.opt_bytes("outcome")?,
+            outcome_is_err: row.flag("outcome_is_err")?,
+            outcome_version: row.int("outcome_version")?,
+        }))
+    }
+
+    async fn reclaim_expired(&mut self) -> Result<Option<i64>, StoreError> {
+        let sql = &self.store.sql;
+        self.claiming(&sql.tx_reclaim).await
+    }
+
+    async fn take_over(&mut self) -> Result<Option<i64>, StoreError> {
+        let sql = &self.store.sql;
+        self.claiming(&sql.tx_takeover).await
+    }
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// Transactional mode: claims `id` inside the caller's transaction on `conn`.
+    pub(crate) async fn tx_claim(
+        &self,
+        conn: &mut D::Conn,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+        lease: Duration,
+    ) -> Result<TxClaim, StoreError> {
+        sql_common::tx_claim(&mut TxConn {
+            store: self,
+            conn,
+            id,
+            fingerprint,
+            lease: millis(lease),
+        })
+        .await
+    }
+
+    /// Transactional mode: records the outcome of the claim this transaction holds.
+    pub(crate) async fn tx_record(
+        &self,
+        conn: &mut D::Conn,
+        id: &OperationId,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        let mut named = id_args(id).to_vec();
+        named.extend_from_slice(&outcome_args(outcome, retain));
+        let args = self.sql.tx_record.args(&named)?;
+        let rows = self
+            .dialect
+            .fetch(On::Conn(conn), &self.sql.tx_record, args)
+            .await
+            .map_err(D::map_err)?;
+        Ok(if rows.is_empty() {
+            Fence::Lost
+        } else {
+            Fence::Held
+        })
+    }
+}
