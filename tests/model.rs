@@ -13,9 +13,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_runtime::store::{Claim, ClaimRequest, Fence, Store, StoreError, StoredOutcome, WakeHub};
 use idem_runtime::{
-    Claim, ClaimRequest, Disposition, Fence, Idem, IdemError, InFlight, ListFilter, OperationId,
-    RecordInfo, Resolution, State, Stats, Store, StoreError, StoredOutcome, current,
+    Disposition, Idem, IdemError, InFlight, ListFilter, OperationId, RecordInfo, Resolution, State,
+    Stats, current,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -242,7 +243,7 @@ impl Store for Faulty {
     async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
         self.inner.announce_wait(id).await
     }
-    fn attach_wakers(&self, hub: Arc<idem_runtime::WakeHub>) {
+    fn attach_wakers(&self, hub: Arc<WakeHub>) {
         self.inner.attach_wakers(hub)
     }
 }

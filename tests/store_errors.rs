@@ -4,11 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem_runtime::store::MemoryStore;
-use idem_runtime::{
-    Claim, ClaimRequest, Fence, Idem, IdemError, ListFilter, OnStoreError, OperationId, RecordInfo,
-    Stats, Store, StoreError, StoredOutcome,
+use idem_runtime::store::{
+    Claim, ClaimRequest, Fence, MemoryStore, Store, StoreError, StoredOutcome,
 };
+use idem_runtime::{Idem, IdemError, ListFilter, OnStoreError, OperationId, RecordInfo, Stats};
 
 /// The memory store with switches that make claims or records fail like a dropped
 /// connection.

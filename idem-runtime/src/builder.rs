@@ -5,7 +5,7 @@ use std::time::Duration;
 
 #[allow(unused_imports)]
 use crate::error::IdemError;
-use crate::idem::Idem;
+use crate::idem::{Config, Idem, Secret};
 use crate::store::Store;
 
 /// Default cap on a recorded outcome's JSON, in bytes.
@@ -13,6 +13,43 @@ pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 64 * 1024;
 const DEFAULT_MAX_WAITERS: usize = 1024;
 const DEFAULT_REPLAY_CACHE_BYTES: usize = 4 * 1024 * 1024;
 const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+impl Idem {
+    /// A process-local store, for tests and single-process tools.
+    ///
+    /// It deduplicates concurrent and repeated calls within this process only, and
+    /// forgets everything when the process exits: a retry after a crash or from
+    /// another instance runs the body again. Use the SQLite or PostgreSQL store where
+    /// that matters.
+    pub fn memory() -> Idem {
+        IdemBuilder::default().memory()
+    }
+
+    /// The embedded store: a SQLite file (created if missing, WAL mode) or
+    /// `sqlite::memory:`. The schema is created on open.
+    #[cfg(feature = "sqlite")]
+    pub async fn sqlite(url: &str) -> Result<Idem, IdemError> {
+        IdemBuilder::default().sqlite(url).await
+    }
+
+    /// The production store on PostgreSQL (`postgres://…`), with a sqlx pool. Leases and
+    /// expiry use the database's clock. Migrations run on open.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(url: &str) -> Result<Idem, IdemError> {
+        IdemBuilder::default().postgres(url).await
+    }
+
+    /// A store on the application's own sqlx pool (`PgPool` or `SqlitePool`).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub async fn from_pool<P: IntoStore>(pool: P) -> Result<Idem, IdemError> {
+        IdemBuilder::default().pool(pool).await
+    }
+
+    /// Options beyond the defaults: table name, migrations, caps, key hashing.
+    pub fn builder() -> IdemBuilder {
+        IdemBuilder::default()
+    }
+}
 
 /// Builds an [`Idem`] with non-default options; made by [`Idem::builder`].
 ///
@@ -44,16 +81,6 @@ pub struct IdemBuilder {
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) max_connections: Option<u32>,
     pub(crate) layer: Option<StoreLayer>,
-}
-
-/// The `hash_keys` secret; never printed.
-#[derive(Clone)]
-pub(crate) struct Secret(pub(crate) Arc<[u8]>);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
 }
 
 /// A function wrapping the opened store, set with [`IdemBuilder::layer`].
@@ -198,7 +225,24 @@ impl IdemBuilder {
 
     /// An `Idem` over a store of your own.
     pub fn store(self, store: impl Store) -> Idem {
-        Idem::from_store(Arc::new(store), Default::default(), &self)
+        self.finish(Arc::new(store), Default::default())
+    }
+
+    /// The `Idem` over `store`, wrapped in the layer if one was set.
+    fn finish(self, store: Arc<dyn Store>, sql: crate::store::SqlStores) -> Idem {
+        let store = match &self.layer {
+            Some(layer) => (layer.0)(store),
+            None => store,
+        };
+        let cfg = Config {
+            max_outcome_bytes: self.max_outcome_bytes,
+            max_waiters: self.max_waiters,
+            poll_interval: self.poll_interval,
+            renew_leases: self.renew_leases,
+            hash_keys: self.hash_keys.clone(),
+            log_keys_hashed: self.log_keys_hashed,
+        };
+        Idem::new(store, sql, cfg, self.replay_cache_bytes)
     }
 
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -229,14 +273,14 @@ impl IdemBuilder {
     #[cfg(feature = "sqlite")]
     pub async fn sqlite(self, url: &str) -> Result<Idem, IdemError> {
         let store = Arc::new(crate::store::sqlite::open(url, &self.sql_options()?).await?);
-        Ok(self.sql_store(crate::tx::TxStores::sqlite(store)))
+        Ok(self.sql_store(crate::store::SqlStores::sqlite(store)))
     }
 
     /// The PostgreSQL store; see [`Idem::postgres`].
     #[cfg(feature = "postgres")]
     pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
         let store = Arc::new(crate::store::postgres::open(url, &self.sql_options()?).await?);
-        Ok(self.sql_store(crate::tx::TxStores::postgres(store)))
+        Ok(self.sql_store(crate::store::SqlStores::postgres(store)))
     }
 
     /// A store on the application's own sqlx pool; see [`Idem::from_pool`].
@@ -245,11 +289,11 @@ impl IdemBuilder {
         let opts = self.sql_options()?;
         let tx = match pool.into_pool() {
             #[cfg(feature = "sqlite")]
-            Pool::Sqlite(p) => crate::tx::TxStores::sqlite(Arc::new(
+            Pool::Sqlite(p) => crate::store::SqlStores::sqlite(Arc::new(
                 crate::store::sqlite::from_pool(p, &opts).await?,
             )),
             #[cfg(feature = "postgres")]
-            Pool::Postgres(p) => crate::tx::TxStores::postgres(Arc::new(
+            Pool::Postgres(p) => crate::store::SqlStores::postgres(Arc::new(
                 crate::store::postgres::from_pool(p, &opts).await?,
             )),
         };
@@ -258,19 +302,19 @@ impl IdemBuilder {
 
     /// An `Idem` over the one SQL store in `tx`, reachable by transactional mode too.
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    fn sql_store(self, tx: crate::tx::TxStores) -> Idem {
+    fn sql_store(self, tx: crate::store::SqlStores) -> Idem {
         let store: Arc<dyn Store> = match &tx {
             #[cfg(feature = "sqlite")]
-            crate::tx::TxStores {
+            crate::store::SqlStores {
                 sqlite: Some(s), ..
             } => s.clone(),
             #[cfg(feature = "postgres")]
-            crate::tx::TxStores {
+            crate::store::SqlStores {
                 postgres: Some(s), ..
             } => s.clone(),
             _ => unreachable!("one SQL store is set"),
         };
-        Idem::from_store(store, tx, &self)
+        self.finish(store, tx)
     }
 }
 

@@ -209,7 +209,7 @@ impl IdemError {
     }
 }
 
-/// An error a [`Store`](crate::Store) returns: the driver's error, whether a retry may
+/// An error a [`Store`](crate::store::Store) returns: the driver's error, whether a retry may
 /// succeed, and whether the store could not be reached at all.
 #[derive(Debug)]
 pub struct StoreError {

@@ -7,10 +7,8 @@ use sha2::{Digest, Sha256};
 
 use crate::cache::ReplayCache;
 use crate::error::IdemError;
-use crate::key::KeyPart;
-use crate::op::Operation;
+use crate::store::wake::{Waiter, WakeHub};
 use crate::store::{ListFilter, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome};
-use crate::wake::{Waiter, WakeHub};
 
 static GLOBAL: RwLock<Option<Idem>> = RwLock::new(None);
 
@@ -35,20 +33,31 @@ pub struct Idem {
 
 struct Inner {
     store: Arc<dyn Store>,
-    tx: crate::tx::TxStores,
+    tx: crate::store::SqlStores,
     hub: Arc<WakeHub>,
     cache: ReplayCache,
     cfg: Config,
 }
 
+/// What an `Idem` runs with, as its builder decided.
 #[derive(Clone, Debug)]
-struct Config {
-    max_outcome_bytes: usize,
-    max_waiters: usize,
-    poll_interval: Duration,
-    renew_leases: bool,
-    hash_keys: Option<crate::builder::Secret>,
-    log_keys_hashed: bool,
+pub(crate) struct Config {
+    pub(crate) max_outcome_bytes: usize,
+    pub(crate) max_waiters: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) renew_leases: bool,
+    pub(crate) hash_keys: Option<Secret>,
+    pub(crate) log_keys_hashed: bool,
+}
+
+/// The `hash_keys` secret; never printed.
+#[derive(Clone)]
+pub(crate) struct Secret(pub(crate) Arc<[u8]>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 impl std::fmt::Debug for Idem {
@@ -66,41 +75,6 @@ impl AsRef<Idem> for Idem {
 }
 
 impl Idem {
-    /// A process-local store, for tests and single-process tools.
-    ///
-    /// It deduplicates concurrent and repeated calls within this process only, and
-    /// forgets everything when the process exits: a retry after a crash or from
-    /// another instance runs the body again. Use the SQLite or PostgreSQL store where
-    /// that matters.
-    pub fn memory() -> Idem {
-        Idem::builder().memory()
-    }
-
-    /// The embedded store: a SQLite file (created if missing, WAL mode) or
-    /// `sqlite::memory:`. The schema is created on open.
-    #[cfg(feature = "sqlite")]
-    pub async fn sqlite(url: &str) -> Result<Idem, IdemError> {
-        Idem::builder().sqlite(url).await
-    }
-
-    /// The production store on PostgreSQL (`postgres://…`), with a sqlx pool. Leases and
-    /// expiry use the database's clock. Migrations run on open.
-    #[cfg(feature = "postgres")]
-    pub async fn postgres(url: &str) -> Result<Idem, IdemError> {
-        Idem::builder().postgres(url).await
-    }
-
-    /// A store on the application's own sqlx pool (`PgPool` or `SqlitePool`).
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub async fn from_pool<P: crate::builder::IntoStore>(pool: P) -> Result<Idem, IdemError> {
-        Idem::builder().pool(pool).await
-    }
-
-    /// Options beyond the defaults: table name, migrations, caps, key hashing.
-    pub fn builder() -> crate::builder::IdemBuilder {
-        crate::builder::IdemBuilder::default()
-    }
-
     /// Sets the process-wide store used by `#[idempotent]` functions that name no
     /// `store`. A later call replaces it.
     pub fn set_global(idem: Idem) {
@@ -110,12 +84,6 @@ impl Idem {
     /// The process-wide store, if one was set.
     pub fn global() -> Option<Idem> {
         GLOBAL.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Starts configuring one operation, identified by `name` and `key` (and, with
-    /// [`Operation::scope`], a scope).
-    pub fn operation<K: KeyPart + ?Sized>(&self, name: &str, key: &K) -> Operation {
-        Operation::new(Some(self.clone()), name, key)
     }
 
     /// Deletes completed records past their retention; returns how many. Records in
@@ -165,7 +133,7 @@ impl Idem {
 
     /// One record in full (state, epoch, ages, lease, outcome), or `None` when the store
     /// holds nothing for `id`. For operators; `id` as [`Idem::list`] or
-    /// [`Operation::id`] give it.
+    /// [`Operation::id`](crate::Operation::id) give it.
     pub async fn get(
         &self,
         id: &OperationId,
@@ -231,15 +199,12 @@ impl Idem {
         }
     }
 
-    pub(crate) fn from_store(
+    pub(crate) fn new(
         store: Arc<dyn Store>,
-        tx: crate::tx::TxStores,
-        b: &crate::builder::IdemBuilder,
+        tx: crate::store::SqlStores,
+        cfg: Config,
+        replay_cache_bytes: usize,
     ) -> Idem {
-        let store = match &b.layer {
-            Some(layer) => (layer.0)(store),
-            None => store,
-        };
         let hub = Arc::new(WakeHub::default());
         store.attach_wakers(hub.clone());
         Idem {
@@ -247,17 +212,14 @@ impl Idem {
                 store,
                 tx,
                 hub,
-                cache: ReplayCache::new(b.replay_cache_bytes),
-                cfg: Config {
-                    max_outcome_bytes: b.max_outcome_bytes,
-                    max_waiters: b.max_waiters,
-                    poll_interval: b.poll_interval,
-                    renew_leases: b.renew_leases,
-                    hash_keys: b.hash_keys.clone(),
-                    log_keys_hashed: b.log_keys_hashed,
-                },
+                cache: ReplayCache::new(replay_cache_bytes),
+                cfg,
             }),
         }
+    }
+
+    pub(crate) fn renews_leases(&self) -> bool {
+        self.inner.cfg.renew_leases
     }
 
     pub(crate) fn store(&self) -> &dyn Store {
@@ -265,7 +227,7 @@ impl Idem {
     }
 
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-    pub(crate) fn tx_stores(&self) -> &crate::tx::TxStores {
+    pub(crate) fn sql_stores(&self) -> &crate::store::SqlStores {
         &self.inner.tx
     }
 
@@ -305,67 +267,6 @@ impl Idem {
             key.into()
         }
     }
-
-    /// Keeps the lease of a running body alive until the returned [`Lease`] is dropped,
-    /// and tracks how long the claim is known to be held.
-    pub(crate) fn hold_lease(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        lease: Duration,
-        claimed_at: tokio::time::Instant,
-    ) -> Lease {
-        let held_until = Arc::new(std::sync::Mutex::new(Some(claimed_at + lease)));
-        if !self.inner.cfg.renew_leases {
-            return Lease {
-                held_until,
-                task: None,
-            };
-        }
-        let idem = self.clone();
-        let id = id.clone();
-        let every = (lease / 3).max(Duration::from_millis(1));
-        let span = tracing::Span::current();
-        let held = held_until.clone();
-        let task = tokio::spawn(tracing::Instrument::instrument(
-            async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    // The store extends the lease from its own now, which is no earlier
-                    // than this moment.
-                    let sent = tokio::time::Instant::now();
-                    // Bounded: a renewal stuck on a half-open connection must not keep
-                    // this loop from trying again before the lease runs out.
-                    let renewed =
-                        tokio::time::timeout(every, idem.store().renew(&id, epoch, lease))
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(crate::error::StoreError::unreachable(
-                                    "the lease renewal did not answer in time",
-                                ))
-                            });
-                    match renewed {
-                        Ok(crate::store::Fence::Held) => {
-                            *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent + lease);
-                        }
-                        Ok(crate::store::Fence::Lost) => {
-                            tracing::debug!(epoch, "lease renewal found the claim no longer held");
-                            *held.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(epoch, error = %e, "lease renewal failed; retrying")
-                        }
-                    }
-                }
-            },
-            span,
-        ));
-        Lease {
-            held_until,
-            task: Some(task),
-        }
-    }
 }
 
 fn hex_sha256(bytes: &[u8]) -> String {
@@ -388,30 +289,6 @@ fn hex(digest: &[u8]) -> String {
         let _ = write!(out, "{b:02x}");
     }
     out
-}
-
-/// A claim's lease as this process knows it: renewed in the background (when renewal is
-/// on) until dropped.
-pub(crate) struct Lease {
-    /// `None` once a renewal found the claim gone (taken over or resolved).
-    held_until: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Lease {
-    /// When the claim lapses unless renewed again (the last confirmed renewal, or the
-    /// claim, plus the lease), or `None` when the store said it is no longer held.
-    pub(crate) fn held_until(&self) -> Option<tokio::time::Instant> {
-        *self.held_until.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
 }
 
 /// The background purge started by [`Idem::spawn_reaper`]; dropping it stops the task.

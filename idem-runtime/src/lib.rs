@@ -55,10 +55,11 @@ mod error;
 mod fingerprint;
 mod idem;
 mod key;
+mod lease;
+mod machine;
 mod op;
 pub mod store;
 mod tx;
-mod wake;
 
 #[doc(inline)]
 pub use idem_macros::idempotent;
@@ -67,7 +68,7 @@ pub use builder::{DEFAULT_MAX_OUTCOME_BYTES, IdemBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use builder::{IntoStore, Pool};
 pub use context::{CallInfo, Current, current, observe, try_current};
-pub use error::{BoxError, IdemError, StoreError};
+pub use error::{BoxError, IdemError};
 pub use fingerprint::fingerprint;
 pub use idem::{Idem, ReaperHandle};
 pub use key::KeyPart;
@@ -76,11 +77,9 @@ pub use op::{
     OnStoreError, Operation, RecordErrors, ReleaseErrors, Upgrade, UpgradeWith,
 };
 pub use store::{
-    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, Resolution,
-    State, Stats, Store, StoredOutcome, Takeover,
+    ListFilter, OperationId, RecordDetail, RecordInfo, Resolution, State, Stats, Takeover,
 };
 pub use tx::{TxConnection, TxGuard, TxStep};
-pub use wake::WakeHub;
 
 /// The SQL idem runs on open, for teams that apply DDL themselves
 /// ([`IdemBuilder::migrate`]`(false)`), with the default table name.

@@ -1,21 +1,15 @@
 //! One idempotent operation: the builder and the claim → execute → record state machine.
 
-use std::future::Future;
-use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::time::Instant;
 
-use crate::cache::Cached;
-use crate::context;
-use crate::error::{IdemError, StoreError};
+use crate::error::IdemError;
 use crate::fingerprint::FingerprintBuilder;
 use crate::idem::Idem;
 use crate::key::KeyPart;
-use crate::store::{Claim, ClaimRequest, Fence, OperationId, StoredOutcome, Takeover};
+use crate::store::{OperationId, StoredOutcome, Takeover};
 
 /// Longest encoded key or scope, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
@@ -207,18 +201,18 @@ impl<T, F: Fn(u32, serde_json::Value) -> Result<T, IdemError>> Upgrade<T> for Up
 /// ```
 #[must_use = "an operation does nothing until `run` is awaited"]
 pub struct Operation<P = ReleaseErrors, U = NoUpgrade> {
-    idem: Option<Idem>,
-    id: OperationId,
-    invalid: Option<IdemError>,
-    fingerprint: FingerprintBuilder,
-    retain: Duration,
-    lease: Duration,
-    in_flight: InFlight,
-    on_takeover: Takeover,
-    on_store_error: OnStoreError,
-    version: u32,
-    policy: P,
-    upgrade: U,
+    pub(crate) idem: Option<Idem>,
+    pub(crate) id: OperationId,
+    pub(crate) invalid: Option<IdemError>,
+    pub(crate) fingerprint: FingerprintBuilder,
+    pub(crate) retain: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) in_flight: InFlight,
+    pub(crate) on_takeover: Takeover,
+    pub(crate) on_store_error: OnStoreError,
+    pub(crate) version: u32,
+    pub(crate) policy: P,
+    pub(crate) upgrade: U,
 }
 
 impl Operation {
@@ -480,30 +474,6 @@ impl<P, U> Operation<P, U> {
     pub(crate) fn fingerprint_bytes(&self) -> [u8; 32] {
         self.fingerprint.finish()
     }
-
-    /// Claims the operation, runs `body` if this call owns it, and records the outcome.
-    ///
-    /// A completed duplicate gets the recorded outcome without running `body`. See the
-    /// crate docs for every other case.
-    pub async fn run<F, Fut, T, E>(self, body: F) -> Result<T, E>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: From<IdemError>,
-        P: ErrorPolicy<E>,
-        U: Upgrade<T>,
-    {
-        let mut this = self;
-        this.take_invalid()?;
-        let run = Run {
-            idem: this.idem_handle()?,
-            op: &this,
-            fingerprint: this.fingerprint_bytes(),
-            _t: PhantomData,
-        };
-        run.go(body).await
-    }
 }
 
 /// What transactional mode reads of an operation.
@@ -526,416 +496,10 @@ impl<P, U> Operation<P, U> {
     }
 }
 
-struct Run<'a, P, U, T> {
-    idem: Idem,
-    op: &'a Operation<P, U>,
-    fingerprint: [u8; 32],
-    _t: PhantomData<fn() -> T>,
-}
-
-enum Decided {
-    /// Run the body at this epoch; the claim was sent at that instant.
-    Execute(u64, Instant),
-    Replay(Arc<StoredOutcome>),
-    Unprotected,
-}
-
-impl<P, U, T> Run<'_, P, U, T>
-where
-    T: Serialize + DeserializeOwned,
-    U: Upgrade<T>,
-{
-    fn name(&self) -> &str {
-        &self.op.id.name
-    }
-
-    async fn go<F, Fut, E>(self, body: F) -> Result<T, E>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        E: From<IdemError>,
-        P: ErrorPolicy<E>,
-    {
-        use tracing::Instrument;
-        let id = &self.op.id;
-        // Every event of the call (claim, replay, mismatch, wait, takeover, fence,
-        // unknown), the renewal task's and the body's own carry scope, name and key.
-        let span = tracing::info_span!(
-            "idem",
-            scope = %self.idem.log_key(&id.scope),
-            name = %id.name,
-            key = %self.idem.log_key(&id.key),
-        );
-        async {
-            let span = tracing::Span::current();
-            match self.decide().await? {
-                Decided::Replay(outcome) => {
-                    tracing::debug!("replay");
-                    // A recorded `Err` replayed is a replay too (the HTTP layer marks it).
-                    context::report_replay();
-                    self.op.decode_outcome(&outcome)
-                }
-                Decided::Unprotected => {
-                    tracing::warn!("store unreachable; running the body unprotected (fail_open)");
-                    context::scope_body(id, 0, body()).await
-                }
-                Decided::Execute(epoch, sent) => self.execute(epoch, sent, body, &span).await,
-            }
-        }
-        .instrument(span)
-        .await
-    }
-
-    /// Claims, waiting on an in-flight duplicate as configured, until the operation is
-    /// ours, replayable, or refused.
-    async fn decide(&self) -> Result<Decided, IdemError> {
-        let id = &self.op.id;
-        let store = self.idem.store();
-        // Completed outcomes are immutable until they expire, so a read decides a
-        // replay without taking the write path: first this process's own, then the store.
-        match self.idem.cache().get(id, &self.fingerprint) {
-            Some(Cached::Replay(outcome)) => return Ok(Decided::Replay(outcome)),
-            Some(Cached::Mismatch) => return Err(self.mismatch()),
-            None => {}
-        }
-        match store.peek_completed(id, &self.fingerprint).await {
-            Ok(Some(Ok(outcome))) => return Ok(Decided::Replay(Arc::new(outcome))),
-            Ok(Some(Err(_))) => return Err(self.mismatch()),
-            Ok(None) => {}
-            Err(e) => return self.store_down(e),
-        }
-        let req = ClaimRequest {
-            id,
-            fingerprint: self.fingerprint,
-            lease: self.op.lease,
-            on_takeover: self.op.on_takeover,
-        };
-        let deadline = match self.op.in_flight {
-            InFlight::Wait(d) => Some(Instant::now() + d),
-            InFlight::Reject => None,
-        };
-        let mut waiter = None;
-        loop {
-            let notified = waiter
-                .as_ref()
-                .map(|w: &crate::wake::Waiter| w.notify.clone());
-            let notified = notified.as_deref().map(|n| n.notified());
-            tokio::pin!(notified);
-            if let Some(n) = notified.as_mut().as_pin_mut() {
-                // Registered before the claim, so a wake between the claim and the
-                // sleep is not lost.
-                n.enable();
-            }
-            let sent = Instant::now();
-            let claim = match store.claim(&req).await {
-                Ok(c) => c,
-                // Another caller is known to be running it: running it here too, even
-                // with `fail_open`, would be the duplicate idem exists to prevent. A
-                // transient error is waited out like the in-flight call, to the deadline.
-                Err(e) if waiter.is_some() => {
-                    let now = Instant::now();
-                    match deadline {
-                        Some(deadline) if e.retryable && now < deadline => {
-                            tracing::debug!(error = %e, "claim failed while waiting; retrying");
-                            let nap = self.idem.poll_interval().min(deadline - now);
-                            tokio::time::sleep(nap).await;
-                            continue;
-                        }
-                        _ => return Err(IdemError::store("claim", e)),
-                    }
-                }
-                Err(e) => return self.store_down(e),
-            };
-            match claim {
-                Claim::Acquired { epoch, takeover } => {
-                    if takeover {
-                        tracing::info!(epoch, "takeover of a lapsed claim");
-                    } else {
-                        tracing::debug!(epoch, "claimed");
-                    }
-                    return Ok(Decided::Execute(epoch, sent));
-                }
-                Claim::Completed(outcome) => return Ok(Decided::Replay(Arc::new(outcome))),
-                Claim::Mismatch => return Err(self.mismatch()),
-                Claim::Unknown { epoch, now } => {
-                    if now {
-                        tracing::warn!(
-                            epoch,
-                            "lapsed claim moved to UNKNOWN (on_takeover = unknown)"
-                        );
-                        self.idem.wake(id);
-                    }
-                    return Err(IdemError::Unknown {
-                        name: self.name().to_owned(),
-                        epoch,
-                    });
-                }
-                Claim::InFlight { retry_after } => {
-                    let in_flight = || IdemError::InFlight {
-                        name: self.name().to_owned(),
-                        retry_after,
-                    };
-                    let Some(deadline) = deadline else {
-                        return Err(in_flight());
-                    };
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(in_flight());
-                    }
-                    if waiter.is_none() {
-                        match self.idem.register_waiter(id) {
-                            Some(w) => waiter = Some(w),
-                            None => {
-                                return Err(IdemError::TooManyWaiters {
-                                    name: self.name().to_owned(),
-                                    retry_after,
-                                });
-                            }
-                        }
-                        tracing::debug!(?retry_after, "waiting on in-flight duplicate");
-                        if let Err(e) = store.announce_wait(id).await {
-                            tracing::debug!(error = %e, "could not announce the wait; polling");
-                        }
-                        // Re-claim at once: the first call may have finished meanwhile.
-                        continue;
-                    }
-                    // Wake on completion or release, at the lease's end (to take over),
-                    // and at the poll interval for changes made by other processes.
-                    let nap = (retry_after + Duration::from_millis(1))
-                        .min(self.idem.poll_interval())
-                        .min(deadline - now);
-                    if let Some(n) = notified.as_pin_mut() {
-                        let _ = tokio::time::timeout(nap, n).await;
-                    }
-                }
-            }
-        }
-    }
-
-    fn mismatch(&self) -> IdemError {
-        tracing::info!("fingerprint mismatch");
-        IdemError::Mismatch {
-            name: self.name().to_owned(),
-        }
-    }
-
-    fn store_down(&self, e: StoreError) -> Result<Decided, IdemError> {
-        match self.op.on_store_error {
-            // Only an unreachable store: a refusal, a constraint or contention means the
-            // store is up and answered, so running unprotected could duplicate a call.
-            OnStoreError::FailOpen if e.unreachable => {
-                tracing::warn!(error = %e, "idem store unreachable at claim");
-                Ok(Decided::Unprotected)
-            }
-            _ => Err(IdemError::store("claim", e)),
-        }
-    }
-
-    async fn execute<F, Fut, E>(
-        self,
-        epoch: u64,
-        claimed_at: Instant,
-        body: F,
-        span: &tracing::Span,
-    ) -> Result<T, E>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        E: From<IdemError>,
-        P: ErrorPolicy<E>,
-    {
-        let id = &self.op.id;
-        // Renewed until the outcome is settled, so a record retried after a slow body
-        // still has the lease the renewals kept alive.
-        let lease = self.idem.hold_lease(id, epoch, self.op.lease, claimed_at);
-        let out = context::scope_body(id, epoch, body()).await;
-        let lease_end = &lease;
-
-        let (outcome, result) = match out {
-            Ok(v) => match serde_json::to_vec(&v) {
-                Ok(body) => (
-                    StoredOutcome {
-                        is_err: false,
-                        version: self.op.version,
-                        body,
-                    },
-                    Ok(v),
-                ),
-                Err(e) => {
-                    // The body ran; a release would run it again, so park it in UNKNOWN.
-                    let now = self.settle_unknown(epoch, lease_end).await;
-                    return Err(IdemError::Codec {
-                        name: self.name().to_owned(),
-                        message: format!(
-                            "the body ran but its outcome cannot be serialized ({e}); {now}"
-                        ),
-                    }
-                    .into());
-                }
-            },
-            Err(err) => match self.op.policy.disposition(&err) {
-                Disposition::Release => {
-                    match self.idem.store().release(id, epoch).await {
-                        Ok(Fence::Held) => {
-                            tracing::debug!(parent: span, epoch, "released after error")
-                        }
-                        Ok(Fence::Lost) => {
-                            tracing::warn!(parent: span, epoch, "fenced: claim lost before release")
-                        }
-                        // The lease will lapse and a retry takes over: the contract allows
-                        // a released error to run again.
-                        Err(e) => tracing::warn!(parent: span, epoch, error = %e, "release failed"),
-                    }
-                    self.idem.wake(id);
-                    context::report_run(epoch);
-                    return Err(err);
-                }
-                Disposition::Unknown => {
-                    self.settle_unknown(epoch, lease_end).await;
-                    context::report_run(epoch);
-                    return Err(err);
-                }
-                Disposition::Record => match self.op.policy.encode(&err) {
-                    Ok(body) => (
-                        StoredOutcome {
-                            is_err: true,
-                            version: self.op.version,
-                            body,
-                        },
-                        Err(err),
-                    ),
-                    Err(m) => {
-                        let now = self.settle_unknown(epoch, lease_end).await;
-                        return Err(IdemError::Codec {
-                            name: self.name().to_owned(),
-                            message: format!(
-                                "the body's error cannot be serialized for recording ({m}); {now}"
-                            ),
-                        }
-                        .into());
-                    }
-                },
-            },
-        };
-
-        let max = self.idem.max_outcome_bytes();
-        if outcome.body.len() > max {
-            self.settle_unknown(epoch, lease_end).await;
-            return Err(IdemError::OutcomeTooLarge {
-                name: self.name().to_owned(),
-                len: outcome.body.len(),
-                max,
-            }
-            .into());
-        }
-        self.record(epoch, &outcome, lease_end, span).await?;
-        context::report_run(epoch);
-        result
-    }
-
-    /// Records, retrying a retryable store error while the lease may still hold, for at
-    /// most one lease: from the first attempt, or from the last renewal the store
-    /// confirmed if that is earlier (renewals keep running meanwhile). The store extends
-    /// a lease from its own clock when the statement runs, which may be well after it was
-    /// sent, so the lease this process can prove is shorter than the real one; every
-    /// attempt is fenced, so one that lands after a takeover changes nothing and reports
-    /// `Fenced`.
-    async fn record(
-        &self,
-        epoch: u64,
-        outcome: &StoredOutcome,
-        lease: &crate::idem::Lease,
-        span: &tracing::Span,
-    ) -> Result<(), IdemError> {
-        let id = &self.op.id;
-        let mut backoff = Duration::from_millis(20);
-        // Before the first attempt, so the store's expiry is no earlier than this + retain.
-        // The cache keeps time by the standard clock, like its reads.
-        let sent_at = std::time::Instant::now();
-        let started = Instant::now();
-        loop {
-            match self
-                .idem
-                .store()
-                .record(id, epoch, outcome, self.op.retain)
-                .await
-            {
-                Ok(Fence::Held) => {
-                    self.idem
-                        .cache()
-                        .put(id, self.fingerprint, outcome, sent_at, self.op.retain);
-                    tracing::debug!(parent: span, epoch, "recorded");
-                    self.idem.wake(id);
-                    return Ok(());
-                }
-                Ok(Fence::Lost) => {
-                    tracing::warn!(parent: span, epoch, "fenced: lease lapsed and another caller took over");
-                    return Err(IdemError::Fenced {
-                        name: self.name().to_owned(),
-                        epoch,
-                    });
-                }
-                Err(e) => {
-                    let now = Instant::now();
-                    let Some(held_until) = lease.held_until() else {
-                        // A renewal found the claim gone: this record can only be fenced.
-                        tracing::warn!(parent: span, epoch, "fenced: the claim was taken over or resolved");
-                        return Err(IdemError::Fenced {
-                            name: self.name().to_owned(),
-                            epoch,
-                        });
-                    };
-                    if !e.retryable || now + backoff >= started.min(held_until) + self.op.lease {
-                        tracing::error!(parent: span, epoch, error = %e, "outcome unrecorded");
-                        return Err(IdemError::Unrecorded {
-                            name: self.name().to_owned(),
-                            epoch,
-                            source: e.source,
-                        });
-                    }
-                    tracing::warn!(parent: span, epoch, error = %e, "record failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-            }
-        }
-    }
-
-    /// Moves the claim to UNKNOWN, retrying while the lease holds; if that fails too the
-    /// claim stays IN_PROGRESS and its lease lapses, which `on_takeover` then governs.
-    /// Returns what became of the operation, for the caller's error message.
-    async fn settle_unknown(&self, epoch: u64, lease: &crate::idem::Lease) -> &'static str {
-        let id = &self.op.id;
-        loop {
-            match self.idem.store().mark_unknown(id, epoch).await {
-                Ok(Fence::Held) => {
-                    tracing::warn!(epoch, "operation moved to UNKNOWN");
-                    self.idem.wake(id);
-                    return "the operation is now UNKNOWN; resolve it once you know whether the \
-                            effect happened";
-                }
-                Ok(Fence::Lost) => {
-                    tracing::warn!(
-                        epoch,
-                        "fenced: another claim owns the operation; not marked UNKNOWN"
-                    );
-                    return "another claim took the operation over after this one's lease lapsed, \
-                            so it was not marked UNKNOWN";
-                }
-                Err(e)
-                    if lease
-                        .held_until()
-                        .is_some_and(|t| Instant::now() + Duration::from_millis(50) < t) =>
-                {
-                    tracing::warn!(epoch, error = %e, "could not mark UNKNOWN; retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => {
-                    tracing::error!(epoch, error = %e, "could not mark UNKNOWN");
-                    return "it could not be marked UNKNOWN (the store failed), so it stays in \
-                            progress until its lease lapses and `on_takeover` applies";
-                }
-            }
-        }
+impl Idem {
+    /// Starts configuring one operation, identified by `name` and `key` (and, with
+    /// [`Operation::scope`], a scope).
+    pub fn operation<K: KeyPart + ?Sized>(&self, name: &str, key: &K) -> Operation {
+        Operation::new(Some(self.clone()), name, key)
     }
 }

@@ -132,7 +132,7 @@ impl Conn<'_> {
         id: &crate::OperationId,
         outcome: &StoredOutcome,
         retain: std::time::Duration,
-    ) -> Result<crate::Fence, IdemError> {
+    ) -> Result<crate::store::Fence, IdemError> {
         let recorded = match self {
             #[cfg(feature = "sqlite")]
             Conn::Sqlite(c) => sqlite(idem)?.tx_record(c, id, outcome, retain).await,
@@ -163,36 +163,6 @@ impl Conn<'_> {
     }
 }
 
-/// The SQL stores an `Idem` was opened on, by backend: how transactional mode reaches
-/// its store without looking behind the `Store` trait.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct TxStores {
-    #[cfg(feature = "sqlite")]
-    pub(crate) sqlite: Option<std::sync::Arc<crate::store::sqlite::SqliteStore>>,
-    #[cfg(feature = "postgres")]
-    pub(crate) postgres: Option<std::sync::Arc<crate::store::postgres::PgStore>>,
-}
-
-// The other backend's field exists only with its feature.
-#[allow(clippy::needless_update)]
-impl TxStores {
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn sqlite(store: std::sync::Arc<crate::store::sqlite::SqliteStore>) -> Self {
-        TxStores {
-            sqlite: Some(store),
-            ..Default::default()
-        }
-    }
-
-    #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(store: std::sync::Arc<crate::store::postgres::PgStore>) -> Self {
-        TxStores {
-            postgres: Some(store),
-            ..Default::default()
-        }
-    }
-}
-
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn wrong_store() -> IdemError {
     IdemError::Config {
@@ -205,12 +175,15 @@ fn wrong_store() -> IdemError {
 
 #[cfg(feature = "sqlite")]
 fn sqlite(idem: &crate::Idem) -> Result<&crate::store::sqlite::SqliteStore, IdemError> {
-    idem.tx_stores().sqlite.as_deref().ok_or_else(wrong_store)
+    idem.sql_stores().sqlite.as_deref().ok_or_else(wrong_store)
 }
 
 #[cfg(feature = "postgres")]
 fn postgres(idem: &crate::Idem) -> Result<&crate::store::postgres::PgStore, IdemError> {
-    idem.tx_stores().postgres.as_deref().ok_or_else(wrong_store)
+    idem.sql_stores()
+        .postgres
+        .as_deref()
+        .ok_or_else(wrong_store)
 }
 
 /// The claim this transaction holds; [`finish`](TxGuard::finish) records the outcome.
@@ -383,7 +356,7 @@ impl<P, U> TxGuard<P, U> {
                                 .ok(),
                             Err(_) => None,
                         };
-                        if again != Some(crate::Fence::Held) {
+                        if again != Some(crate::store::Fence::Held) {
                             // Nothing recorded: release the claim with the body's writes.
                             let _ = conn.undo_body().await;
                             return Err(err);
@@ -398,8 +371,8 @@ impl<P, U> TxGuard<P, U> {
                 },
             };
             match recorded {
-                crate::Fence::Held => {}
-                crate::Fence::Lost => {
+                crate::store::Fence::Held => {}
+                crate::store::Fence::Lost => {
                     return Err(IdemError::Config {
                         message: format!(
                             "the transactional claim on `{name}` vanished before its record; was \

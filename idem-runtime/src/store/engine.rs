@@ -249,7 +249,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
         None
     }
     /// Starts waking this process's waiters when other processes finish operations.
-    fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
+    fn attach_wakers(&self, hub: std::sync::Arc<crate::store::WakeHub>) {
         let _ = hub;
     }
 }
@@ -674,7 +674,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         Ok(())
     }
 
-    fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
+    fn attach_wakers(&self, hub: std::sync::Arc<crate::store::WakeHub>) {
         self.dialect.attach_wakers(hub);
     }
 }

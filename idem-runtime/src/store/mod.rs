@@ -7,7 +7,9 @@
 #[doc(hidden)]
 pub mod conformance;
 mod memory;
+pub(crate) mod wake;
 pub use memory::MemoryStore;
+pub use wake::WakeHub;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod engine;
 #[cfg(feature = "postgres")]
@@ -32,7 +34,7 @@ pub(crate) mod sqlite;
 
 use std::time::Duration;
 
-use crate::error::StoreError;
+pub use crate::error::StoreError;
 
 /// The identity of one operation: its scope, name and key, each already encoded.
 #[derive(
@@ -332,7 +334,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Gives the store the hub through which it wakes waiters of this process when it
     /// learns (from another process) that an operation moved on.
-    fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
+    fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
         let _ = hub;
     }
 }
@@ -385,7 +387,7 @@ macro_rules! forward_store {
             async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
                 (**self).announce_wait(id).await
             }
-            fn attach_wakers(&self, hub: std::sync::Arc<crate::wake::WakeHub>) {
+            fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
                 (**self).attach_wakers(hub)
             }
 
@@ -394,3 +396,33 @@ macro_rules! forward_store {
 }
 // A shared or boxed store is a store, so wrappers (metrics, fault injection) compose.
 forward_store!(std::sync::Arc<S>, Box<S>);
+
+/// The SQL store an `Idem` was opened on, by backend: how transactional mode reaches it
+/// without looking behind the `Store` trait.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SqlStores {
+    #[cfg(feature = "sqlite")]
+    pub(crate) sqlite: Option<std::sync::Arc<sqlite::SqliteStore>>,
+    #[cfg(feature = "postgres")]
+    pub(crate) postgres: Option<std::sync::Arc<postgres::PgStore>>,
+}
+
+// The other backend's field exists only with its feature.
+#[allow(clippy::needless_update)]
+impl SqlStores {
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn sqlite(store: std::sync::Arc<sqlite::SqliteStore>) -> Self {
+        SqlStores {
+            sqlite: Some(store),
+            ..Default::default()
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(store: std::sync::Arc<postgres::PgStore>) -> Self {
+        SqlStores {
+            postgres: Some(store),
+            ..Default::default()
+        }
+    }
+}

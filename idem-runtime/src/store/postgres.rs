@@ -21,7 +21,7 @@ use super::OperationId;
 use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, open_error};
 use super::sql_common::{self, SqlOptions, TableName, redact_url};
 use crate::error::{IdemError, StoreError};
-use crate::wake::WakeHub;
+use crate::store::WakeHub;
 
 use sql_common::POSTGRES_MIGRATIONS as MIGRATIONS;
 
