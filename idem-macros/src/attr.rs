@@ -3,6 +3,7 @@
 //! This phase only reads syntax; what the values mean (durations, conflicts, the key
 //! check) is decided in `check`.
 
+use crate::errors::Errors;
 use proc_macro2::{Span, TokenTree};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
@@ -56,30 +57,6 @@ const ARGUMENTS: &[&str] = &[
     "upgrade",
     "crate",
 ];
-
-/// Collects errors so the user sees all of them at once (serde's `Ctxt`).
-#[derive(Default)]
-pub(crate) struct Errors(Option<Error>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, error: Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(error),
-            None => self.0 = Some(error),
-        }
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    pub(crate) fn finish(self) -> syn::Result<()> {
-        match self.0 {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
-    }
-}
 
 /// One given argument: the span of its name (for errors about the argument as a whole),
 /// its position among the arguments (a conflict is reported at the later one) and its value.

@@ -4,11 +4,50 @@ use std::time::Duration;
 
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
+use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
-use syn::{Error, Expr, ItemFn, LitStr, Type};
+use syn::{Attribute, Error, Expr, LitStr, Signature, Type, Visibility};
 
 use crate::attr::{self, Args, StoreErrorArg, TakeoverArg};
 use crate::check::{self, Fingerprint, InFlight, OnErr, Plan};
+
+/// The annotated function with its body kept as tokens: a syntax error inside the body
+/// is rustc's to report, where it is, once (tokio-macros does the same).
+pub(crate) struct ItemFn {
+    attrs: Vec<Attribute>,
+    vis: Visibility,
+    pub(crate) sig: Signature,
+    block: proc_macro2::Group,
+}
+
+impl Parse for ItemFn {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis = input.parse()?;
+        let sig = input.parse()?;
+        let block: proc_macro2::Group = input.parse()?;
+        if block.delimiter() != proc_macro2::Delimiter::Brace || !input.is_empty() {
+            return Err(input.error("expected the function's body"));
+        }
+        Ok(ItemFn {
+            attrs,
+            vis,
+            sig,
+            block,
+        })
+    }
+}
+
+impl ToTokens for ItemFn {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        for attr in &self.attrs {
+            attr.to_tokens(tokens);
+        }
+        self.vis.to_tokens(tokens);
+        self.sig.to_tokens(tokens);
+        self.block.to_tokens(tokens);
+    }
+}
 
 /// The whole attribute: parse, check, emit; on error, the errors beside the original
 /// function (without its `#[idem]` attributes), so the caller sees one error, not a cascade.

@@ -11,7 +11,9 @@
 
 mod attr;
 mod check;
+mod errors;
 mod expand;
+mod scan;
 
 use proc_macro::TokenStream;
 
