@@ -327,35 +327,19 @@ impl From<IdemError> for AppError {
 #[macro_export]
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
-        mod memory {
+        // The one list of backends every behaviour test runs on.
+        suite!(@backends [memory Memory, sqlite Sqlite, postgres Postgres] ($($name),*));
+    };
+    (@backends [$($module:ident $backend:ident),*] $names:tt) => {
+        $(suite!(@one $module $backend $names);)*
+    };
+    (@one $module:ident $backend:ident ($($name:ident),*)) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Memory, stringify!($name)).await {
-                        let cleanup = ctx.cleanup();
-                        super::$name(ctx).await;
-                        cleanup.run().await;
-                    }
-                }
-            )*
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Sqlite, stringify!($name)).await {
-                        let cleanup = ctx.cleanup();
-                        super::$name(ctx).await;
-                        cleanup.run().await;
-                    }
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    if let Some(ctx) = $crate::common::Ctx::open($crate::common::Backend::Postgres, stringify!($name)).await {
+                    let backend = $crate::common::Backend::$backend;
+                    if let Some(ctx) = $crate::common::Ctx::open(backend, stringify!($name)).await {
                         let cleanup = ctx.cleanup();
                         super::$name(ctx).await;
                         cleanup.run().await;

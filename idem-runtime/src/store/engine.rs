@@ -254,6 +254,73 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     }
 }
 
+/// Binds `args` in order, whatever the database.
+pub(crate) fn bind<'q, DB: sqlx::Database>(
+    mut query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
+    args: Vec<Arg<'q>>,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+where
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<&'q str>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    bool: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    for arg in args {
+        query = match arg {
+            Arg::Text(t) => query.bind(t),
+            Arg::OptText(t) => query.bind(t),
+            Arg::Bytes(b) => query.bind(b),
+            Arg::Int(i) => query.bind(i),
+            Arg::OptInt(i) => query.bind(i),
+            Arg::Bool(b) => query.bind(b),
+        };
+    }
+    query
+}
+
+/// A dialect's `Dialect::sql`: the statements of `sql/<dir>/` that every dialect has,
+/// plus the optional ones it names, included at build time (an unknown name is the empty
+/// string: a statement the dialect does not have).
+macro_rules! statements {
+    ($dir:literal $(, $extra:literal)* $(,)?) => {
+        fn sql(name: &str) -> &'static str {
+            macro_rules! file {
+                ($name:literal) => {
+                    include_str!(concat!("../../sql/", $dir, "/", $name, ".sql"))
+                };
+            }
+            match name {
+                "claim" => file!("claim"),
+                "record" => file!("record"),
+                "release" => file!("release"),
+                "mark_unknown" => file!("mark_unknown"),
+                "renew" => file!("renew"),
+                "resolve_record" => file!("resolve_record"),
+                "resolve_delete" => file!("resolve_delete"),
+                "purge" => file!("purge"),
+                "stats" => file!("stats"),
+                "list" => file!("list"),
+                "get" => file!("get"),
+                "probe" => file!("probe"),
+                "set_key_mode" => file!("set_key_mode"),
+                "get_key_mode" => file!("get_key_mode"),
+                "tx_claim" => file!("tx_claim"),
+                "tx_read" => file!("tx_read"),
+                "tx_reclaim" => file!("tx_reclaim"),
+                "tx_takeover" => file!("tx_takeover"),
+                "tx_record" => file!("tx_record"),
+                "expired" => file!("expired"),
+                "lapsed" => file!("lapsed"),
+                $($extra => file!($extra),)*
+                _ => "",
+            }
+        }
+    };
+}
+pub(crate) use statements;
+
 /// Every statement, rendered once for the store's table.
 #[derive(Debug)]
 struct Statements {

@@ -7,6 +7,8 @@
 #[doc(hidden)]
 pub mod conformance;
 mod memory;
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
+mod test_support;
 pub(crate) mod wake;
 pub use memory::MemoryStore;
 pub use wake::WakeHub;

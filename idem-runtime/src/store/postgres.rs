@@ -18,7 +18,7 @@ use sqlx::postgres::{
 use sqlx::{Column, Executor, Row as _, TypeInfo, ValueRef};
 
 use super::OperationId;
-use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, open_error};
+use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, bind, open_error, statements};
 use super::sql_common::{self, SqlOptions, TableName, redact_url};
 use crate::error::{IdemError, StoreError};
 use crate::store::WakeHub;
@@ -153,32 +153,7 @@ pub(crate) struct Pg {
 /// The PostgreSQL store.
 pub(crate) type PgStore = SqlStore<Pg>;
 
-macro_rules! statements {
-    ($($name:literal),* $(,)?) => {
-        fn sql(name: &str) -> &'static str {
-            match name {
-                $($name => include_str!(concat!("../../sql/postgres/", $name, ".sql")),)*
-                _ => "",
-            }
-        }
-    };
-}
-
 type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
-
-fn bind<'q>(mut query: Query<'q>, args: Vec<Arg<'q>>) -> Query<'q> {
-    for arg in args {
-        query = match arg {
-            Arg::Text(t) => query.bind(t),
-            Arg::OptText(t) => query.bind(t),
-            Arg::Bytes(b) => query.bind(b),
-            Arg::Int(i) => query.bind(i),
-            Arg::OptInt(i) => query.bind(i),
-            Arg::Bool(b) => query.bind(b),
-        };
-    }
-    query
-}
 
 /// A row as the engine reads it, by the column's type.
 fn row(row: &PgRow) -> Result<Row, sqlx::Error> {
@@ -211,30 +186,7 @@ impl Dialect for Pg {
     const SCHEMA: &'static str = "POSTGRES_SCHEMA_SQL";
     const CLAIM_ATTEMPTS: usize = 5;
 
-    statements!(
-        "claim",
-        "record",
-        "release",
-        "mark_unknown",
-        "renew",
-        "resolve_record",
-        "resolve_delete",
-        "announce_wait",
-        "purge",
-        "stats",
-        "list",
-        "get",
-        "probe",
-        "set_key_mode",
-        "get_key_mode",
-        "tx_claim",
-        "tx_read",
-        "tx_reclaim",
-        "tx_takeover",
-        "tx_record",
-        "expired",
-        "lapsed",
-    );
+    statements!("postgres", "announce_wait");
 
     fn placeholder(n: usize) -> String {
         format!("${n}")
@@ -493,32 +445,8 @@ async fn listen(options: PgConnectOptions, hub: Arc<WakeHub>) {
 mod tests {
     use super::*;
     use crate::store::sql_common::TxClaim;
-    use crate::store::{Claim, ClaimRequest, Fence, OperationId, Store, StoredOutcome, Takeover};
-
-    async fn tx_claim_pg(
-        conn: &mut <Pg as Dialect>::Conn,
-        store: &SqlStore<Pg>,
-        id: &OperationId,
-        fp: &[u8; 32],
-        lease: Duration,
-    ) -> Result<TxClaim, StoreError> {
-        store.tx_claim(conn, id, fp, lease).await
-    }
-
-    async fn tx_record_pg(
-        conn: &mut <Pg as Dialect>::Conn,
-        store: &SqlStore<Pg>,
-        id: &OperationId,
-        outcome: &StoredOutcome,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        store.tx_record(conn, id, outcome, retain).await
-    }
-
-    const FP: [u8; 32] = [1; 32];
-    const OTHER_FP: [u8; 32] = [2; 32];
-    const LEASE: Duration = Duration::from_secs(60);
-    const DAY: Duration = Duration::from_secs(86_400);
+    use crate::store::test_support::*;
+    use crate::store::{Claim, Fence, OperationId, Store};
 
     fn url() -> String {
         std::env::var("IDEM_POSTGRES_URL")
@@ -627,35 +555,6 @@ mod tests {
             .execute(forget.as_str())
             .await
             .expect("forget test bookkeeping");
-    }
-
-    fn op(key: &str) -> OperationId {
-        OperationId {
-            scope: "tenant".into(),
-            name: "charge".into(),
-            key: key.into(),
-        }
-    }
-
-    fn req<'a>(id: &'a OperationId, fingerprint: [u8; 32], lease: Duration) -> ClaimRequest<'a> {
-        ClaimRequest {
-            id,
-            fingerprint,
-            lease,
-            on_takeover: Takeover::Rerun,
-        }
-    }
-
-    fn outcome(body: &str) -> StoredOutcome {
-        StoredOutcome {
-            is_err: false,
-            version: 1,
-            body: body.as_bytes().to_vec(),
-        }
-    }
-
-    async fn claim(store: &PgStore, id: &OperationId, fp: [u8; 32], lease: Duration) -> Claim {
-        store.claim(&req(id, fp, lease)).await.expect("claim")
     }
 
     #[tokio::test]
@@ -922,15 +821,11 @@ mod tests {
         let id = op("tx-1");
         let mut first = store.dialect.pool.begin().await.unwrap();
         assert!(matches!(
-            tx_claim_pg(&mut first, &store, &id, &FP, LEASE)
-                .await
-                .unwrap(),
+            store.tx_claim(&mut first, &id, &FP, LEASE).await.unwrap(),
             TxClaim::Acquired { .. }
         ));
         assert!(matches!(
-            tx_claim_pg(&mut first, &store, &id, &FP, LEASE)
-                .await
-                .unwrap(),
+            store.tx_claim(&mut first, &id, &FP, LEASE).await.unwrap(),
             TxClaim::InFlight { .. }
         ));
 
@@ -939,16 +834,14 @@ mod tests {
             let (store, id) = (store.clone(), id.clone());
             tokio::spawn(async move {
                 let mut tx = store.dialect.pool.begin().await.unwrap();
-                let claim = tx_claim_pg(&mut tx, &store, &id, &FP, LEASE).await;
+                let claim = store.tx_claim(&mut tx, &id, &FP, LEASE).await;
                 tx.rollback().await.unwrap();
                 claim
             })
         };
         let done = outcome("\"tx\"");
         assert_eq!(
-            tx_record_pg(&mut first, &store, &id, &done, DAY)
-                .await
-                .unwrap(),
+            store.tx_record(&mut first, &id, &done, DAY).await.unwrap(),
             Fence::Held
         );
         first.commit().await.unwrap();
@@ -959,7 +852,8 @@ mod tests {
 
         let mut tx = store.dialect.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_pg(&mut tx, &store, &id, &OTHER_FP, LEASE)
+            store
+                .tx_claim(&mut tx, &id, &OTHER_FP, LEASE)
                 .await
                 .unwrap(),
             TxClaim::Mismatch
@@ -969,14 +863,15 @@ mod tests {
         // Rollback is the release: the blocked duplicate claims.
         let rolled = op("tx-2");
         let mut first = store.dialect.pool.begin().await.unwrap();
-        tx_claim_pg(&mut first, &store, &rolled, &FP, LEASE)
+        store
+            .tx_claim(&mut first, &rolled, &FP, LEASE)
             .await
             .unwrap();
         let second = {
             let (store, rolled) = (store.clone(), rolled.clone());
             tokio::spawn(async move {
                 let mut tx = store.dialect.pool.begin().await.unwrap();
-                let claim = tx_claim_pg(&mut tx, &store, &rolled, &OTHER_FP, LEASE).await;
+                let claim = store.tx_claim(&mut tx, &rolled, &OTHER_FP, LEASE).await;
                 tx.rollback().await.unwrap();
                 claim
             })
@@ -990,7 +885,8 @@ mod tests {
         // Under REPEATABLE READ the conflict is a retryable serialization failure.
         let serial = op("tx-3");
         let mut first = store.dialect.pool.begin().await.unwrap();
-        tx_claim_pg(&mut first, &store, &serial, &FP, LEASE)
+        store
+            .tx_claim(&mut first, &serial, &FP, LEASE)
             .await
             .unwrap();
         let second = {
@@ -1002,13 +898,14 @@ mod tests {
                     .unwrap();
                 tx.execute("SELECT 1").await.unwrap(); // take the snapshot now
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                let claim = tx_claim_pg(&mut tx, &store, &serial, &FP, LEASE).await;
+                let claim = store.tx_claim(&mut tx, &serial, &FP, LEASE).await;
                 let _ = tx.rollback().await;
                 claim
             })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
-        tx_record_pg(&mut first, &store, &serial, &done, DAY)
+        store
+            .tx_record(&mut first, &serial, &done, DAY)
             .await
             .unwrap();
         first.commit().await.unwrap();

@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
-    SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Column, Connection, Executor, Row as _, TypeInfo, ValueRef};
 
-use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, open_error};
+use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, bind, open_error, statements};
 use super::sql_common::{self, SqlOptions, TableName};
 use crate::error::{IdemError, StoreError};
 
@@ -58,34 +58,6 @@ pub(crate) struct Sqlite {
 /// The SQLite store.
 pub(crate) type SqliteStore = SqlStore<Sqlite>;
 
-macro_rules! statements {
-    ($($name:literal),* $(,)?) => {
-        fn sql(name: &str) -> &'static str {
-            match name {
-                $($name => include_str!(concat!("../../sql/sqlite/", $name, ".sql")),)*
-                _ => "",
-            }
-        }
-    };
-}
-
-fn bind<'q>(
-    mut query: sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments<'q>>,
-    args: Vec<Arg<'q>>,
-) -> sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments<'q>> {
-    for arg in args {
-        query = match arg {
-            Arg::Text(t) => query.bind(t),
-            Arg::OptText(t) => query.bind(t),
-            Arg::Bytes(b) => query.bind(b),
-            Arg::Int(i) => query.bind(i),
-            Arg::OptInt(i) => query.bind(i),
-            Arg::Bool(b) => query.bind(b),
-        };
-    }
-    query
-}
-
 /// A row as the engine reads it; SQLite types values, not columns.
 fn row(row: &SqliteRow) -> Result<Row, sqlx::Error> {
     let mut out = Vec::with_capacity(row.len());
@@ -112,30 +84,7 @@ impl Dialect for Sqlite {
     const NEXT_EPOCH: &'static str = "(SELECT last_epoch + 1 FROM {meta} WHERE id = 0)";
     const SCHEMA: &'static str = "SQLITE_SCHEMA_SQL";
 
-    statements!(
-        "claim",
-        "peek",
-        "record",
-        "release",
-        "mark_unknown",
-        "renew",
-        "resolve_record",
-        "resolve_delete",
-        "purge",
-        "stats",
-        "list",
-        "get",
-        "probe",
-        "set_key_mode",
-        "get_key_mode",
-        "tx_claim",
-        "tx_read",
-        "tx_reclaim",
-        "tx_takeover",
-        "tx_record",
-        "expired",
-        "lapsed",
-    );
+    statements!("sqlite", "peek");
 
     fn placeholder(n: usize) -> String {
         format!("?{n}")
@@ -352,75 +301,16 @@ mod tests {
 
     use super::*;
     use crate::store::sql_common::TxClaim;
-    use crate::store::{Claim, ClaimRequest, Fence, OperationId, Store, StoredOutcome, Takeover};
+    use crate::store::test_support::*;
+    use crate::store::{Claim, Fence, Store};
 
-    async fn tx_claim_sqlite(
-        conn: &mut <Sqlite as Dialect>::Conn,
-        store: &SqlStore<Sqlite>,
-        id: &OperationId,
-        fp: &[u8; 32],
-        lease: Duration,
-    ) -> Result<TxClaim, StoreError> {
-        store.tx_claim(conn, id, fp, lease).await
-    }
-
-    async fn tx_record_sqlite(
-        conn: &mut <Sqlite as Dialect>::Conn,
-        store: &SqlStore<Sqlite>,
-        id: &OperationId,
-        outcome: &StoredOutcome,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        store.tx_record(conn, id, outcome, retain).await
-    }
-
-    const FP: [u8; 32] = [1; 32];
-    const OTHER_FP: [u8; 32] = [2; 32];
-    const LEASE: Duration = Duration::from_secs(60);
     /// Comfortably past [`TINY_LEASE`] (and a tiny retention) by the store's clock.
     const PAST_TINY: Duration = Duration::from_millis(40);
-    const DAY: Duration = Duration::from_secs(86_400);
 
     async fn memory() -> SqliteStore {
         open("sqlite::memory:", &SqlOptions::default())
             .await
             .expect("open in-memory store")
-    }
-
-    fn op(key: &str) -> OperationId {
-        OperationId {
-            scope: "tenant".into(),
-            name: "charge".into(),
-            key: key.into(),
-        }
-    }
-
-    fn req<'a>(id: &'a OperationId, fingerprint: [u8; 32], lease: Duration) -> ClaimRequest<'a> {
-        ClaimRequest {
-            id,
-            fingerprint,
-            lease,
-            on_takeover: Takeover::Rerun,
-        }
-    }
-
-    fn outcome(body: &str) -> StoredOutcome {
-        StoredOutcome {
-            is_err: false,
-            version: 1,
-            body: body.as_bytes().to_vec(),
-        }
-    }
-
-    async fn claim(store: &SqliteStore, id: &OperationId, fp: [u8; 32], lease: Duration) -> Claim {
-        store.claim(&req(id, fp, lease)).await.expect("claim")
-    }
-
-    fn epoch_of(claim: Claim) -> u64 {
-        match claim {
-            Claim::Acquired { epoch, .. } => epoch,
-            other => panic!("expected a claim, got {other:?}"),
-        }
     }
 
     #[tokio::test]
@@ -591,36 +481,29 @@ mod tests {
         let id = op("tx-1");
         let mut tx = store.dialect.pool.begin().await.unwrap();
         assert!(matches!(
-            tx_claim_sqlite(&mut tx, &store, &id, &FP, LEASE)
-                .await
-                .unwrap(),
+            store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap(),
             TxClaim::Acquired { .. }
         ));
         // The same transaction claiming twice sees its own claim.
         assert!(matches!(
-            tx_claim_sqlite(&mut tx, &store, &id, &FP, LEASE)
-                .await
-                .unwrap(),
+            store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap(),
             TxClaim::InFlight { .. }
         ));
         let done = outcome("\"tx\"");
         assert_eq!(
-            tx_record_sqlite(&mut tx, &store, &id, &done, DAY)
-                .await
-                .unwrap(),
+            store.tx_record(&mut tx, &id, &done, DAY).await.unwrap(),
             Fence::Held
         );
         tx.commit().await.unwrap();
 
         let mut tx = store.dialect.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &id, &FP, LEASE)
-                .await
-                .unwrap(),
+            store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap(),
             TxClaim::Completed(done)
         );
         assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &id, &OTHER_FP, LEASE)
+            store
+                .tx_claim(&mut tx, &id, &OTHER_FP, LEASE)
                 .await
                 .unwrap(),
             TxClaim::Mismatch
@@ -630,13 +513,12 @@ mod tests {
         // Rollback is the release.
         let rolled = op("tx-2");
         let mut tx = store.dialect.pool.begin().await.unwrap();
-        tx_claim_sqlite(&mut tx, &store, &rolled, &FP, LEASE)
-            .await
-            .unwrap();
+        store.tx_claim(&mut tx, &rolled, &FP, LEASE).await.unwrap();
         tx.rollback().await.unwrap();
         let mut tx = store.dialect.pool.begin().await.unwrap();
         assert!(matches!(
-            tx_claim_sqlite(&mut tx, &store, &rolled, &OTHER_FP, LEASE)
+            store
+                .tx_claim(&mut tx, &rolled, &OTHER_FP, LEASE)
                 .await
                 .unwrap(),
             TxClaim::Acquired { .. }
@@ -653,7 +535,8 @@ mod tests {
         tokio::time::sleep(PAST_TINY).await;
         let mut tx = store.dialect.pool.begin().await.unwrap();
         assert!(matches!(
-            tx_claim_sqlite(&mut tx, &store, &expired, &OTHER_FP, LEASE)
+            store
+                .tx_claim(&mut tx, &expired, &OTHER_FP, LEASE)
                 .await
                 .unwrap(),
             TxClaim::Acquired { .. }
@@ -665,9 +548,7 @@ mod tests {
         store.mark_unknown(&unknown, epoch).await.unwrap();
         let mut tx = store.dialect.pool.begin().await.unwrap();
         assert_eq!(
-            tx_claim_sqlite(&mut tx, &store, &unknown, &FP, LEASE)
-                .await
-                .unwrap(),
+            store.tx_claim(&mut tx, &unknown, &FP, LEASE).await.unwrap(),
             TxClaim::Unknown { epoch }
         );
     }
