@@ -35,7 +35,6 @@ pub(crate) enum Arg<'a> {
 pub(crate) enum Val {
     Null,
     Int(i64),
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Bool(bool),
     Text(String),
     Bytes(Vec<u8>),
@@ -116,6 +115,8 @@ const PARAM_ORDER: &[&str] = &[
     "older_ms",
     "limit",
     "mode",
+    "table_name",
+    "schema",
 ];
 
 /// A rendered statement: its text with positional placeholders, and which named
@@ -210,8 +211,10 @@ pub(crate) enum On<'c, C> {
 /// What differs between SQL backends.
 #[async_trait::async_trait]
 pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
+    /// The database.
+    type Db: sqlx::Database<Connection = Self::Conn>;
     /// The connection under a caller's transaction.
-    type Conn: Send;
+    type Conn: sqlx::Connection<Database = Self::Db> + Send;
     /// The store's clock, as SQL (milliseconds on SQLite, a timestamp on PostgreSQL).
     const NOW: &'static str;
     /// The epoch a claim takes, as SQL: one never issued before for this table.
@@ -240,6 +243,14 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
         stmt: &Stmt,
         args: Vec<Arg<'_>>,
     ) -> Result<Vec<Row>, sqlx::Error>;
+    /// Begins the transaction migrations run in, holding whatever lock keeps processes
+    /// that open the table at once from migrating it together.
+    async fn begin_migrations(
+        &self,
+        table: &TableName,
+    ) -> Result<sqlx::Transaction<'static, Self::Db>, sqlx::Error>;
+    /// Runs `sql`, which may be several statements, on `conn`.
+    async fn run_script(&self, conn: &mut Self::Conn, sql: &str) -> Result<(), sqlx::Error>;
     /// Runs `stmt` and returns how many rows it changed.
     async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error>;
 
@@ -280,6 +291,41 @@ where
     query
 }
 
+/// A row as the engine reads it, by each value's type as the database reports it.
+pub(crate) fn decode_row<R: sqlx::Row>(row: &R) -> Result<Row, sqlx::Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> i16: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    use sqlx::{Column, TypeInfo, ValueRef};
+    let mut out = Vec::with_capacity(row.len());
+    for (i, col) in row.columns().iter().enumerate() {
+        let raw = row.try_get_raw(i)?;
+        let kind = raw.type_info().name().to_owned();
+        let val = if raw.is_null() {
+            Val::Null
+        } else {
+            match kind.as_str() {
+                "INT2" => Val::Int(i64::from(row.try_get::<i16, _>(i)?)),
+                "INT4" => Val::Int(i64::from(row.try_get::<i32, _>(i)?)),
+                "BOOL" => Val::Bool(row.try_get(i)?),
+                "BYTEA" | "BLOB" => Val::Bytes(row.try_get(i)?),
+                "TEXT" | "VARCHAR" | "NAME" => Val::Text(row.try_get(i)?),
+                "VOID" => Val::Null,
+                // INT8 and SQLite's INTEGER (its booleans too).
+                _ => Val::Int(row.try_get(i)?),
+            }
+        };
+        out.push((col.name().to_owned(), val));
+    }
+    Ok(Row(out))
+}
+
 /// A dialect's `Dialect::sql`: the statements of `sql/<dir>/` that every dialect has,
 /// plus the optional ones it names, included at build time (an unknown name is the empty
 /// string: a statement the dialect does not have).
@@ -313,6 +359,11 @@ macro_rules! statements {
                 "tx_record" => file!("tx_record"),
                 "expired" => file!("expired"),
                 "lapsed" => file!("lapsed"),
+                "migrations_bookkeeping" => file!("migrations_bookkeeping"),
+                "table_exists" => file!("table_exists"),
+                "forget_migrations" => file!("forget_migrations"),
+                "applied_migrations" => file!("applied_migrations"),
+                "record_migration" => file!("record_migration"),
                 $($extra => file!($extra),)*
                 _ => "",
             }
@@ -494,6 +545,56 @@ fn outcome_args(outcome: &StoredOutcome, retain: Duration) -> [(&'static str, Ar
         ("version", Arg::Int(i64::from(outcome.version))),
         ("retain_ms", Arg::Int(millis(retain))),
     ]
+}
+
+/// Applies the migrations the table lacks, in one transaction under the dialect's lock,
+/// so processes opening at once apply them one after another and the later ones find
+/// nothing left to do. idem keeps its own bookkeeping table.
+pub(crate) async fn migrate<D: Dialect>(
+    dialect: &D,
+    table: &TableName,
+    migrations: &[(i64, &str)],
+) -> Result<(), sqlx::Error> {
+    let r = |name: &str| Stmt::render::<D>(D::sql(name), table);
+    let named = [
+        ("table_name", Arg::Text(table.bare())),
+        ("schema", Arg::OptText(table.schema())),
+    ];
+    let bind = |stmt: &Stmt, version: Option<i64>| {
+        let mut all = named.to_vec();
+        all.extend(version.map(|v| ("version", Arg::Int(v))));
+        stmt.args(&all)
+            .map_err(|e| sqlx::Error::Protocol(e.to_string()))
+    };
+    let mut tx = dialect.begin_migrations(table).await?;
+    let bookkeeping = r("migrations_bookkeeping");
+    dialect.run_script(&mut tx, &bookkeeping.sql).await?;
+    let exists = r("table_exists");
+    let rows = dialect.fetch(On::Conn(&mut tx), &exists, bind(&exists, None)?);
+    if rows.await?.is_empty() {
+        // The table was dropped since: its bookkeeping no longer describes anything.
+        let forget = r("forget_migrations");
+        let args = bind(&forget, None)?;
+        dialect.fetch(On::Conn(&mut tx), &forget, args).await?;
+    }
+    let applied = r("applied_migrations");
+    let args = bind(&applied, None)?;
+    let applied: Vec<i64> = dialect
+        .fetch(On::Conn(&mut tx), &applied, args)
+        .await?
+        .iter()
+        .filter_map(|row| row.int("version").ok())
+        .collect();
+    let record = r("record_migration");
+    for &(version, ddl) in migrations {
+        if applied.contains(&version) {
+            continue;
+        }
+        dialect.run_script(&mut tx, &table.render_ddl(ddl)).await?;
+        let args = bind(&record, Some(version))?;
+        dialect.fetch(On::Conn(&mut tx), &record, args).await?;
+    }
+    tx.commit().await
 }
 
 /// An error while opening: transient ones are retryable store errors, the rest are

@@ -12,13 +12,15 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sqlx::Executor;
 use sqlx::postgres::{
     PgArguments, PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow,
 };
-use sqlx::{Column, Executor, Row as _, TypeInfo, ValueRef};
 
 use super::OperationId;
-use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, bind, open_error, statements};
+use super::engine::{
+    Arg, Dialect, On, Row, SqlStore, Stmt, bind, decode_row, migrate, open_error, statements,
+};
 use super::sql_common::{self, SqlOptions, TableName, redact_url};
 use crate::error::{IdemError, StoreError};
 use crate::store::WakeHub;
@@ -45,25 +47,6 @@ const ADMIN_CONNECTIONS: u32 = 4;
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
 const LOCK_MIGRATIONS: &str = "SELECT pg_advisory_xact_lock($1)";
-
-/// idem's own migration bookkeeping, in the table's schema, one row per (table, version);
-/// never sqlx's `_sqlx_migrations`, which belongs to the application.
-const BOOKKEEPING_DDL: &str = "CREATE TABLE IF NOT EXISTS {bookkeeping} (
-    table_name TEXT        NOT NULL,
-    version    INTEGER     NOT NULL,
-    applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (table_name, version)
-)";
-
-/// ?1 the schema (NULL: the one new tables go to), ?2 the table.
-const TABLE_EXISTS: &str = "SELECT 1 FROM information_schema.tables
-    WHERE table_schema = COALESCE($1::text, current_schema()) AND table_name = $2";
-
-const FORGET_MIGRATIONS: &str = "DELETE FROM {bookkeeping} WHERE table_name = $1";
-
-const APPLIED_MIGRATIONS: &str = "SELECT version FROM {bookkeeping} WHERE table_name = $1";
-
-const RECORD_MIGRATION: &str = "INSERT INTO {bookkeeping} (table_name, version) VALUES ($1, $2)";
 
 /// Aborts the wake listener when the store goes away.
 #[derive(Debug)]
@@ -155,31 +138,9 @@ pub(crate) type PgStore = SqlStore<Pg>;
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
 
-/// A row as the engine reads it, by the column's type.
-fn row(row: &PgRow) -> Result<Row, sqlx::Error> {
-    let mut out = Vec::with_capacity(row.len());
-    for (i, col) in row.columns().iter().enumerate() {
-        let raw = row.try_get_raw(i)?;
-        let val = if raw.is_null() {
-            Val::Null
-        } else {
-            match col.type_info().name() {
-                "INT2" => Val::Int(i64::from(row.try_get::<i16, _>(i)?)),
-                "INT4" => Val::Int(i64::from(row.try_get::<i32, _>(i)?)),
-                "INT8" => Val::Int(row.try_get(i)?),
-                "BOOL" => Val::Bool(row.try_get(i)?),
-                "BYTEA" => Val::Bytes(row.try_get(i)?),
-                "VOID" => Val::Null,
-                _ => Val::Text(row.try_get(i)?),
-            }
-        };
-        out.push((col.name().to_owned(), val));
-    }
-    Ok(Row(out))
-}
-
 #[async_trait::async_trait]
 impl Dialect for Pg {
+    type Db = sqlx::Postgres;
     type Conn = PgConnection;
     const NOW: &'static str = "clock_timestamp()";
     const NEXT_EPOCH: &'static str = "nextval('{epoch_seq}')";
@@ -212,7 +173,30 @@ impl Dialect for Pg {
             (On::Pool | On::Hot, _) => query.fetch_all(&self.pool).await?,
             (On::Conn(conn), _) => query.fetch_all(conn).await?,
         };
-        rows.iter().map(row).collect()
+        rows.iter().map(decode_row).collect()
+    }
+
+    /// An advisory lock: processes opening at once migrate one after another (even
+    /// `CREATE ... IF NOT EXISTS` can fail on a concurrent create).
+    async fn begin_migrations(
+        &self,
+        table: &TableName,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(LOCK_MIGRATIONS)
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(schema) = table.schema() {
+            let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
+            tx.execute(create.as_str()).await?;
+        }
+        Ok(tx)
+    }
+
+    async fn run_script(&self, conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
+        // No bind parameters: the simple protocol, which runs several statements.
+        conn.execute(sql).await.map(drop)
     }
 
     async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error> {
@@ -299,7 +283,12 @@ async fn prepare(
     opts: &SqlOptions,
 ) -> Result<PgStore, IdemError> {
     if opts.migrate {
-        run_migrations(&pool, &table).await.map_err(|e| {
+        let migrator = Pg {
+            pool: pool.clone(),
+            owned: None,
+            listener: Mutex::new(None),
+        };
+        migrate(&migrator, &table, MIGRATIONS).await.map_err(|e| {
             open_error::<Pg>(
                 e,
                 format!(
@@ -315,59 +304,6 @@ async fn prepare(
         listener: Mutex::new(None),
     };
     SqlStore::prepare(dialect, &table, &opts.key_mode).await
-}
-
-/// Applies the missing migrations in one transaction under an advisory lock, so
-/// processes opening at once apply them one after another and the later ones find
-/// nothing left to do (even `CREATE ... IF NOT EXISTS` can fail on a concurrent create).
-async fn run_migrations(pool: &PgPool, table: &TableName) -> Result<(), sqlx::Error> {
-    let bookkeeping =
-        |sql: &str| sql.replace("{bookkeeping}", &table.sibling("idem_schema_migrations"));
-    let mut tx = pool.begin().await?;
-    sqlx::query(LOCK_MIGRATIONS)
-        .bind(MIGRATION_LOCK)
-        .execute(&mut *tx)
-        .await?;
-    if let Some(schema) = table.schema() {
-        let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
-        tx.execute(create.as_str()).await?;
-    }
-    let ddl = bookkeeping(BOOKKEEPING_DDL);
-    tx.execute(ddl.as_str()).await?;
-    let exists = sqlx::query(TABLE_EXISTS)
-        .bind(table.schema())
-        .bind(table.bare())
-        .fetch_optional(&mut *tx)
-        .await?
-        .is_some();
-    if !exists {
-        // The table was dropped since: its bookkeeping no longer describes anything.
-        let forget = bookkeeping(FORGET_MIGRATIONS);
-        sqlx::query(&forget)
-            .bind(table.bare())
-            .execute(&mut *tx)
-            .await?;
-    }
-    let applied_sql = bookkeeping(APPLIED_MIGRATIONS);
-    let applied: Vec<i32> = sqlx::query_scalar(&applied_sql)
-        .bind(table.bare())
-        .fetch_all(&mut *tx)
-        .await?;
-    let record = bookkeeping(RECORD_MIGRATION);
-    for &(version, ddl) in MIGRATIONS {
-        if applied.contains(&version) {
-            continue;
-        }
-        // No bind parameters: the simple protocol, which runs the file's several statements.
-        let ddl = table.render_ddl(ddl);
-        tx.execute(ddl.as_str()).await?;
-        sqlx::query(&record)
-            .bind(table.bare())
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await
 }
 
 /// SQLSTATEs a retry can clear: serialization failure, deadlock, lock timeout, statement
@@ -444,6 +380,7 @@ async fn listen(options: PgConnectOptions, hub: Arc<WakeHub>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlx::Row as _;
     use crate::store::sql_common::TxClaim;
     use crate::store::test_support::*;
     use crate::store::{Claim, Fence, OperationId, Store};

@@ -42,7 +42,7 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
 /// PostgreSQL's migrations, in order: (version, DDL in the default table name). Each is
 /// idempotent, so a table created by hand from [`POSTGRES_SCHEMA_SQL`] can be adopted.
 #[cfg(feature = "postgres")]
-pub(crate) const POSTGRES_MIGRATIONS: &[(i32, &str)] = &[
+pub(crate) const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (
         1,
         include_str!("../../migrations/postgres/0001_create_operations.sql"),
@@ -176,7 +176,6 @@ impl TableName {
     }
 
     /// The schema, if the name was qualified.
-    #[cfg(feature = "postgres")]
     pub(crate) fn schema(&self) -> Option<&str> {
         self.schema.as_deref()
     }
@@ -254,6 +253,7 @@ impl TableName {
             .replace("{table}", &self.qualified())
             .replace("{meta}", &self.companion("_meta"))
             .replace("{epoch_seq}", &self.companion("_epoch_seq"))
+            .replace("{bookkeeping}", &self.sibling("idem_schema_migrations"))
             .replace("{now}", now)
     }
 }

@@ -12,13 +12,15 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use sqlx::Executor;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteSynchronous,
 };
-use sqlx::{Column, Connection, Executor, Row as _, TypeInfo, ValueRef};
 
-use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, bind, open_error, statements};
+use super::engine::{
+    Arg, Dialect, On, Row, SqlStore, Stmt, bind, decode_row, migrate, open_error, statements,
+};
 use super::sql_common::{self, SqlOptions, TableName};
 use crate::error::{IdemError, StoreError};
 
@@ -31,24 +33,6 @@ const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 /// How long a statement waits for another connection's write lock before `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// idem's own migration bookkeeping, one row per (table, version); never sqlx's
-/// `_sqlx_migrations`, which belongs to the application.
-const BOOKKEEPING_DDL: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
-    table_name TEXT    NOT NULL,
-    version    INTEGER NOT NULL,
-    applied_at INTEGER NOT NULL,
-    PRIMARY KEY (table_name, version)
-)";
-
-const TABLE_EXISTS: &str = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1";
-
-const FORGET_MIGRATIONS: &str = "DELETE FROM idem_schema_migrations WHERE table_name = ?1";
-
-const APPLIED_MIGRATIONS: &str = "SELECT version FROM idem_schema_migrations WHERE table_name = ?1";
-
-const RECORD_MIGRATION: &str =
-    "INSERT INTO idem_schema_migrations (table_name, version, applied_at) VALUES (?1, ?2, {now})";
-
 /// The SQLite dialect: a pool over one database.
 #[derive(Debug)]
 pub(crate) struct Sqlite {
@@ -58,27 +42,9 @@ pub(crate) struct Sqlite {
 /// The SQLite store.
 pub(crate) type SqliteStore = SqlStore<Sqlite>;
 
-/// A row as the engine reads it; SQLite types values, not columns.
-fn row(row: &SqliteRow) -> Result<Row, sqlx::Error> {
-    let mut out = Vec::with_capacity(row.len());
-    for (i, col) in row.columns().iter().enumerate() {
-        let raw = row.try_get_raw(i)?;
-        let val = if raw.is_null() {
-            Val::Null
-        } else {
-            match raw.type_info().name() {
-                "TEXT" => Val::Text(row.try_get(i)?),
-                "BLOB" => Val::Bytes(row.try_get(i)?),
-                _ => Val::Int(row.try_get(i)?),
-            }
-        };
-        out.push((col.name().to_owned(), val));
-    }
-    Ok(Row(out))
-}
-
 #[async_trait::async_trait]
 impl Dialect for Sqlite {
+    type Db = sqlx::Sqlite;
     type Conn = SqliteConnection;
     const NOW: &'static str = NOW_MS;
     const NEXT_EPOCH: &'static str = "(SELECT last_epoch + 1 FROM {meta} WHERE id = 0)";
@@ -105,7 +71,20 @@ impl Dialect for Sqlite {
             On::Pool | On::Hot => query.fetch_all(&self.pool).await?,
             On::Conn(conn) => query.fetch_all(conn).await?,
         };
-        rows.iter().map(row).collect()
+        rows.iter().map(decode_row).collect()
+    }
+
+    /// `BEGIN IMMEDIATE` takes the write lock at once: processes opening the same file
+    /// together migrate one after another (each waits up to the busy timeout).
+    async fn begin_migrations(
+        &self,
+        _: &TableName,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn run_script(&self, conn: &mut SqliteConnection, sql: &str) -> Result<(), sqlx::Error> {
+        conn.execute(sql).await.map(drop)
     }
 
     async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error> {
@@ -197,56 +176,19 @@ async fn prepare(
     opts: &SqlOptions,
 ) -> Result<SqliteStore, IdemError> {
     if opts.migrate {
-        run_migrations(&pool, &table).await.map_err(|e| {
-            open_error::<Sqlite>(
-                e,
-                format!(
-                    "cannot create the idem table `{table}` in SQLite; check the database is \
+        migrate(&Sqlite { pool: pool.clone() }, &table, MIGRATIONS)
+            .await
+            .map_err(|e| {
+                open_error::<Sqlite>(
+                    e,
+                    format!(
+                        "cannot create the idem table `{table}` in SQLite; check the database is \
                      writable, or create it yourself with `SQLITE_SCHEMA_SQL` and disable migrate"
-                ),
-            )
-        })?;
+                    ),
+                )
+            })?;
     }
     SqlStore::prepare(Sqlite { pool }, &table, &opts.key_mode).await
-}
-
-/// Applies the missing migrations under `BEGIN IMMEDIATE`, which takes the write lock at
-/// once: processes opening the same file together apply them one after another (each
-/// waits up to the busy timeout), and the later ones find nothing left to do.
-async fn run_migrations(pool: &SqlitePool, table: &TableName) -> Result<(), sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    tx.execute(BOOKKEEPING_DDL).await?;
-    let exists = sqlx::query(TABLE_EXISTS)
-        .bind(table.bare())
-        .fetch_optional(&mut *tx)
-        .await?
-        .is_some();
-    if !exists {
-        // The table was dropped since: its bookkeeping no longer describes anything.
-        sqlx::query(FORGET_MIGRATIONS)
-            .bind(table.bare())
-            .execute(&mut *tx)
-            .await?;
-    }
-    let applied: Vec<i64> = sqlx::query_scalar(APPLIED_MIGRATIONS)
-        .bind(table.bare())
-        .fetch_all(&mut *tx)
-        .await?;
-    let record_migration = table.render(RECORD_MIGRATION, NOW_MS);
-    for &(version, ddl) in MIGRATIONS {
-        if applied.contains(&version) {
-            continue;
-        }
-        let ddl = table.render_ddl(ddl);
-        tx.execute(ddl.as_str()).await?;
-        sqlx::query(&record_migration)
-            .bind(table.bare())
-            .bind(version)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await
 }
 
 /// SQLite's primary result codes (the low byte of the extended code) that a retry can

@@ -1,0 +1,8 @@
+-- idem's own migration bookkeeping, one row per (table, version); never sqlx's
+-- `_sqlx_migrations`, which belongs to the application.
+CREATE TABLE IF NOT EXISTS {bookkeeping} (
+    table_name TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    applied_at INTEGER NOT NULL,
+    PRIMARY KEY (table_name, version)
+)
