@@ -14,7 +14,7 @@ use crate::context;
 use crate::error::{IdemError, StoreError};
 use crate::idem::Idem;
 use crate::lease::Lease;
-use crate::op::{Disposition, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
+use crate::op::{Encoded, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
 use crate::store::{Claim, ClaimRequest, Fence, StoredOutcome};
 
 impl<P, U> Operation<P, U> {
@@ -268,83 +268,36 @@ where
         let out = context::scope_body(id, epoch, body()).await;
         let lease_end = &lease;
 
-        let (outcome, result) = match out {
-            Ok(v) => match serde_json::to_vec(&v) {
-                Ok(body) => (
-                    StoredOutcome {
-                        is_err: false,
-                        version: self.op.version,
-                        body,
-                    },
-                    Ok(v),
-                ),
-                Err(e) => {
-                    // The body ran; a release would run it again, so park it in UNKNOWN.
-                    let now = self.settle_unknown(epoch, lease_end).await;
-                    return Err(IdemError::Codec {
-                        name: self.name().to_owned(),
-                        message: format!(
-                            "the body ran but its outcome cannot be serialized ({e}); {now}"
-                        ),
-                    }
-                    .into());
-                }
-            },
-            Err(err) => match self.op.policy.disposition(&err) {
-                Disposition::Release => {
-                    match self.idem.store().release(id, epoch).await {
-                        Ok(Fence::Held) => {
-                            tracing::debug!(parent: span, epoch, "released after error")
-                        }
-                        Ok(Fence::Lost) => {
-                            tracing::warn!(parent: span, epoch, "fenced: claim lost before release")
-                        }
-                        // The lease will lapse and a retry takes over: the contract allows
-                        // a released error to run again.
-                        Err(e) => tracing::warn!(parent: span, epoch, error = %e, "release failed"),
-                    }
-                    self.idem.wake(id);
-                    context::report_run(epoch);
-                    return Err(err);
-                }
-                Disposition::Unknown => {
-                    self.settle_unknown(epoch, lease_end).await;
-                    context::report_run(epoch);
-                    return Err(err);
-                }
-                Disposition::Record => match self.op.policy.encode(&err) {
-                    Ok(body) => (
-                        StoredOutcome {
-                            is_err: true,
-                            version: self.op.version,
-                            body,
-                        },
-                        Err(err),
-                    ),
-                    Err(m) => {
-                        let now = self.settle_unknown(epoch, lease_end).await;
-                        return Err(IdemError::Codec {
-                            name: self.name().to_owned(),
-                            message: format!(
-                                "the body's error cannot be serialized for recording ({m}); {now}"
-                            ),
-                        }
-                        .into());
-                    }
-                },
-            },
-        };
-
         let max = self.idem.max_outcome_bytes();
-        if outcome.body.len() > max {
-            self.settle_unknown(epoch, lease_end).await;
-            return Err(IdemError::OutcomeTooLarge {
-                name: self.name().to_owned(),
-                len: outcome.body.len(),
-                max,
+        let (outcome, result) = match self.op.encode(out, max, false) {
+            Encoded::Record(outcome, result) => (outcome, result),
+            Encoded::Release(err) => {
+                match self.idem.store().release(id, epoch).await {
+                    Ok(Fence::Held) => {
+                        tracing::debug!(parent: span, epoch, "released after error")
+                    }
+                    Ok(Fence::Lost) => {
+                        tracing::warn!(parent: span, epoch, "fenced: claim lost before release")
+                    }
+                    // The lease will lapse and a retry takes over: the contract allows
+                    // a released error to run again.
+                    Err(e) => tracing::warn!(parent: span, epoch, error = %e, "release failed"),
+                }
+                self.idem.wake(id);
+                context::report_run(epoch);
+                return Err(err);
             }
-            .into());
-        }
+            Encoded::Unknown(err) => {
+                self.settle_unknown(epoch, lease_end).await;
+                context::report_run(epoch);
+                return Err(err);
+            }
+            // The body ran; a release would run it again, so park it in UNKNOWN.
+            Encoded::Unrecordable(why) => {
+                let then = self.settle_unknown(epoch, lease_end).await;
+                return Err(why.error(self.name(), max, then).into());
+            }
+        };
         self.record(epoch, &outcome, lease_end, span).await?;
         context::report_run(epoch);
         result

@@ -479,14 +479,6 @@ impl<P, U> Operation<P, U> {
 /// What transactional mode reads of an operation.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl<P, U> Operation<P, U> {
-    pub(crate) fn policy(&self) -> &P {
-        &self.policy
-    }
-
-    pub(crate) fn version_number(&self) -> u32 {
-        self.version
-    }
-
     pub(crate) fn retain_for(&self) -> Duration {
         self.retain
     }
@@ -501,5 +493,91 @@ impl Idem {
     /// [`Operation::scope`], a scope).
     pub fn operation<K: KeyPart + ?Sized>(&self, name: &str, key: &K) -> Operation {
         Operation::new(Some(self.clone()), name, key)
+    }
+}
+
+/// A body's result as it will be stored: decided once, for the leased and the
+/// transactional paths alike.
+pub(crate) enum Encoded<T, E> {
+    /// Record this outcome, then answer with the result.
+    Record(StoredOutcome, Result<T, E>),
+    /// Release the claim: a retry runs the body again.
+    Release(E),
+    /// The effect may have happened: park the operation in UNKNOWN.
+    Unknown(E),
+    /// The body ran but its result cannot be recorded.
+    Unrecordable(Unrecordable),
+}
+
+/// Why a result cannot be recorded.
+pub(crate) enum Unrecordable {
+    /// The `Ok` value does not serialize.
+    Outcome(String),
+    /// The `Err` value does not serialize.
+    Error(String),
+    /// The outcome is over the cap.
+    TooLarge(usize),
+}
+
+impl Unrecordable {
+    /// The error to answer with; `then` says what became of the operation.
+    pub(crate) fn error(&self, name: &str, max: usize, then: &str) -> IdemError {
+        let name = name.to_owned();
+        match self {
+            Unrecordable::Outcome(e) => IdemError::Codec {
+                name,
+                message: format!("the body ran but its outcome cannot be serialized ({e}); {then}"),
+            },
+            Unrecordable::Error(e) => IdemError::Codec {
+                name,
+                message: format!(
+                    "the body's error cannot be serialized for recording ({e}); {then}"
+                ),
+            },
+            Unrecordable::TooLarge(len) => IdemError::OutcomeTooLarge {
+                name,
+                len: *len,
+                max,
+            },
+        }
+    }
+}
+
+impl<P, U> Operation<P, U> {
+    /// What `out` becomes, with outcomes over `max` bytes refused. With
+    /// `unknown_is_record` an error classified `Unknown` is recorded (transactional mode,
+    /// where nothing is in doubt).
+    pub(crate) fn encode<T: Serialize, E>(
+        &self,
+        out: Result<T, E>,
+        max: usize,
+        unknown_is_record: bool,
+    ) -> Encoded<T, E>
+    where
+        P: ErrorPolicy<E>,
+    {
+        let (body, is_err, result) = match out {
+            Ok(v) => match serde_json::to_vec(&v) {
+                Ok(body) => (body, false, Ok(v)),
+                Err(e) => return Encoded::Unrecordable(Unrecordable::Outcome(e.to_string())),
+            },
+            Err(err) => match self.policy.disposition(&err) {
+                Disposition::Release => return Encoded::Release(err),
+                Disposition::Unknown if !unknown_is_record => return Encoded::Unknown(err),
+                Disposition::Record | Disposition::Unknown => match self.policy.encode(&err) {
+                    Ok(body) => (body, true, Err(err)),
+                    Err(m) => return Encoded::Unrecordable(Unrecordable::Error(m)),
+                },
+            },
+        };
+        if body.len() > max {
+            return Encoded::Unrecordable(Unrecordable::TooLarge(body.len()));
+        }
+        let outcome = StoredOutcome {
+            is_err,
+            version: self.version,
+            body,
+        };
+        Encoded::Record(outcome, result)
     }
 }

@@ -15,7 +15,7 @@ use crate::op::{ErrorPolicy, Operation, Upgrade};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::error::StoreError;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::op::Disposition;
+use crate::op::Encoded;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::store::StoredOutcome;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -295,51 +295,19 @@ impl<P, U> TxGuard<P, U> {
             let idem = op.idem_handle()?;
             conn.check_store(&idem)?;
             let name = op.id().name.clone();
-            let (outcome, result) = match out {
-                Ok(v) => match serde_json::to_vec(&v) {
-                    Ok(body) => (body, Ok(v)),
-                    Err(e) => {
-                        conn.undo_body().await?;
-                        return Err(IdemError::Codec {
-                            name,
-                            message: format!("cannot serialize the outcome ({e}); the body's writes were rolled back"),
-                        }
-                        .into());
-                    }
-                },
-                Err(err) => match op.policy().disposition(&err) {
-                    Disposition::Release => {
-                        conn.undo_body().await?;
-                        return Err(err);
-                    }
-                    Disposition::Record | Disposition::Unknown => match op.policy().encode(&err) {
-                        Ok(body) => (body, Err(err)),
-                        Err(m) => {
-                            conn.undo_body().await?;
-                            return Err(IdemError::Codec {
-                                name,
-                                message: format!("cannot serialize the error for recording ({m}); the body's writes were rolled back"),
-                            }
-                            .into());
-                        }
-                    },
-                },
-            };
             let max = idem.max_outcome_bytes();
-            if outcome.len() > max {
-                // Unlike the leased path, nothing escaped: roll the body back with the claim.
-                conn.undo_body().await?;
-                return Err(IdemError::OutcomeTooLarge {
-                    name,
-                    len: outcome.len(),
-                    max,
+            let (stored, result) = match op.encode(out, max, true) {
+                Encoded::Record(stored, result) => (stored, result),
+                Encoded::Release(err) | Encoded::Unknown(err) => {
+                    conn.undo_body().await?;
+                    return Err(err);
                 }
-                .into());
-            }
-            let stored = StoredOutcome {
-                is_err: result.is_err(),
-                version: op.version_number(),
-                body: outcome,
+                // Unlike the leased path, nothing escaped: roll the body back with the claim.
+                Encoded::Unrecordable(why) => {
+                    conn.undo_body().await?;
+                    let then = "the body's writes were rolled back";
+                    return Err(why.error(&name, max, then).into());
+                }
             };
             let recorded = match conn.record(&idem, op.id(), &stored, op.retain_for()).await {
                 Ok(fence) => fence,

@@ -380,10 +380,10 @@ async fn listen(options: PgConnectOptions, hub: Arc<WakeHub>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqlx::Row as _;
     use crate::store::sql_common::TxClaim;
     use crate::store::test_support::*;
     use crate::store::{Claim, Fence, OperationId, Store};
+    use sqlx::Row as _;
 
     fn url() -> String {
         std::env::var("IDEM_POSTGRES_URL")
