@@ -104,6 +104,7 @@ pub(crate) async fn scope_body<F: Future>(id: &OperationId, epoch: u64, fut: F) 
 pub struct CallInfo {
     replayed: bool,
     epoch: Option<u64>,
+    recorded: bool,
 }
 
 impl CallInfo {
@@ -116,6 +117,13 @@ impl CallInfo {
     pub fn epoch(&self) -> Option<u64> {
         self.epoch
     }
+
+    /// Whether the result, `Ok` or `Err`, is a recorded outcome: replayed, or run and
+    /// recorded by this call. `false` for an error that released the claim (the next
+    /// call runs the body again) and for a call that failed before a decision.
+    pub fn recorded(&self) -> bool {
+        self.recorded
+    }
 }
 
 pub(crate) fn report(info: CallInfo) {
@@ -126,13 +134,15 @@ pub(crate) fn report_replay() {
     report(CallInfo {
         replayed: true,
         epoch: None,
+        recorded: true,
     });
 }
 
-pub(crate) fn report_run(epoch: u64) {
+pub(crate) fn report_run(epoch: u64, recorded: bool) {
     report(CallInfo {
         replayed: false,
         epoch: Some(epoch),
+        recorded,
     });
 }
 

@@ -58,6 +58,7 @@ mod key;
 mod lease;
 mod machine;
 mod op;
+pub mod queue;
 pub mod store;
 mod tx;
 

@@ -284,12 +284,12 @@ where
                     Err(e) => tracing::warn!(parent: span, epoch, error = %e, "release failed"),
                 }
                 self.idem.wake(id);
-                context::report_run(epoch);
+                context::report_run(epoch, false);
                 return Err(err);
             }
             Encoded::Unknown(err) => {
                 self.settle_unknown(epoch, lease_end).await;
-                context::report_run(epoch);
+                context::report_run(epoch, false);
                 return Err(err);
             }
             // The body ran; a release would run it again, so park it in UNKNOWN.
@@ -299,7 +299,7 @@ where
             }
         };
         self.record(epoch, &outcome, lease_end, span).await?;
-        context::report_run(epoch);
+        context::report_run(epoch, true);
         result
     }
 

@@ -332,7 +332,7 @@ impl<P, U> TxGuard<P, U> {
                         conn.exec(RELEASE_SAVEPOINT)
                             .await
                             .map_err(store_err("savepoint"))?;
-                        crate::context::report_run(epoch);
+                        crate::context::report_run(epoch, true);
                         return Err(err);
                     }
                     Ok(_) => return Err(e.into()),
@@ -353,7 +353,7 @@ impl<P, U> TxGuard<P, U> {
             conn.exec(RELEASE_SAVEPOINT)
                 .await
                 .map_err(store_err("savepoint"))?;
-            crate::context::report_run(epoch);
+            crate::context::report_run(epoch, true);
             result
         }
     }

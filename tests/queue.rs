@@ -1,0 +1,399 @@
+//! The queue consumer example against the real JetStream server: each business
+//! message has one effect whatever the broker and the producer repeat, through a
+//! SIGKILL, an in-flight duplicate, a reused id and a transient failure.
+//!
+//! Every test uses its own stream, consumer and SQLite file, and deletes its stream.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use idem_runtime::{Idem, IdemError};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// The example's payload, field for field: the in-flight test claims with the same
+/// fingerprint the consumer computes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PaymentRequested {
+    payment_id: String,
+    amount_cents: i64,
+}
+
+fn nats_url() -> String {
+    std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// Connects to JetStream, or says why the test is skipped (a failure under
+/// `IDEM_REQUIRE_DB=1`).
+async fn jetstream() -> Option<jetstream::Context> {
+    match async_nats::connect(nats_url()).await {
+        Ok(client) => Some(jetstream::new(client)),
+        Err(e) if std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1") => {
+            panic!(
+                "NATS is required (IDEM_REQUIRE_DB=1) but {} is not reachable: {e}",
+                nats_url()
+            )
+        }
+        Err(e) => {
+            eprintln!(
+                "skipping: NATS JetStream not reachable at {} ({e})",
+                nats_url()
+            );
+            None
+        }
+    }
+}
+
+/// The example binary, built once per test run (cargo runs this test without
+/// necessarily building examples first).
+fn consumer_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--quiet", "--example", "queue_consumer"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "cargo build --example queue_consumer failed"
+        );
+        // target/<profile>/deps/<this test> → target/<profile>/examples/queue_consumer
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().unwrap().parent().unwrap();
+        profile_dir.join("examples").join("queue_consumer")
+    })
+}
+
+/// One test's stream, consumer and database.
+struct Setup {
+    js: jetstream::Context,
+    stream: String,
+    subject: String,
+    consumer: String,
+    db: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn new(test: &str) -> Option<Setup> {
+        let js = jetstream().await?;
+        let unique = format!(
+            "{}_{}_{}",
+            test.to_uppercase(),
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        );
+        let stream = format!("IDEM_{unique}");
+        let subject = format!("idem.{unique}.payments");
+        js.create_stream(stream::Config {
+            name: stream.clone(),
+            subjects: vec![subject.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        Some(Setup {
+            js,
+            consumer: format!("C_{unique}"),
+            db: dir.path().join("queue_consumer.db"),
+            stream,
+            subject,
+            _dir: dir,
+        })
+    }
+
+    /// Publishes without `Nats-Msg-Id`: JetStream keeps every copy.
+    async fn publish(&self, payment_id: &str, amount_cents: i64) {
+        let msg = PaymentRequested {
+            payment_id: payment_id.into(),
+            amount_cents,
+        };
+        self.js
+            .publish(
+                self.subject.clone(),
+                serde_json::to_vec(&msg).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    fn spawn(&self, ack_wait: u64, idle: u64, env: &[(&str, &str)]) -> Consumer {
+        let mut cmd = Command::new(consumer_binary());
+        cmd.args(["--stream", &self.stream, "--subject", &self.subject])
+            .args(["--consumer", &self.consumer])
+            .args(["--ack-wait", &ack_wait.to_string()])
+            .args(["--exit-when-idle", &idle.to_string()])
+            .env("IDEM_NATS_URL", nats_url())
+            .env("IDEM_EXAMPLE_DB", &self.db)
+            .env_remove("IDEM_POSTGRES_URL")
+            .env_remove("QUEUE_CONSUMER_FLAKY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start the queue consumer example");
+        let (tx, lines) = mpsc::unbounded_channel();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let out = tx.clone();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                let _ = out.send(line);
+            }
+        });
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                eprintln!("consumer: {line}");
+                let _ = tx.send(format!("stderr {line}"));
+            }
+        });
+        Consumer { child, lines }
+    }
+
+    /// Consumes until the consumer has nothing left: runs it again while messages are
+    /// pending or unacknowledged (a redelivery may come after an idle exit).
+    async fn drain(&self, ack_wait: u64, env: &[(&str, &str)]) -> Vec<String> {
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            let mut consumer = self.spawn(ack_wait, ack_wait + 3, env);
+            seen.extend(consumer.finish().await);
+            let (pending, unacked) = self.pending().await;
+            if pending == 0 && unacked == 0 {
+                return seen;
+            }
+        }
+        panic!("messages still pending after 10 consumer runs");
+    }
+
+    async fn pending(&self) -> (u64, usize) {
+        let stream = self.js.get_stream(&self.stream).await.unwrap();
+        let mut consumer: jetstream::consumer::PullConsumer =
+            stream.get_consumer(&self.consumer).await.unwrap();
+        let info = consumer.info().await.unwrap();
+        (info.num_pending, info.num_ack_pending)
+    }
+
+    async fn payments(&self) -> (i64, i64) {
+        let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", self.db.display()))
+            .await
+            .unwrap();
+        sqlx::query_as("SELECT count(*), count(DISTINCT payment_id) FROM payments")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    }
+
+    async fn delete(self) {
+        self.js.delete_stream(&self.stream).await.unwrap();
+    }
+}
+
+struct Consumer {
+    child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+}
+
+impl Consumer {
+    /// Reads output until a line contains every one of `parts`; returns the lines read.
+    async fn until(&mut self, parts: &[&str]) -> Vec<String> {
+        let mut seen = Vec::new();
+        while let Some(line) = self.lines.recv().await {
+            let hit = parts.iter().all(|p| line.contains(p));
+            seen.push(line);
+            if hit {
+                return seen;
+            }
+        }
+        panic!("the consumer exited before printing {parts:?}; it printed:\n{seen:#?}");
+    }
+
+    /// Waits for the consumer to exit on its own; returns the rest of its output.
+    async fn finish(&mut self) -> Vec<String> {
+        let status = self.child.wait().await.unwrap();
+        assert!(status.success(), "the consumer failed: {status}");
+        let mut seen = Vec::new();
+        while let Some(line) = self.lines.recv().await {
+            seen.push(line);
+        }
+        seen
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_payments_once_through_duplicates_and_a_kill() {
+    let Some(setup) = Setup::new("kill").await else {
+        return;
+    };
+    for i in 1..=500 {
+        setup.publish(&format!("p-{i}"), 100 * i).await;
+        // One in ten republished by the producer: a new sequence number, no msg id.
+        if i % 10 == 0 {
+            setup.publish(&format!("p-{i}"), 100 * i).await;
+        }
+    }
+
+    let mut first = setup.spawn(2, 30, &[]);
+    // Killed mid-run: some message is between its claim, its commit and its ack.
+    for _ in 0..150 {
+        first.until(&["verdict"]).await;
+    }
+    first.child.start_kill().unwrap();
+    let status = first.child.wait().await.unwrap();
+    assert!(!status.success(), "the consumer should have been killed");
+
+    let seen = setup.drain(2, &[]).await;
+    assert!(
+        seen.iter().any(|l| l.contains("cause=Replayed")),
+        "the republished and redelivered messages replay"
+    );
+    assert_eq!(setup.payments().await, (500, 500), "one effect per payment");
+    assert_eq!(setup.pending().await, (0, 0), "every message acked");
+    setup.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_elsewhere_is_redelivered_then_acked_as_a_replay() {
+    let Some(setup) = Setup::new("inflight").await else {
+        return;
+    };
+    // Another worker (this test) holds the claim for p-1 while the consumer sees it.
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", setup.db.display()))
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS payments (payment_id TEXT NOT NULL, \
+         amount_cents INTEGER NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let idem = Idem::from_pool(pool.clone()).await.unwrap();
+    let msg = PaymentRequested {
+        payment_id: "p-1".into(),
+        amount_cents: 100,
+    };
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (release_tx, release) = tokio::sync::oneshot::channel::<()>();
+    let holder = {
+        let (idem, pool, msg) = (idem.clone(), pool.clone(), msg.clone());
+        tokio::spawn(async move {
+            idem.operation("apply_payment", &msg.payment_id)
+                .fingerprint(&&msg)
+                .lease(Duration::from_secs(3))
+                .run(|| async {
+                    started_tx.send(()).unwrap();
+                    release.await.unwrap();
+                    sqlx::query("INSERT INTO payments (payment_id, amount_cents) VALUES (?1, ?2)")
+                        .bind(&msg.payment_id)
+                        .bind(msg.amount_cents)
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                    Ok::<_, IdemError>(msg.clone())
+                })
+                .await
+        })
+    };
+    started.await.unwrap();
+    setup.publish("p-1", 100).await;
+
+    let mut consumer = setup.spawn(30, 10, &[]);
+    consumer
+        .until(&[
+            "payment_id=p-1",
+            "delivery=1",
+            "cause=InFlight",
+            "action=Redeliver",
+        ])
+        .await;
+    release_tx.send(()).unwrap();
+    holder.await.unwrap().unwrap();
+    consumer
+        .until(&[
+            "payment_id=p-1",
+            "delivery=2",
+            "cause=Replayed",
+            "action=Ack",
+        ])
+        .await;
+    consumer.finish().await;
+
+    assert_eq!(setup.payments().await, (1, 1), "the holder's effect only");
+    assert_eq!(setup.pending().await, (0, 0));
+    setup.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_payment_id_is_terminated_with_an_alert_and_no_effect() {
+    let Some(setup) = Setup::new("mismatch").await else {
+        return;
+    };
+    setup.publish("p-1", 100).await;
+    setup.publish("p-1", 999).await;
+    let seen = setup.drain(5, &[]).await;
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("payment_id=p-1 delivery=1 cause=Done action=Ack"))
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("payment_id=p-1 delivery=1 cause=Mismatch action=Terminate")),
+        "{seen:#?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with("stderr") && l.contains("message needs attention")),
+        "the alert event: {seen:#?}"
+    );
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", setup.db.display()))
+        .await
+        .unwrap();
+    let amounts: Vec<i64> = sqlx::query_scalar("SELECT amount_cents FROM payments")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(amounts, vec![100], "the second amount was never applied");
+    assert_eq!(setup.pending().await, (0, 0), "terminated, not redelivered");
+    setup.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_error_is_redelivered_and_then_succeeds() {
+    let Some(setup) = Setup::new("released").await else {
+        return;
+    };
+    for i in 1..=3 {
+        setup.publish(&format!("p-{i}"), 100 * i).await;
+    }
+    let seen = setup.drain(5, &[("QUEUE_CONSUMER_FLAKY", "p-2")]).await;
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("payment_id=p-2 delivery=1 cause=Released action=Redeliver")),
+        "{seen:#?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("payment_id=p-2 delivery=2 cause=Done action=Ack")),
+        "{seen:#?}"
+    );
+    assert_eq!(setup.payments().await, (3, 3));
+    assert_eq!(setup.pending().await, (0, 0));
+    setup.delete().await;
+}
