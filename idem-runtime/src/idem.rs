@@ -95,6 +95,7 @@ impl Idem {
             .await
             .map_err(|e| IdemError::store("purge", e))?;
         tracing::debug!(purged = n, "purge");
+        crate::metrics::purged(n);
         Ok(n)
     }
 
@@ -156,11 +157,16 @@ impl Idem {
         let completed = match &resolution {
             Resolution::Retry => None,
             Resolution::Completed {
-                outcome,
+                outcome: value,
+                version,
+                retain,
+            }
+            | Resolution::Rejected {
+                error: value,
                 version,
                 retain,
             } => {
-                let body = serde_json::to_vec(outcome).map_err(|e| IdemError::Codec {
+                let body = serde_json::to_vec(value).map_err(|e| IdemError::Codec {
                     name: id.name.clone(),
                     message: e.to_string(),
                 })?;
@@ -174,7 +180,7 @@ impl Idem {
                     });
                 }
                 let stored = StoredOutcome {
-                    is_err: false,
+                    is_err: matches!(resolution, Resolution::Rejected { .. }),
                     version: *version,
                     body,
                 };

@@ -57,6 +57,7 @@ mod idem;
 mod key;
 mod lease;
 mod machine;
+pub mod metrics;
 mod op;
 pub mod queue;
 pub mod store;

@@ -14,6 +14,7 @@ use crate::context;
 use crate::error::{IdemError, StoreError};
 use crate::idem::Idem;
 use crate::lease::Lease;
+use crate::metrics;
 use crate::op::{Encoded, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
 use crate::store::{Claim, ClaimRequest, Fence, StoredOutcome};
 
@@ -88,6 +89,7 @@ where
             match self.decide().await? {
                 Decided::Replay(outcome) => {
                     tracing::debug!("replay");
+                    metrics::count(metrics::REPLAYS, &id.name);
                     // A recorded `Err` replayed is a replay too (the HTTP layer marks it).
                     context::report_replay();
                     self.op.decode_outcome(&outcome)
@@ -158,14 +160,19 @@ where
                             tokio::time::sleep(nap).await;
                             continue;
                         }
-                        _ => return Err(IdemError::store("claim", e)),
+                        _ => {
+                            metrics::store_error(self.name(), "claim");
+                            return Err(IdemError::store("claim", e));
+                        }
                     }
                 }
                 Err(e) => return self.store_down(e),
             };
             match claim {
                 Claim::Acquired { epoch, takeover } => {
+                    metrics::count(metrics::CLAIMS, self.name());
                     if takeover {
+                        metrics::count(metrics::TAKEOVERS, self.name());
                         tracing::info!(epoch, "takeover of a lapsed claim");
                     } else {
                         tracing::debug!(epoch, "claimed");
@@ -176,6 +183,8 @@ where
                 Claim::Mismatch => return Err(self.mismatch()),
                 Claim::Unknown { epoch, now } => {
                     if now {
+                        metrics::count(metrics::TAKEOVERS, self.name());
+                        metrics::count(metrics::UNKNOWN, self.name());
                         tracing::warn!(
                             epoch,
                             "lapsed claim moved to UNKNOWN (on_takeover = unknown)"
@@ -188,9 +197,12 @@ where
                     });
                 }
                 Claim::InFlight { retry_after } => {
-                    let in_flight = || IdemError::InFlight {
-                        name: self.name().to_owned(),
-                        retry_after,
+                    let in_flight = || {
+                        metrics::count(metrics::IN_FLIGHT, self.name());
+                        IdemError::InFlight {
+                            name: self.name().to_owned(),
+                            retry_after,
+                        }
                     };
                     let Some(deadline) = deadline else {
                         return Err(in_flight());
@@ -203,6 +215,7 @@ where
                         match self.idem.register_waiter(id) {
                             Some(w) => waiter = Some(w),
                             None => {
+                                metrics::count(metrics::IN_FLIGHT, self.name());
                                 return Err(IdemError::TooManyWaiters {
                                     name: self.name().to_owned(),
                                     retry_after,
@@ -231,6 +244,7 @@ where
 
     fn mismatch(&self) -> IdemError {
         tracing::info!("fingerprint mismatch");
+        metrics::count(metrics::MISMATCHES, self.name());
         IdemError::Mismatch {
             name: self.name().to_owned(),
         }
@@ -244,7 +258,10 @@ where
                 tracing::warn!(error = %e, "idem store unreachable at claim");
                 Ok(Decided::Unprotected)
             }
-            _ => Err(IdemError::store("claim", e)),
+            _ => {
+                metrics::store_error(self.name(), "claim");
+                Err(IdemError::store("claim", e))
+            }
         }
     }
 
@@ -265,7 +282,9 @@ where
         // Renewed until the outcome is settled, so a record retried after a slow body
         // still has the lease the renewals kept alive.
         let lease = Lease::hold(&self.idem, id, epoch, self.op.lease, claimed_at);
+        let started = Instant::now();
         let out = context::scope_body(id, epoch, body()).await;
+        metrics::body_time(self.name(), started.elapsed());
         let lease_end = &lease;
 
         let max = self.idem.max_outcome_bytes();
@@ -340,6 +359,7 @@ where
                 }
                 Ok(Fence::Lost) => {
                     tracing::warn!(parent: span, epoch, "fenced: lease lapsed and another caller took over");
+                    metrics::count(metrics::FENCED, self.name());
                     return Err(IdemError::Fenced {
                         name: self.name().to_owned(),
                         epoch,
@@ -350,6 +370,7 @@ where
                     let Some(held_until) = lease.held_until() else {
                         // A renewal found the claim gone: this record can only be fenced.
                         tracing::warn!(parent: span, epoch, "fenced: the claim was taken over or resolved");
+                        metrics::count(metrics::FENCED, self.name());
                         return Err(IdemError::Fenced {
                             name: self.name().to_owned(),
                             epoch,
@@ -357,6 +378,7 @@ where
                     };
                     if !e.retryable || now + backoff >= started.min(held_until) + self.op.lease {
                         tracing::error!(parent: span, epoch, error = %e, "outcome unrecorded");
+                        metrics::store_error(self.name(), "record");
                         return Err(IdemError::Unrecorded {
                             name: self.name().to_owned(),
                             epoch,
@@ -380,6 +402,7 @@ where
             match self.idem.store().mark_unknown(id, epoch).await {
                 Ok(Fence::Held) => {
                     tracing::warn!(epoch, "operation moved to UNKNOWN");
+                    metrics::count(metrics::UNKNOWN, self.name());
                     self.idem.wake(id);
                     return "the operation is now UNKNOWN; resolve it once you know whether the \
                             effect happened";

@@ -243,6 +243,7 @@ impl<P, U> Operation<P, U> {
             conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
             let claim = conn.claim(&idem, this.id(), &fp, this.lease_for()).await?;
             if let TxClaim::Acquired { epoch } = claim {
+                crate::metrics::count(crate::metrics::CLAIMS, &this.id().name);
                 conn.exec(RUN_SAVEPOINT)
                     .await
                     .map_err(store_err("savepoint"))?;
@@ -255,12 +256,19 @@ impl<P, U> Operation<P, U> {
             let name = this.id().name.clone();
             match claim {
                 TxClaim::Completed(outcome) => {
+                    crate::metrics::count(crate::metrics::REPLAYS, &name);
                     crate::context::report_replay();
                     Ok(TxStep::Replay(this.decode_outcome(&outcome)))
                 }
-                TxClaim::Mismatch => Err(IdemError::Mismatch { name }),
+                TxClaim::Mismatch => {
+                    crate::metrics::count(crate::metrics::MISMATCHES, &name);
+                    Err(IdemError::Mismatch { name })
+                }
                 TxClaim::Unknown { epoch } => Err(IdemError::Unknown { name, epoch }),
-                TxClaim::InFlight { retry_after } => Err(IdemError::InFlight { name, retry_after }),
+                TxClaim::InFlight { retry_after } => {
+                    crate::metrics::count(crate::metrics::IN_FLIGHT, &name);
+                    Err(IdemError::InFlight { name, retry_after })
+                }
                 TxClaim::Acquired { .. } => unreachable!("handled above"),
             }
         }

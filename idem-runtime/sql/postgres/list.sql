@@ -4,6 +4,7 @@ SELECT scope, name, key, state, epoch,
     FROM {table}
     WHERE (:state::smallint IS NULL OR state = :state)
       AND (:op_name::text IS NULL OR name = :op_name)
+      AND (:op_scope::text IS NULL OR scope = :op_scope)
       AND (:older_ms::bigint IS NULL
            OR claimed_at <= clock_timestamp() - :older_ms::bigint * interval '1 millisecond')
     ORDER BY claimed_at, scope, name, key

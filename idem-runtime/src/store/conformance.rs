@@ -468,6 +468,16 @@ pub async fn stats_and_list(store: &dyn Store) {
         !stuck.iter().any(|r| r.id == a),
         "a new claim is not stuck for a day"
     );
+    let scoped = |scope: &str| ListFilter {
+        name: Some("list-a".into()),
+        scope: Some(scope.into()),
+        limit: Some(1000),
+        ..Default::default()
+    };
+    let rows = store.list(&scoped(&a.scope)).await.unwrap();
+    assert!(rows.iter().any(|r| r.id == a), "listed in its own scope");
+    let rows = store.list(&scoped("another scope")).await.unwrap();
+    assert!(rows.is_empty(), "the scope filter leaked: {rows:?}");
     let one = ListFilter {
         limit: Some(1),
         ..Default::default()

@@ -809,6 +809,7 @@ impl<D: Dialect> Store for SqlStore<D> {
                 Arg::OptInt(filter.state.map(|s| i64::from(s.code()))),
             ),
             ("op_name", Arg::OptText(filter.name.as_deref())),
+            ("op_scope", Arg::OptText(filter.scope.as_deref())),
             ("older_ms", Arg::OptInt(filter.older_than.map(millis))),
             ("limit", Arg::Int(i64::from(filter.limit()))),
         ];

@@ -283,6 +283,7 @@ impl Store for MemoryStore {
             .filter(|(id, r)| {
                 filter.state.is_none_or(|s| s == r.state)
                     && filter.name.as_deref().is_none_or(|n| n == id.name)
+                    && filter.scope.as_deref().is_none_or(|s| s == id.scope)
                     && filter.older_than.is_none_or(|a| now - r.claimed_at > a)
             })
             .map(|(id, r)| RecordInfo {

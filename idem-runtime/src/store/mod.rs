@@ -134,6 +134,16 @@ pub enum Resolution {
         /// How long to keep it.
         retain: Duration,
     },
+    /// The effect was refused: record this error (the JSON of the function's `Err`
+    /// value, which must then be recordable) so later calls replay it as `Err`.
+    Rejected {
+        /// The error, as the JSON of the operation's `Err` type.
+        error: serde_json::Value,
+        /// Its schema version.
+        version: u32,
+        /// How long to keep it.
+        retain: Duration,
+    },
 }
 
 /// A record's state.
@@ -202,6 +212,8 @@ pub struct ListFilter {
     pub state: Option<State>,
     /// Only records of this operation name.
     pub name: Option<String>,
+    /// Only records in this scope, encoded as [`OperationId::scope`] holds it.
+    pub scope: Option<String>,
     /// Only records older than this.
     pub older_than: Option<Duration>,
     /// At most this many (default 100).

@@ -1,0 +1,59 @@
+//! What idem counts, through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`): install any recorder (a Prometheus exporter, StatsD, …) and these appear,
+//! each labelled `name` with the operation's name (never with a key or scope, which
+//! would make a series per request). Without the feature nothing is recorded and the
+//! facade is not compiled in.
+
+/// Claims acquired (the body runs), takeovers included.
+pub const CLAIMS: &str = "idem_claims_total";
+/// Recorded outcomes replayed instead of running the body.
+pub const REPLAYS: &str = "idem_replays_total";
+/// Keys reused with another payload.
+pub const MISMATCHES: &str = "idem_mismatches_total";
+/// Calls answered "in flight" (or "too many waiters") after waiting as configured.
+pub const IN_FLIGHT: &str = "idem_in_flight_total";
+/// Lapsed claims taken over by another caller.
+pub const TAKEOVERS: &str = "idem_takeovers_total";
+/// Finishers whose claim was taken over: their outcome was refused.
+pub const FENCED: &str = "idem_fenced_total";
+/// Operations moved to UNKNOWN (by `classify`, an unrecordable outcome or
+/// `on_takeover = unknown`).
+pub const UNKNOWN: &str = "idem_unknown_total";
+/// Store errors that reached a caller, labelled also `during` (`claim`, `record`).
+pub const STORE_ERRORS: &str = "idem_store_errors_total";
+/// Expired records deleted by a purge (no `name` label).
+pub const PURGED: &str = "idem_purged_total";
+/// How long bodies ran, in seconds (a histogram).
+pub const BODY_SECONDS: &str = "idem_body_duration_seconds";
+
+#[cfg(feature = "metrics")]
+pub(crate) fn count(metric: &'static str, name: &str) {
+    metrics::counter!(metric, "name" => name.to_owned()).increment(1);
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn count(_metric: &'static str, _name: &str) {}
+
+#[cfg(feature = "metrics")]
+pub(crate) fn store_error(name: &str, during: &'static str) {
+    metrics::counter!(STORE_ERRORS, "name" => name.to_owned(), "during" => during).increment(1);
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn store_error(_name: &str, _during: &'static str) {}
+
+#[cfg(feature = "metrics")]
+pub(crate) fn purged(rows: u64) {
+    metrics::counter!(PURGED).increment(rows);
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn purged(_rows: u64) {}
+
+#[cfg(feature = "metrics")]
+pub(crate) fn body_time(name: &str, took: std::time::Duration) {
+    metrics::histogram!(BODY_SECONDS, "name" => name.to_owned()).record(took.as_secs_f64());
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn body_time(_name: &str, _took: std::time::Duration) {}
