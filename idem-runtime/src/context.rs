@@ -4,8 +4,6 @@
 use std::cell::Cell;
 use std::future::Future;
 
-use sha2::{Digest, Sha256};
-
 use crate::store::OperationId;
 
 tokio::task_local! {
@@ -48,24 +46,7 @@ impl Current {
     /// downstream system deduplicates an effect that a crashed attempt already made.
     /// Different labels give independent keys for several calls in one body.
     pub fn downstream_key(&self, label: &str) -> String {
-        let mut h = Sha256::new();
-        h.update(b"idem-downstream-v1");
-        for part in [
-            self.id.scope.as_str(),
-            self.id.name.as_str(),
-            self.id.key.as_str(),
-            label,
-        ] {
-            h.update((part.len() as u64).to_be_bytes());
-            h.update(part.as_bytes());
-        }
-        let digest = h.finalize();
-        let mut out = String::with_capacity(64);
-        for b in digest {
-            use std::fmt::Write;
-            let _ = write!(out, "{b:02x}");
-        }
-        out
+        self.id.downstream_key(label)
     }
 }
 

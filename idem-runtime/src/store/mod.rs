@@ -51,6 +51,33 @@ pub struct OperationId {
     pub key: String,
 }
 
+impl OperationId {
+    /// The key a body passes to a downstream system for `label`, as
+    /// [`Current::downstream_key`](crate::Current::downstream_key) gives it inside the
+    /// body: a reconciler looking at an UNKNOWN record asks the downstream system about
+    /// this key.
+    pub fn downstream_key(&self, label: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"idem-downstream-v1");
+        for part in [
+            self.scope.as_str(),
+            self.name.as_str(),
+            self.key.as_str(),
+            label,
+        ] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        let mut out = String::with_capacity(64);
+        for b in h.finalize() {
+            use std::fmt::Write;
+            let _ = write!(out, "{b:02x}");
+        }
+        out
+    }
+}
+
 impl std::fmt::Display for OperationId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}/{}", self.scope, self.name, self.key)

@@ -1,0 +1,248 @@
+//! A process for `tests/faults.rs` to kill, freeze and restart: it charges each key once
+//! through the toy provider (`tests/common/provider.rs`), passing the operation's
+//! downstream key, and prints one line per key.
+//!
+//! Usage: `idem-fault-worker --url PG --table T --provider URL --keys a,b,c
+//! [--pause-at before-call|after-call|before-record] [--lease-ms N]
+//! [--on-takeover rerun|unknown]`.
+//!
+//! At the pause point it prints `paused KEY` and waits for a line `go` on stdin. Per
+//! key it ends with `done KEY epoch=E charge=ID replayed=BOOL` or `error KEY KIND: MSG`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use idem_runtime::store::{
+    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, Stats, Store,
+    StoreError, StoredOutcome, WakeHub,
+};
+use idem_runtime::{Idem, IdemError, InFlight, Takeover, current, observe};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    table: String,
+    #[arg(long)]
+    provider: String,
+    #[arg(long, value_delimiter = ',')]
+    keys: Vec<String>,
+    #[arg(long)]
+    pause_at: Option<String>,
+    #[arg(long, default_value_t = 1000)]
+    lease_ms: u64,
+    #[arg(long, default_value = "rerun")]
+    on_takeover: String,
+}
+
+/// What `charge` records, as `examples/reconcile.rs` records it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Receipt {
+    charge_id: u64,
+    amount_cents: i64,
+}
+
+#[derive(Deserialize)]
+struct Charge {
+    id: u64,
+    amount_cents: i64,
+}
+
+/// Prints `paused KEY` and waits for `go` on stdin.
+#[derive(Clone)]
+struct Pause {
+    at: Option<String>,
+    go: watch::Receiver<bool>,
+}
+
+impl Pause {
+    async fn at(&self, point: &str, key: &str) {
+        if self.at.as_deref() != Some(point) {
+            return;
+        }
+        println!("paused {key}");
+        let mut go = self.go.clone();
+        let _ = go.wait_for(|go| *go).await;
+    }
+}
+
+/// Pauses before every record: the body has returned, its outcome is not yet stored.
+struct PauseBeforeRecord {
+    inner: Arc<dyn Store>,
+    pause: Pause,
+}
+
+#[async_trait::async_trait]
+impl Store for PauseBeforeRecord {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.inner.claim(req).await
+    }
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, idem_runtime::store::Mismatched>>, StoreError> {
+        self.inner.peek_completed(id, fingerprint).await
+    }
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        self.pause.at("before-record", &id.key).await;
+        self.inner.record(id, epoch, outcome, retain).await
+    }
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.inner.release(id, epoch).await
+    }
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.inner.mark_unknown(id, epoch).await
+    }
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
+        self.inner.renew(id, epoch, lease).await
+    }
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        self.inner.resolve(id, epoch, completed).await
+    }
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        self.inner.purge_expired().await
+    }
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.inner.stats().await
+    }
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        self.inner.list(filter).await
+    }
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+        self.inner.announce_wait(id).await
+    }
+    fn attach_wakers(&self, hub: Arc<WakeHub>) {
+        self.inner.attach_wakers(hub)
+    }
+}
+
+async fn charge(
+    idem: &Idem,
+    http: &reqwest::Client,
+    args: &Args,
+    pause: &Pause,
+    key: &str,
+) -> Result<Receipt, IdemError> {
+    let on_takeover = match args.on_takeover.as_str() {
+        "unknown" => Takeover::Unknown,
+        _ => Takeover::Rerun,
+    };
+    idem.operation("charge", key)
+        .lease(Duration::from_millis(args.lease_ms))
+        .on_takeover(on_takeover)
+        .in_flight(InFlight::Wait(Duration::from_secs(60)))
+        .run(|| async {
+            pause.at("before-call", key).await;
+            let downstream = current().downstream_key("provider");
+            let charge: Charge = http
+                .post(format!("{}/charges", args.provider))
+                .header("Idempotency-Key", downstream)
+                .json(&serde_json::json!({ "amount_cents": 1000 }))
+                .send()
+                .await
+                .and_then(|r| r.error_for_status())
+                .map_err(|e| IdemError::Config {
+                    message: format!("provider: {e}"),
+                })?
+                .json()
+                .await
+                .map_err(|e| IdemError::Config {
+                    message: format!("provider: {e}"),
+                })?;
+            pause.at("after-call", key).await;
+            Ok(Receipt {
+                charge_id: charge.id,
+                amount_cents: charge.amount_cents,
+            })
+        })
+        .await
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Arc::new(Args::parse());
+    let (go_tx, go) = watch::channel(false);
+    // A plain thread: a runtime's blocking stdin read would keep the process from
+    // exiting while the test holds the pipe open.
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            match line {
+                Ok(line) if line.trim() == "go" => {
+                    let _ = go_tx.send(true);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    let pause = Pause {
+        at: args.pause_at.clone(),
+        go,
+    };
+    let layer_pause = pause.clone();
+    let idem = Idem::builder()
+        .table(args.table.clone())
+        .replay_cache_bytes(0)
+        .layer(move |inner| {
+            Arc::new(PauseBeforeRecord {
+                inner,
+                pause: layer_pause.clone(),
+            })
+        })
+        .postgres(&args.url)
+        .await?;
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = args
+        .keys
+        .iter()
+        .cloned()
+        .map(|key| {
+            let (idem, http, args, pause) =
+                (idem.clone(), http.clone(), args.clone(), pause.clone());
+            tokio::spawn(async move {
+                let (result, info) = observe(charge(&idem, &http, &args, &pause, &key)).await;
+                match result {
+                    Ok(r) => println!(
+                        "done {key} epoch={} charge={} replayed={}",
+                        info.epoch().unwrap_or(0),
+                        r.charge_id,
+                        info.replayed()
+                    ),
+                    Err(e) => {
+                        let kind = format!("{e:?}");
+                        let kind = kind.split([' ', '{', '(']).next().unwrap_or("").to_owned();
+                        println!("error {key} {kind}: {e}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await?;
+    }
+    Ok(())
+}
