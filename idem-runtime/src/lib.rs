@@ -57,6 +57,8 @@ mod idem;
 mod key;
 mod lease;
 mod machine;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod op;
 pub mod store;
 mod tx;
