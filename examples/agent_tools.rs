@@ -241,14 +241,7 @@ impl AgentTools {
         #[idem(skip)] ext: Extensions,
     ) -> Result<Sent, ToolError> {
         let principal = Principal::caller(&ext, &self.stdio_principal)?;
-        let message_id = outbox(
-            &mut **tx,
-            "send_email",
-            &principal,
-            &args.idempotency_key,
-            &args,
-        )
-        .await?;
+        let message_id = outbox(tx, "send_email", &principal, &args.idempotency_key, &args).await?;
         if let Some(pause) = &self.pause_file {
             // The row is written but not committed: a crash here must leave nothing.
             std::fs::write(pause, b"paused").map_err(internal)?;
@@ -286,8 +279,7 @@ impl AgentTools {
             ));
         }
         let principal = Principal::caller(&ext, &self.stdio_principal)?;
-        let refund_id = outbox(&mut **tx, "refund", &principal, &args.idempotency_key, &args)
-            .await?;
+        let refund_id = outbox(tx, "refund", &principal, &args.idempotency_key, &args).await?;
         Ok(Refunded {
             refund_id,
             charge_id: args.charge_id,
@@ -417,7 +409,11 @@ pub async fn main() -> Result<(), BoxError> {
     match (args.next().as_deref(), args.next()) {
         (None, _) => {
             // stdout is the protocol: nothing else may be printed there.
-            server.serve(rmcp::transport::stdio()).await?.waiting().await?;
+            server
+                .serve(rmcp::transport::stdio())
+                .await?
+                .waiting()
+                .await?;
         }
         (Some("--http"), Some(addr)) => {
             let service = StreamableHttpService::new(

@@ -44,12 +44,11 @@ struct Row {
 async fn outbox(db: &Path) -> Vec<Row> {
     let url = format!("sqlite://{}?mode=ro", db.display());
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let rows: Vec<(i64, String, String, String, String)> = sqlx::query_as(
-        "SELECT id, tool, principal, idempotency_key, args FROM outbox ORDER BY id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let rows: Vec<(i64, String, String, String, String)> =
+        sqlx::query_as("SELECT id, tool, principal, idempotency_key, args FROM outbox ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     pool.close().await;
     rows.into_iter()
         .map(|(id, tool, principal, key, args)| Row {
@@ -101,8 +100,8 @@ async fn http_server(db: &Path, pause_file: Option<&Path>) -> HttpServer {
 }
 
 async fn http_client(server: &HttpServer, principal: &str) -> Client {
-    let config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str())
-        .auth_header(principal);
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(server.url.as_str()).auth_header(principal);
     let transport = StreamableHttpClientTransport::from_config(config);
     ().serve(transport).await.unwrap()
 }
@@ -215,14 +214,22 @@ async fn transcript(peer: &Peer<RoleClient>) -> BTreeMap<String, Value> {
     for (key, result) in [("c", c2), ("b", b2), ("a", a2), ("c", c3)] {
         expect(key, &result);
     }
-    expect("e-1", &call(peer, "send_email", email("e-1", "ana@example.com", "Hi")).await);
+    expect(
+        "e-1",
+        &call(peer, "send_email", email("e-1", "ana@example.com", "Hi")).await,
+    );
 
     // A key reused with other arguments: refused, in words the model can act on.
     let reused = call(peer, "send_email", email("a", "bo@example.com", "Other")).await;
     assert_eq!(reused.is_error, Some(true), "{reused:?}");
     let body = reused.structured_content.clone().unwrap();
     assert_eq!(body["code"], "idempotency_key_mismatch", "{body}");
-    assert!(body["message"].as_str().unwrap().contains("different arguments"));
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("different arguments")
+    );
     // ...and the intent itself still replays.
     expect("a", &a().await);
 
@@ -248,9 +255,19 @@ fn check_outbox(rows: &[Row], principal: &str, first: &BTreeMap<String, Value>) 
             .unwrap();
         assert_eq!(id, row.id, "{row:?} vs {result}");
         if row.key == "a" {
-            assert_eq!(row.args["subject"], "Invoice", "the reused key sent nothing");
+            assert_eq!(
+                row.args["subject"], "Invoice",
+                "the reused key sent nothing"
+            );
         }
-        assert_eq!(row.tool, if row.key.starts_with('r') || row.key == "b" { "refund" } else { "send_email" });
+        assert_eq!(
+            row.tool,
+            if row.key.starts_with('r') || row.key == "b" {
+                "refund"
+            } else {
+                "send_email"
+            }
+        );
     }
 }
 
@@ -273,7 +290,12 @@ async fn http_tools_run_once_per_intent() {
     let first = transcript(&client).await;
     // A second session of the same principal (a restarted agent) gets the same results.
     let again = http_client(&server, "ana").await;
-    let a = call(&again, "send_email", email("a", "bo@example.com", "Invoice")).await;
+    let a = call(
+        &again,
+        "send_email",
+        email("a", "bo@example.com", "Invoice"),
+    )
+    .await;
     assert_eq!(ok(&a), first["a"]);
     client.cancel().await.unwrap();
     again.cancel().await.unwrap();
@@ -358,7 +380,9 @@ async fn killed_mid_body_then_retried_sends_once() {
         let peer = client.peer().clone();
         let args = args.clone();
         tokio::spawn(async move {
-            let Value::Object(args) = args else { unreachable!() };
+            let Value::Object(args) = args else {
+                unreachable!()
+            };
             peer.call_tool(CallToolRequestParams::new("send_email").with_arguments(args))
                 .await
         })
@@ -370,7 +394,11 @@ async fn killed_mid_body_then_retried_sends_once() {
     server.child.kill().await.unwrap(); // SIGKILL
     pending.abort();
     drop(client);
-    assert_eq!(outbox(&db.path).await, [], "nothing of the killed call survives");
+    assert_eq!(
+        outbox(&db.path).await,
+        [],
+        "nothing of the killed call survives"
+    );
 
     // Restarted on the same database, the agent's retry runs once and then replays.
     let server = http_server(&db.path, None).await;

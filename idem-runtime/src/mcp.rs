@@ -546,7 +546,10 @@ mod tests {
         .unwrap();
         let body: ToolErrorBody =
             serde_json::from_value(in_flight.structured_content.unwrap()).unwrap();
-        assert_eq!((body.code.as_str(), body.retry_after), ("in_flight", Some(2)));
+        assert_eq!(
+            (body.code.as_str(), body.retry_after),
+            ("in_flight", Some(2))
+        );
         for e in [
             IdemError::Unknown {
                 name: "op".into(),
