@@ -10,8 +10,8 @@
 //! use idem_runtime::mcp::{IdempotencyKey, Principal, ToolError};
 //! use idem_runtime::{Idem, idempotent};
 //! use rmcp::handler::server::wrapper::Parameters;
-//! use rmcp::model::{CallToolResult, Extensions};
-//! use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+//! use rmcp::model::Extensions;
+//! use rmcp::{tool, tool_router};
 //!
 //! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 //! struct Refund {
@@ -432,7 +432,7 @@ pub fn tool_result(error: IdemError) -> Result<CallToolResult, ErrorData> {
 /// with (`T: Serialize + DeserializeOwned` for the record, and rmcp's
 /// `IntoCallToolResult` for the reply).
 ///
-/// [`From<IdemError>`](#impl-From<IdemError>-for-ToolError) applies [`tool_result`];
+/// `From<IdemError>` applies [`tool_result`];
 /// `?` on an [`ErrorData`] gives a protocol error; [`ToolError::tool`] makes a domain
 /// error the model sees. With idem's default `errors = release`, an `Err` leaves the key
 /// free, so a retry runs the tool again.
