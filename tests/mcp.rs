@@ -230,6 +230,17 @@ async fn transcript(peer: &Peer<RoleClient>) -> BTreeMap<String, Value> {
             .unwrap()
             .contains("different arguments")
     );
+    // A key that is not one (whitespace) never reaches the tool: invalid params.
+    let Value::Object(bad) = email("has space", "bo@example.com", "Invoice") else {
+        unreachable!()
+    };
+    let refused = peer
+        .call_tool(CallToolRequestParams::new("send_email").with_arguments(bad))
+        .await;
+    assert!(
+        format!("{refused:?}").contains("idempotency key"),
+        "{refused:?}"
+    );
     // ...and the intent itself still replays.
     expect("a", &a().await);
 
