@@ -538,6 +538,30 @@ mod tests {
     }
 
     #[test]
+    fn http_request_without_principal_is_refused() {
+        let stdio = Principal::new("local");
+        let (parts, ()) = http::Request::new(()).into_parts();
+        let mut ext = Extensions::new();
+        ext.insert(parts);
+        // Never the stdio principal for an HTTP request the auth layer did not mark.
+        assert!(Principal::caller(&ext, &stdio).is_err());
+    }
+
+    #[test]
+    fn tool_errors_reach_rmcp_as_is_error_or_protocol() {
+        let tool = ToolError::tool("declined", "card declined");
+        match tool.into_call_tool_result() {
+            Ok(CallToolResponse::Complete(result)) => assert_eq!(result.is_error, Some(true)),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            ToolError::from(IdemError::NoStore)
+                .into_call_tool_result()
+                .is_err()
+        );
+    }
+
+    #[test]
     fn errors_split_between_model_and_protocol() {
         let in_flight = tool_result(IdemError::InFlight {
             name: "op".into(),
