@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
-use syn::{Error, Expr, ExprPath, FnArg, Ident, LitStr, Pat, Path, ReturnType, Signature, Type};
+use syn::{
+    Attribute, Error, Expr, ExprPath, FnArg, GenericArgument, Ident, LitStr, Pat, Path,
+    PathArguments, ReturnType, Signature, Type, TypeParamBound,
+};
 
 use crate::attr::{
     self, Arg, Args, ErrorsArg, FingerprintArg, InFlightArg, StoreErrorArg, TakeoverArg,
@@ -59,12 +62,26 @@ const SIZE_RETAIN: &str = "size it from the longest retry/redelivery horizon of 
      (client retries, queue redelivery, replays), since a retry after it runs the effect again";
 
 /// Validates `args` against the function `sig`.
-pub(crate) fn validate(mut args: Args, sig: &Signature) -> syn::Result<Plan> {
+pub(crate) fn validate(mut args: Args, sig: &Signature, attrs: &[Attribute]) -> syn::Result<Plan> {
     let mut errors = std::mem::take(&mut args.parse_errors);
     // A misspelled argument is reported as such, not again as a missing one.
     let report_missing = errors.is_empty();
 
-    if sig.asyncness.is_none() {
+    let below_tool = sig.asyncness.is_none()
+        && (returns_boxed_future(sig) || attrs.iter().any(|a| is_named(a, "tool")));
+    if below_tool {
+        // rmcp's `#[tool]` ran first and turned the `async fn` into a `fn` returning a
+        // boxed future: the fix is the order of the attributes, not the function.
+        errors.push(Error::new(
+            sig.fn_token.span,
+            format!(
+                "`#[idempotent]` must be placed above `#[tool]`: `#[tool]` turns `async fn {0}` \
+                 into a `fn` returning a boxed future, which `#[idempotent]` cannot wrap; write \
+                 `#[idempotent(...)]` first and `#[tool(...)]` below it, on `async fn {0}`",
+                sig.ident
+            ),
+        ));
+    } else if sig.asyncness.is_none() {
         errors.push(Error::new(
             sig.fn_token.span,
             format!(
@@ -74,7 +91,11 @@ pub(crate) fn validate(mut args: Args, sig: &Signature) -> syn::Result<Plan> {
             ),
         ));
     }
-    let ret = result_type(sig, &mut errors);
+    let ret = if below_tool {
+        None
+    } else {
+        result_type(sig, &mut errors)
+    };
     let params = Params::of(sig, &mut errors);
 
     let key = key(args.key.take(), sig, &params, report_missing, &mut errors);
@@ -310,6 +331,40 @@ fn fingerprint(args: &mut Args, params: Params, errors: &mut Errors) -> Fingerpr
 }
 
 /// The declared return type, if it is `Result<T, E>` or an alias named `…Result`.
+/// Whether the attribute's last path segment is `name` (`#[tool]`, `#[rmcp::tool(..)]`).
+fn is_named(attr: &Attribute, name: &str) -> bool {
+    attr.path().segments.last().is_some_and(|s| s.ident == name)
+}
+
+/// The first generic type argument of a path type's last segment named `outer`.
+fn generic_arg<'a>(ty: &'a Type, outer: &str) -> Option<&'a Type> {
+    let Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last().filter(|s| s.ident == outer)?;
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    args.args.iter().find_map(|arg| match arg {
+        GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })
+}
+
+/// `Pin<Box<dyn Future<Output = ..> + ..>>`: the shape rmcp's `#[tool]` rewrites to.
+fn returns_boxed_future(sig: &Signature) -> bool {
+    let ReturnType::Type(_, ty) = &sig.output else {
+        return false;
+    };
+    let Some(Type::TraitObject(object)) =
+        generic_arg(ty, "Pin").and_then(|boxed| generic_arg(boxed, "Box"))
+    else {
+        return false;
+    };
+    object.bounds.iter().any(|bound| {
+        matches!(bound, TypeParamBound::Trait(t)
+            if t.path.segments.last().is_some_and(|s| s.ident == "Future"))
+    })
+}
+
 fn result_type(sig: &Signature, errors: &mut Errors) -> Option<Type> {
     let needs = "`#[idempotent]` needs a return type `Result<T, E>` (with `T: Serialize + \
                  DeserializeOwned` and `E: From<IdemError>`): the outcome is recorded and \

@@ -64,7 +64,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let plan = syn::parse::Parser::parse2(<Args as syn::parse::Parse>::parse, args)
-        .and_then(|args| check::validate(args, &func.sig));
+        .and_then(|args| check::validate(args, &func.sig, &func.attrs));
     attr::strip_param_attrs(&mut func.sig);
     match plan {
         Ok(plan) => emit(plan, func),

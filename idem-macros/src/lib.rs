@@ -700,7 +700,10 @@ use proc_macro::TokenStream;
 ///   `key` or `retain`, unknown or duplicate arguments, `errors` with `classify`, `tx`
 ///   with `lease`, `in_flight`, `on_takeover` or `fail_open`, a `tx` naming no
 ///   parameter, a function that is not `async` or does not return `Result`, an empty
-///   `name`, `version = 0`, and unknown options in a parameter's `#[idem(...)]`.
+///   `name`, `version = 0`, and unknown options in a parameter's `#[idem(...)]`;
+/// - `#[idempotent]` placed below rmcp's `#[tool]`, which hands it a `fn` returning a
+///   pinned boxed future (or a non-async `fn` that still carries `#[tool]`): the error
+///   says to put `#[idempotent]` above `#[tool]`, where it sees the `async fn` as written.
 ///
 /// All mistakes in one attribute are reported together; the function itself is still
 /// emitted beside the errors, so they are not followed by a cascade of others.

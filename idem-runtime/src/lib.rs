@@ -31,6 +31,9 @@
 //! Everything the attribute does is available without it, through
 //! [`Idem::operation`]; the attribute's expansion is a short call into that builder.
 //!
+//! Agent tools on the Model Context Protocol (rmcp) are covered by the `mcp` feature:
+//! see the `mcp` module.
+//!
 //! # Guarantees
 //! - The claim is one atomic statement in the store: of N concurrent callers with one
 //!   key, one runs the body; the others wait for its outcome or are told it is in
@@ -57,6 +60,8 @@ mod idem;
 mod key;
 mod lease;
 mod machine;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod metrics;
 mod op;
 pub mod queue;
