@@ -109,19 +109,25 @@ impl IntoResponse for ApiError {
                     .detail(reason)
                     .into_response()
             }
-            ApiError::Invalid { reason } => {
-                problem(StatusCode::BAD_REQUEST, "invalid-payment", "Invalid payment")
-                    .detail(reason)
-                    .into_response()
-            }
+            ApiError::Invalid { reason } => problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-payment",
+                "Invalid payment",
+            )
+            .detail(reason)
+            .into_response(),
             ApiError::NotFound => {
                 problem(StatusCode::NOT_FOUND, "not-found", "No such payment").into_response()
             }
             ApiError::Idem(e) => e.into_response(),
             ApiError::Db(e) => {
                 eprintln!("database error: {e}");
-                problem(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error")
-                    .into_response()
+                problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "Internal error",
+                )
+                .into_response()
             }
         }
     }
@@ -221,7 +227,11 @@ impl App {
 type Row = (i64, i64, String);
 
 /// Checks and writes one payment; the one piece of business logic, shared by both styles.
-async fn make_payment(app: &App, principal: &Principal, req: NewPayment) -> Result<Payment, ApiError> {
+async fn make_payment(
+    app: &App,
+    principal: &Principal,
+    req: NewPayment,
+) -> Result<Payment, ApiError> {
     if req.amount_cents <= 0 {
         return Err(ApiError::Invalid {
             reason: "amount_cents must be positive".into(),
@@ -256,7 +266,10 @@ async fn make_payment(app: &App, principal: &Principal, req: NewPayment) -> Resu
                 .bind(&effect_key)
                 .execute(p)
                 .await?;
-            sqlx::query_as(select).bind(&effect_key).fetch_one(p).await?
+            sqlx::query_as(select)
+                .bind(&effect_key)
+                .fetch_one(p)
+                .await?
         }
         #[cfg(feature = "postgres")]
         Db::Postgres(p) => {
@@ -267,7 +280,10 @@ async fn make_payment(app: &App, principal: &Principal, req: NewPayment) -> Resu
                 .bind(&effect_key)
                 .execute(p)
                 .await?;
-            sqlx::query_as(select).bind(&effect_key).fetch_one(p).await?
+            sqlx::query_as(select)
+                .bind(&effect_key)
+                .fetch_one(p)
+                .await?
         }
     };
     Ok(Payment {
@@ -385,9 +401,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         #[cfg(feature = "postgres")]
         Ok(url) => App::postgres(&url).await?,
         #[cfg(not(feature = "postgres"))]
-        Ok(_) => return Err("IDEM_POSTGRES_URL is set but this build has no `postgres` feature".into()),
+        Ok(_) => {
+            return Err("IDEM_POSTGRES_URL is set but this build has no `postgres` feature".into());
+        }
         Err(_) => {
-            let path = std::env::var("IDEM_EXAMPLE_DB").unwrap_or_else(|_| "./http_payments.db".into());
+            let path =
+                std::env::var("IDEM_EXAMPLE_DB").unwrap_or_else(|_| "./http_payments.db".into());
             App::sqlite(&path).await?
         }
     };

@@ -117,8 +117,14 @@ fn is_ows(b: u8) -> bool {
 impl IdempotencyKey {
     /// Parses one header value.
     pub fn parse(value: &[u8]) -> Result<Self, KeyRejection> {
-        let start = value.iter().position(|&b| !is_ows(b)).unwrap_or(value.len());
-        let end = value.iter().rposition(|&b| !is_ows(b)).map_or(start, |i| i + 1);
+        let start = value
+            .iter()
+            .position(|&b| !is_ows(b))
+            .unwrap_or(value.len());
+        let end = value
+            .iter()
+            .rposition(|&b| !is_ows(b))
+            .map_or(start, |i| i + 1);
         let value = &value[start..end];
         let Some(&first) = value.first() else {
             return Err(KeyRejection::Empty);

@@ -244,7 +244,8 @@ impl IntoResponse for Problem {
             HeaderValue::from_static("application/problem+json"),
         );
         if let Some(secs) = self.retry_after {
-            res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+            res.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         res
     }
