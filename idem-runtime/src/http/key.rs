@@ -141,7 +141,7 @@ impl IdempotencyKey {
                 _ => return Err(KeyRejection::Malformed),
             }
         } else {
-            if value.iter().any(|&b| b == b' ') {
+            if value.contains(&b' ') {
                 return Err(KeyRejection::Malformed);
             }
             // Checked above: every byte is ASCII.
