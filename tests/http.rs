@@ -619,3 +619,106 @@ impl AsyncWrite for TrackedIo {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
+
+/// Serves `router` on 127.0.0.1 with every request authenticated as `alice`.
+async fn serve_as_alice(router: axum::Router) -> String {
+    let router = router.layer(axum::middleware::from_fn(
+        |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+            req.extensions_mut()
+                .insert(idem_runtime::http::Principal::new("alice"));
+            next.run(req).await
+        },
+    ));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    base
+}
+
+/// The layer records final answers only: a "try again" status releases the key (the
+/// retry runs), and a response over the cap parks the key for reconciliation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_records_final_responses_only() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let flaky = {
+        let runs = runs.clone();
+        move || async move {
+            match runs.fetch_add(1, Ordering::SeqCst) {
+                0 => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+                _ => (StatusCode::OK, "done"),
+            }
+        }
+    };
+    let router = axum::Router::new()
+        .route("/flaky", axum::routing::post(flaky))
+        .route("/big", axum::routing::post(|| async { "x".repeat(100) }))
+        .route_layer(
+            idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
+                .max_response_bytes(50),
+        );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str| {
+        client
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", "k")
+            .send()
+    };
+    let busy = Reply::read(post("/flaky").await.unwrap()).await;
+    assert_eq!(busy.status, StatusCode::SERVICE_UNAVAILABLE);
+    let done = post("/flaky").await.unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    assert!(done.headers().get("idempotent-replayed").is_none());
+    assert_eq!(done.text().await.unwrap(), "done");
+    let replay = post("/flaky").await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.text().await.unwrap(), "done");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // One key, one layer name: the same key on another route is another request.
+    let reused = Reply::read(post("/big").await.unwrap()).await;
+    reused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    let big = |key: &'static str| {
+        client
+            .post(format!("{base}/big"))
+            .header("idempotency-key", key)
+            .send()
+    };
+    let first = Reply::read(big("big").await.unwrap()).await;
+    first.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
+    let again = Reply::read(big("big").await.unwrap()).await;
+    again.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
+}
+
+/// `Option<IdempotencyKey>`: no header is `None`, an invalid one is still a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_key_extractor() {
+    let router = axum::Router::new().route(
+        "/",
+        axum::routing::post(|key: Option<IdempotencyKey>| async move {
+            key.map_or("none".to_owned(), |k| k.to_string())
+        }),
+    );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let none = client.post(&base).send().await.unwrap();
+    assert_eq!(none.text().await.unwrap(), "none");
+    let some = client
+        .post(&base)
+        .header("idempotency-key", "\"a b\"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(some.text().await.unwrap(), "a b");
+    let bad = Reply::read(
+        client
+            .post(&base)
+            .header("idempotency-key", "a b")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    bad.assert_problem(StatusCode::BAD_REQUEST, types::INVALID_KEY);
+}

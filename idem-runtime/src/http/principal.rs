@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use http::request::Parts;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::problem::Problem;
 use crate::key::KeyPart;
@@ -21,8 +21,7 @@ use crate::key::KeyPart;
 /// scope.
 ///
 /// [`IdempotencyLayer`]: super::IdempotencyLayer
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Principal(Arc<str>);
 
 impl Principal {
@@ -40,6 +39,19 @@ impl Principal {
 impl std::fmt::Display for Principal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+// By hand: serde's impls for `Arc<str>` need its `rc` feature.
+impl Serialize for Principal {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Principal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Principal::new)
     }
 }
 
