@@ -650,9 +650,17 @@ async fn layer_records_final_responses_only() {
             }
         }
     };
+    let big_runs = Arc::new(AtomicUsize::new(0));
+    let big = {
+        let runs = big_runs.clone();
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            "x".repeat(100)
+        }
+    };
     let router = axum::Router::new()
         .route("/flaky", axum::routing::post(flaky))
-        .route("/big", axum::routing::post(|| async { "x".repeat(100) }))
+        .route("/big", axum::routing::post(big))
         .route_layer(
             idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
                 .max_response_bytes(50),
@@ -689,6 +697,8 @@ async fn layer_records_final_responses_only() {
     first.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
     let again = Reply::read(big("big").await.unwrap()).await;
     again.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
+    // It ran once: an effect that may have happened is not run again.
+    assert_eq!(big_runs.load(Ordering::SeqCst), 1);
 }
 
 /// `Option<IdempotencyKey>`: no header is `None`, an invalid one is still a 400.
