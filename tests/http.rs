@@ -1,7 +1,8 @@
 //! HTTP: the example's payments API (`examples/http_payments.rs`) served on 127.0.0.1
 //! and driven over TCP by a real client. Every behaviour test runs twice: against the
 //! `#[idempotent]` handler (`/payments`) and against `IdempotencyLayer`
-//! (`/layer/payments`).
+//! (`/layer/payments`), each on SQLite and on PostgreSQL (skipped, with a line saying
+//! so, when PostgreSQL is not reachable; `IDEM_REQUIRE_DB=1` makes that a failure).
 
 #[allow(dead_code)]
 #[path = "../examples/http_payments.rs"]
@@ -19,35 +20,106 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Barrier, Semaphore};
 
+mod common;
+
 #[derive(Clone, Copy, Debug)]
 enum Style {
     Attribute,
     Layer,
 }
 
-/// One behaviour test per style, each on a server and database of its own.
-macro_rules! both_styles {
-    ($($name:ident),* $(,)?) => {
-        mod attribute {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(super::Style::Attribute).await
-                }
-            )*
+/// Where the example's data lives: a SQLite file, or a PostgreSQL schema of the
+/// test's own (through `search_path`, so the example's fixed table names are unique).
+#[derive(Clone, Debug)]
+enum Backend {
+    Sqlite,
+    #[cfg(feature = "postgres")]
+    Postgres {
+        url: String,
+    },
+}
+
+/// One instance of a behaviour test: a style on a backend.
+#[derive(Clone, Debug)]
+struct Case {
+    style: Style,
+    backend: Backend,
+}
+
+impl Case {
+    fn sqlite(style: Style) -> Case {
+        Case {
+            style,
+            backend: Backend::Sqlite,
         }
-        mod layer {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(super::Style::Layer).await
-                }
-            )*
+    }
+
+    /// A fresh schema, or `None` (with a line saying why) without PostgreSQL.
+    #[cfg(feature = "postgres")]
+    async fn postgres(style: Style, test: &str) -> Option<(Case, String)> {
+        if common::postgres_skip(test).is_some() {
+            return None;
+        }
+        let schema = common::unique_table(&format!("http_{test}"));
+        let admin = sqlx::PgPool::connect(&common::postgres_url())
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let base = common::postgres_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+        Some((
+            Case {
+                style,
+                backend: Backend::Postgres { url },
+            },
+            schema,
+        ))
+    }
+}
+
+/// Every behaviour test once per style and backend, each on a server and database of
+/// its own.
+macro_rules! http_suite {
+    ($($name:ident),* $(,)?) => {
+        http_suite!(@style attribute Attribute ($($name),*));
+        http_suite!(@style layer Layer ($($name),*));
+    };
+    (@style $module:ident $style:ident ($($name:ident),*)) => {
+        mod $module {
+            mod sqlite {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $name() {
+                        let case = crate::Case::sqlite(crate::Style::$style);
+                        crate::$name(case).await
+                    }
+                )*
+            }
+            #[cfg(feature = "postgres")]
+            mod postgres {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $name() {
+                        let style = crate::Style::$style;
+                        let Some((case, schema)) = crate::Case::postgres(style, stringify!($name)).await
+                        else {
+                            return;
+                        };
+                        crate::$name(case).await;
+                        let admin = sqlx::PgPool::connect(&crate::common::postgres_url()).await.unwrap();
+                        crate::common::drop_schema(&admin, &schema).await;
+                    }
+                )*
+            }
         }
     };
 }
 
-both_styles!(
+http_suite!(
     first_call_creates_and_retry_replays,
     recorded_error_is_replayed,
     quoted_and_bare_key_are_one_key,
@@ -63,20 +135,20 @@ both_styles!(
 
 /// A running server on the example's router.
 struct Server {
+    case: Case,
     base: String,
     app: App,
     hold: Arc<Hold>,
     /// One permit per server-side connection that has closed.
     closed: Arc<Semaphore>,
     client: reqwest::Client,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Server {
-    async fn start(hold: bool) -> Server {
+    async fn start(case: Case, hold: bool) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
-        let db = dir.path().join("payments.db");
-        let mut app = App::sqlite(db.to_str().unwrap()).await.expect("open");
+        let mut app = open(&case, &dir).await;
         let held = Arc::new(Hold::default());
         if hold {
             app.hold = Some(held.clone());
@@ -91,29 +163,26 @@ impl Server {
         let router = http_payments::router(app.clone());
         tokio::spawn(async move { axum::serve(tracked, router).await.unwrap() });
         Server {
+            case,
             base,
             app,
             hold: held,
             closed,
             client: reqwest::Client::new(),
-            _dir: dir,
+            dir,
         }
     }
 
-    fn url(&self, style: Style, tail: &str) -> String {
-        match style {
+    fn url(&self, tail: &str) -> String {
+        match self.case.style {
             Style::Attribute => format!("{}/payments{tail}", self.base),
             Style::Layer => format!("{}/layer/payments{tail}", self.base),
         }
     }
 
     /// `POST /payments` as `who` with `key` (a raw header value) and `body`.
-    async fn post(&self, style: Style, who: &str, key: Option<&[u8]>, body: &Value) -> Reply {
-        let mut req = self
-            .client
-            .post(self.url(style, ""))
-            .bearer_auth(who)
-            .json(body);
+    async fn post(&self, who: &str, key: Option<&[u8]>, body: &Value) -> Reply {
+        let mut req = self.client.post(self.url("")).bearer_auth(who).json(body);
         if let Some(key) = key {
             req = req.header(
                 "idempotency-key",
@@ -125,6 +194,35 @@ impl Server {
 
     async fn payments_of(&self, who: &str) -> i64 {
         self.app.payments_of(who).await.expect("count")
+    }
+
+    /// Runs `sql` on the example's database, returning the rows it changed.
+    async fn execute(&self, sql: &str) -> u64 {
+        match &self.app.db {
+            Db::Sqlite(p) => sqlx::query(sql).execute(p).await.unwrap().rows_affected(),
+            #[cfg(feature = "postgres")]
+            Db::Postgres(p) => sqlx::query(sql).execute(p).await.unwrap().rows_affected(),
+        }
+    }
+
+    /// Closes the example's pool: its store and its payments are down.
+    async fn take_store_down(&self) {
+        match &self.app.db {
+            Db::Sqlite(p) => p.close().await,
+            #[cfg(feature = "postgres")]
+            Db::Postgres(p) => p.close().await,
+        }
+    }
+}
+
+async fn open(case: &Case, dir: &tempfile::TempDir) -> App {
+    match &case.backend {
+        Backend::Sqlite => {
+            let db = dir.path().join("payments.db");
+            App::sqlite(db.to_str().unwrap()).await.expect("open")
+        }
+        #[cfg(feature = "postgres")]
+        Backend::Postgres { url } => App::postgres(url).await.expect("open"),
     }
 }
 
@@ -191,23 +289,23 @@ impl Reply {
     }
 }
 
-async fn first_call_creates_and_retry_replays(style: Style) {
-    let s = Server::start(false).await;
-    let first = s.post(style, "alice", Some(b"\"k-1\""), &pay(1999)).await;
+async fn first_call_creates_and_retry_replays(case: Case) {
+    let s = Server::start(case, false).await;
+    let first = s.post("alice", Some(b"\"k-1\""), &pay(1999)).await;
     let payment = first.payment();
     assert_eq!(
         (payment.amount_cents, payment.currency.as_str()),
         (1999, "EUR")
     );
     assert!(!first.replayed(), "{first:?}");
-    let retry = s.post(style, "alice", Some(b"\"k-1\""), &pay(1999)).await;
+    let retry = s.post("alice", Some(b"\"k-1\""), &pay(1999)).await;
     assert_eq!(retry.payment(), payment);
     assert!(retry.replayed(), "{retry:?}");
     assert_eq!(s.payments_of("alice").await, 1);
     // GET is not idempotency-keyed and reads the caller's own payments only.
     let own = s
         .client
-        .get(s.url(style, &format!("/{}", payment.id)))
+        .get(s.url(&format!("/{}", payment.id)))
         .bearer_auth("alice")
         .send()
         .await
@@ -217,7 +315,7 @@ async fn first_call_creates_and_retry_replays(style: Style) {
     assert_eq!(own.json::<Payment>().await.unwrap(), payment);
     let other = s
         .client
-        .get(s.url(style, &format!("/{}", payment.id)))
+        .get(s.url(&format!("/{}", payment.id)))
         .bearer_auth("mallory")
         .send()
         .await
@@ -225,15 +323,15 @@ async fn first_call_creates_and_retry_replays(style: Style) {
     assert_eq!(other.status(), StatusCode::NOT_FOUND);
 }
 
-async fn recorded_error_is_replayed(style: Style) {
-    let s = Server::start(false).await;
-    let declined = s.post(style, "alice", Some(b"big"), &pay(2_000_000)).await;
+async fn recorded_error_is_replayed(case: Case) {
+    let s = Server::start(case, false).await;
+    let declined = s.post("alice", Some(b"big"), &pay(2_000_000)).await;
     declined.assert_problem(
         StatusCode::PAYMENT_REQUIRED,
         "https://payments.example/problems/declined",
     );
     assert!(!declined.replayed(), "{declined:?}");
-    let again = s.post(style, "alice", Some(b"big"), &pay(2_000_000)).await;
+    let again = s.post("alice", Some(b"big"), &pay(2_000_000)).await;
     again.assert_problem(
         StatusCode::PAYMENT_REQUIRED,
         "https://payments.example/problems/declined",
@@ -243,22 +341,20 @@ async fn recorded_error_is_replayed(style: Style) {
     assert_eq!(s.payments_of("alice").await, 0);
 }
 
-async fn quoted_and_bare_key_are_one_key(style: Style) {
-    let s = Server::start(false).await;
-    let quoted = s
-        .post(style, "alice", Some(b"\"8e03-40d5\""), &pay(500))
-        .await;
-    let bare = s.post(style, "alice", Some(b"8e03-40d5"), &pay(500)).await;
+async fn quoted_and_bare_key_are_one_key(case: Case) {
+    let s = Server::start(case, false).await;
+    let quoted = s.post("alice", Some(b"\"8e03-40d5\""), &pay(500)).await;
+    let bare = s.post("alice", Some(b"8e03-40d5"), &pay(500)).await;
     assert_eq!(bare.payment(), quoted.payment());
     assert!(bare.replayed(), "{bare:?}");
     // Another key with the same payload is another payment.
-    let other = s.post(style, "alice", Some(b"8e03-40d6"), &pay(500)).await;
+    let other = s.post("alice", Some(b"8e03-40d6"), &pay(500)).await;
     assert_ne!(other.payment().id, quoted.payment().id);
     assert_eq!(s.payments_of("alice").await, 2);
 }
 
-async fn bad_keys_are_400(style: Style) {
-    let s = Server::start(false).await;
+async fn bad_keys_are_400(case: Case) {
+    let s = Server::start(case, false).await;
     let long = "k".repeat(256);
     let cases: [(Option<&[u8]>, &str); 7] = [
         (None, KeyRejection::Missing.rule()),
@@ -273,7 +369,7 @@ async fn bad_keys_are_400(style: Style) {
         ),
     ];
     for (key, rule) in cases {
-        let r = s.post(style, "alice", key, &pay(100)).await;
+        let r = s.post("alice", key, &pay(100)).await;
         r.assert_problem(StatusCode::BAD_REQUEST, types::INVALID_KEY);
         assert_eq!(r.body["header"], "Idempotency-Key", "{r:?}");
         assert_eq!(r.body["rule"], rule, "{key:?}: {r:?}");
@@ -282,7 +378,7 @@ async fn bad_keys_are_400(style: Style) {
     // The header twice is refused too, whatever the values.
     let r = Reply::read(
         s.client
-            .post(s.url(style, ""))
+            .post(s.url(""))
             .bearer_auth("alice")
             .header("idempotency-key", "a")
             .header("idempotency-key", "a")
@@ -296,74 +392,64 @@ async fn bad_keys_are_400(style: Style) {
     assert_eq!(r.body["rule"], KeyRejection::Repeated.rule());
     // 255 characters is within the cap.
     let max = "k".repeat(255);
-    s.post(style, "alice", Some(max.as_bytes()), &pay(100))
+    s.post("alice", Some(max.as_bytes()), &pay(100))
         .await
         .payment();
     assert_eq!(s.payments_of("alice").await, 1);
 }
 
-async fn key_reused_with_another_payload_is_422(style: Style) {
-    let s = Server::start(false).await;
-    s.post(style, "alice", Some(b"k"), &pay(100))
-        .await
-        .payment();
-    let r = s.post(style, "alice", Some(b"k"), &pay(200)).await;
+async fn key_reused_with_another_payload_is_422(case: Case) {
+    let s = Server::start(case, false).await;
+    s.post("alice", Some(b"k"), &pay(100)).await.payment();
+    let r = s.post("alice", Some(b"k"), &pay(200)).await;
     r.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
     assert!(!r.replayed());
     assert_eq!(s.payments_of("alice").await, 1);
 }
 
-async fn in_flight_is_409_with_retry_after(style: Style) {
-    let s = Arc::new(Server::start(true).await);
+async fn in_flight_is_409_with_retry_after(case: Case) {
+    let s = Arc::new(Server::start(case, true).await);
     let first = tokio::spawn({
         let s = s.clone();
-        async move { s.post(style, "alice", Some(b"slow"), &pay(100)).await }
+        async move { s.post("alice", Some(b"slow"), &pay(100)).await }
     });
     s.hold.entered.acquire().await.unwrap().forget();
-    let dup = s.post(style, "alice", Some(b"slow"), &pay(100)).await;
+    let dup = s.post("alice", Some(b"slow"), &pay(100)).await;
     dup.assert_problem(StatusCode::CONFLICT, types::IN_FLIGHT);
     assert_eq!(dup.body["retry_after"], dup.retry_after());
     s.hold.release.add_permits(1);
     let payment = first.await.unwrap().payment();
-    let retry = s.post(style, "alice", Some(b"slow"), &pay(100)).await;
+    let retry = s.post("alice", Some(b"slow"), &pay(100)).await;
     assert_eq!(retry.payment(), payment);
     assert!(retry.replayed());
     assert_eq!(s.payments_of("alice").await, 1);
 }
 
-async fn store_down_is_503_and_nothing_runs(style: Style) {
-    let s = Server::start(false).await;
-    let Db::Sqlite(pool) = &s.app.db else {
-        unreachable!()
-    };
-    pool.close().await;
-    let r = s.post(style, "alice", Some(b"k"), &pay(100)).await;
+async fn store_down_is_503_and_nothing_runs(case: Case) {
+    let s = Server::start(case, false).await;
+    s.take_store_down().await;
+    let r = s.post("alice", Some(b"k"), &pay(100)).await;
     r.assert_problem(StatusCode::SERVICE_UNAVAILABLE, types::STORE_UNAVAILABLE);
     r.retry_after();
-    // Counted through a new pool on the same file: the body did not run.
-    let path = s._dir.path().join("payments.db");
-    let count = App::sqlite(path.to_str().unwrap()).await.unwrap();
+    // Counted through a new pool on the same database: the body did not run.
+    let count = open(&s.case, &s.dir).await;
     assert_eq!(count.payments_of("alice").await.unwrap(), 0);
 }
 
-async fn unknown_outcome_is_500_and_superseded_attempt_is_500(style: Style) {
-    let s = Arc::new(Server::start(true).await);
+async fn unknown_outcome_is_500_and_superseded_attempt_is_500(case: Case) {
+    let s = Arc::new(Server::start(case, true).await);
     let first = tokio::spawn({
         let s = s.clone();
-        async move { s.post(style, "alice", Some(b"k"), &pay(100)).await }
+        async move { s.post("alice", Some(b"k"), &pay(100)).await }
     });
     s.hold.entered.acquire().await.unwrap().forget();
     // What a takeover with `on_takeover = unknown` leaves behind: the running claim is
     // parked in UNKNOWN (state 2 of the documented schema) for reconciliation.
-    let Db::Sqlite(pool) = &s.app.db else {
-        unreachable!()
-    };
-    let parked = sqlx::query("UPDATE idem_operations SET state = 2 WHERE state = 0")
-        .execute(pool)
-        .await
-        .unwrap();
-    assert_eq!(parked.rows_affected(), 1);
-    let retry = s.post(style, "alice", Some(b"k"), &pay(100)).await;
+    let parked = s
+        .execute("UPDATE idem_operations SET state = 2 WHERE state = 0")
+        .await;
+    assert_eq!(parked, 1);
+    let retry = s.post("alice", Some(b"k"), &pay(100)).await;
     retry.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
     assert!(!retry.replayed());
     // The attempt that lost its claim cannot record its outcome.
@@ -372,15 +458,15 @@ async fn unknown_outcome_is_500_and_superseded_attempt_is_500(style: Style) {
     first.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::SUPERSEDED);
 }
 
-async fn hundred_concurrent_posts_make_one_payment(style: Style) {
-    let s = Arc::new(Server::start(false).await);
+async fn hundred_concurrent_posts_make_one_payment(case: Case) {
+    let s = Arc::new(Server::start(case, false).await);
     let barrier = Arc::new(Barrier::new(100));
     let tasks: Vec<_> = (0..100)
         .map(|_| {
             let (s, barrier) = (s.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                s.post(style, "alice", Some(b"\"same\""), &pay(4200)).await
+                s.post("alice", Some(b"\"same\""), &pay(4200)).await
             })
         })
         .collect();
@@ -399,34 +485,29 @@ async fn hundred_concurrent_posts_make_one_payment(style: Style) {
     assert_eq!(s.payments_of("alice").await, 1);
 }
 
-async fn two_principals_one_key_are_independent(style: Style) {
-    let s = Server::start(false).await;
-    let alice = s
-        .post(style, "alice", Some(b"shared"), &pay(100))
-        .await
-        .payment();
-    let bob = s.post(style, "bob", Some(b"shared"), &pay(100)).await;
+async fn two_principals_one_key_are_independent(case: Case) {
+    let s = Server::start(case, false).await;
+    let alice = s.post("alice", Some(b"shared"), &pay(100)).await.payment();
+    let bob = s.post("bob", Some(b"shared"), &pay(100)).await;
     assert!(!bob.replayed(), "{bob:?}");
     let bob = bob.payment();
     assert_ne!(alice.id, bob.id);
     // Each retry replays the caller's own payment; a payload alice's key never saw is
     // fine for bob, whose key is his own.
-    let again = s.post(style, "bob", Some(b"shared"), &pay(100)).await;
+    let again = s.post("bob", Some(b"shared"), &pay(100)).await;
     assert_eq!(again.payment(), bob);
-    s.post(style, "bob", Some(b"other"), &pay(999))
-        .await
-        .payment();
-    let alice_again = s.post(style, "alice", Some(b"shared"), &pay(100)).await;
+    s.post("bob", Some(b"other"), &pay(999)).await.payment();
+    let alice_again = s.post("alice", Some(b"shared"), &pay(100)).await;
     assert_eq!(alice_again.payment(), alice);
     assert_eq!(s.payments_of("alice").await, 1);
     assert_eq!(s.payments_of("bob").await, 2);
 }
 
-async fn client_disconnect_then_retry_replays(style: Style) {
-    let s = Arc::new(Server::start(true).await);
+async fn client_disconnect_then_retry_replays(case: Case) {
+    let s = Arc::new(Server::start(case, true).await);
     let gone = tokio::spawn({
         let s = s.clone();
-        async move { s.post(style, "alice", Some(b"k"), &pay(100)).await }
+        async move { s.post("alice", Some(b"k"), &pay(100)).await }
     });
     s.hold.entered.acquire().await.unwrap().forget();
     // The client goes away mid-request; wait until the server has seen its connection
@@ -437,7 +518,7 @@ async fn client_disconnect_then_retry_replays(style: Style) {
     s.hold.release.add_permits(1);
     // The retry replays once the body has finished; until then it is told to wait.
     let replay = loop {
-        let r = s.post(style, "alice", Some(b"k"), &pay(100)).await;
+        let r = s.post("alice", Some(b"k"), &pay(100)).await;
         if r.status != StatusCode::CONFLICT {
             break r;
         }
@@ -451,9 +532,9 @@ async fn client_disconnect_then_retry_replays(style: Style) {
 /// The layer's own refusals: a body over its cap, and a route with no principal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layer_refuses_oversized_bodies_and_requests_without_principal() {
-    let s = Server::start(false).await;
+    let s = Server::start(Case::sqlite(Style::Layer), false).await;
     let big = json!({"amount_cents": 100, "currency": "EUR", "pad": "x".repeat(1 << 20)});
-    let r = s.post(Style::Layer, "alice", Some(b"k"), &big).await;
+    let r = s.post("alice", Some(b"k"), &big).await;
     r.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, types::BODY_TOO_LARGE);
     assert_eq!(s.payments_of("alice").await, 0);
 
