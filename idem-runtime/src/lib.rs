@@ -56,6 +56,8 @@ mod cache;
 mod context;
 mod error;
 mod fingerprint;
+#[cfg(feature = "axum")]
+pub mod http;
 mod idem;
 mod key;
 mod lease;

@@ -1,0 +1,131 @@
+//! For routes whose handlers carry `#[idempotent]`: the replay header, and handlers
+//! run to completion when the client goes away.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, Request};
+use tower::{Layer, Service};
+
+use super::key::IDEMPOTENT_REPLAYED;
+use crate::context::observe;
+
+/// A tower layer for routes whose handlers are `#[idempotent]` functions.
+///
+/// - Sets `Idempotent-Replayed: true` on a response whose idempotent call was
+///   replayed (a recorded success or a recorded error alike), as [`observe`] reports.
+///   With several idempotent calls in one handler, the last one decides.
+/// - Runs the handler in its own task ([`run_to_completion`](Self::run_to_completion),
+///   on by default): axum drops a handler's future when the client disconnects, which
+///   would stop the body mid-effect and hold its claim until the lease lapses; spawned,
+///   the body finishes and records its outcome, so the client's retry replays it.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use idem_runtime::http::IdempotentHandlerLayer;
+/// # async fn create() {}
+/// let app: Router = Router::new()
+///     .route("/payments", post(create))
+///     .layer(IdempotentHandlerLayer::new());
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct IdempotentHandlerLayer {
+    spawn: bool,
+}
+
+impl Default for IdempotentHandlerLayer {
+    fn default() -> Self {
+        IdempotentHandlerLayer { spawn: true }
+    }
+}
+
+impl IdempotentHandlerLayer {
+    /// The layer, with handlers run to completion.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether a handler runs on when the client disconnects (default `true`).
+    pub fn run_to_completion(mut self, spawn: bool) -> Self {
+        self.spawn = spawn;
+        self
+    }
+}
+
+impl<S> Layer<S> for IdempotentHandlerLayer {
+    type Service = IdempotentHandler<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotentHandler {
+            inner,
+            spawn: self.spawn,
+        }
+    }
+}
+
+/// The service [`IdempotentHandlerLayer`] makes.
+#[derive(Clone, Debug)]
+pub struct IdempotentHandler<S> {
+    inner: S,
+    spawn: bool,
+}
+
+impl<S, B> Service<Request<B>> for IdempotentHandler<S>
+where
+    S: Service<Request<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The clone that was polled ready serves this request (tower's usual swap).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let spawn = self.spawn;
+        Box::pin(async move {
+            let call = async move {
+                let (res, info) = observe(inner.call(req)).await;
+                let Ok(res) = res;
+                (res.into_response(), info)
+            };
+            let (mut res, info) = if spawn {
+                run_spawned(call).await
+            } else {
+                call.await
+            };
+            if info.replayed() {
+                res.headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            }
+            Ok(res)
+        })
+    }
+}
+
+/// Runs `fut` in its own task, so dropping the caller does not cancel it. A panic in
+/// it resumes in the caller, as if it had not been spawned.
+pub(crate) async fn run_spawned<F>(fut: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match tokio::spawn(fut).await {
+        Ok(out) => out,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // Only a runtime shutting down cancels the task; the caller is going too.
+            Err(e) => panic!("idempotent request task cancelled: {e}"),
+        },
+    }
+}

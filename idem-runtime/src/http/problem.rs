@@ -1,0 +1,266 @@
+//! RFC 9457 problem details, and the HTTP answer to each [`IdemError`].
+
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use serde::{Deserialize, Serialize};
+
+use super::key::KeyRejection;
+use crate::error::IdemError;
+
+/// The problem `type` URIs idem answers with, one per case. They identify the case
+/// (clients may match on them); they are names under one base,
+/// `https://idem.dev/problems/`, not promised to resolve to a page.
+pub mod types {
+    /// 400: the `Idempotency-Key` header is missing or invalid (the `rule` member says
+    /// which rule it broke).
+    pub const INVALID_KEY: &str = "https://idem.dev/problems/invalid-idempotency-key";
+    /// 409: a request with this key is still being processed; retry after `Retry-After`.
+    pub const IN_FLIGHT: &str = "https://idem.dev/problems/in-flight";
+    /// 422: the key was first used with another request (method, path, query or body).
+    pub const KEY_REUSED: &str = "https://idem.dev/problems/key-reused";
+    /// 503: the idempotency store could not be reached; the request did not run.
+    pub const STORE_UNAVAILABLE: &str = "https://idem.dev/problems/store-unavailable";
+    /// 500: an earlier request with this key may have had its effect and is being
+    /// reconciled; do not send the request again with a new key.
+    pub const OUTCOME_UNKNOWN: &str = "https://idem.dev/problems/outcome-unknown";
+    /// 500: this attempt lost its claim to a newer one (its lease lapsed); a retry gets
+    /// that attempt's outcome.
+    pub const SUPERSEDED: &str = "https://idem.dev/problems/superseded";
+    /// 413: the request body is over the layer's cap.
+    pub const BODY_TOO_LARGE: &str = "https://idem.dev/problems/body-too-large";
+    /// 400: the request body could not be read.
+    pub const BODY_UNREADABLE: &str = "https://idem.dev/problems/body-unreadable";
+    /// 500: the route runs idempotent requests but no principal was set by the
+    /// application's authentication (a wiring error; never run under a global scope).
+    pub const NO_PRINCIPAL: &str = "https://idem.dev/problems/no-principal";
+    /// 500: idem is misconfigured or a recorded outcome cannot be read.
+    pub const INTERNAL: &str = "https://idem.dev/problems/internal";
+}
+
+/// The `Retry-After` sent with a 503 for a store that is down.
+pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// An RFC 9457 problem: answered as `application/problem+json`, with `Retry-After`
+/// when [`retry_after`](Self::retry_after) is set.
+///
+/// ```
+/// use axum::response::IntoResponse;
+/// use idem_runtime::http::{Problem, types};
+/// use idem_runtime::IdemError;
+/// use std::time::Duration;
+///
+/// let e = IdemError::InFlight { name: "pay".into(), retry_after: Duration::from_millis(1500) };
+/// let p = Problem::from(&e);
+/// assert_eq!((p.status, p.type_uri.as_str(), p.retry_after), (409, types::IN_FLIGHT, Some(2)));
+/// let response = e.into_response();
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// A URI naming the kind of problem.
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// A short summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What happened this time and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Extension: the request header at fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// Extension: the rule the header broke.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// Seconds for the `Retry-After` header (also in the body, for clients that read
+    /// only bodies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
+}
+
+impl Problem {
+    /// A problem with a status, a type URI and a title.
+    pub fn new(status: StatusCode, type_uri: impl Into<String>, title: impl Into<String>) -> Self {
+        Problem {
+            type_uri: type_uri.into(),
+            title: title.into(),
+            status: status.as_u16(),
+            detail: None,
+            header: None,
+            rule: None,
+            retry_after: None,
+        }
+    }
+
+    /// Sets `detail`.
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    /// Sets `Retry-After`, in whole seconds rounded up (at least 1, so a client never
+    /// retries at once in a loop).
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        self.retry_after = Some(secs.max(1));
+        self
+    }
+
+    /// The status code (500 if `status` is not a valid code).
+    pub fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    pub(crate) fn body_too_large(max: usize) -> Self {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            types::BODY_TOO_LARGE,
+            "Request body too large",
+        )
+        .detail(format!(
+            "idempotent requests are buffered to be fingerprinted; at most {max} bytes"
+        ))
+    }
+
+    pub(crate) fn body_unreadable() -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            types::BODY_UNREADABLE,
+            "Request body could not be read",
+        )
+    }
+
+    pub(crate) fn no_principal() -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            types::NO_PRINCIPAL,
+            "No principal for an idempotent request",
+        )
+        .detail(
+            "the server did not identify the caller, and idempotency keys are scoped per \
+             caller; the request did not run",
+        )
+    }
+
+    pub(crate) fn outcome_unknown() -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            types::OUTCOME_UNKNOWN,
+            "Outcome being reconciled",
+        )
+        .detail(
+            "a request with this key may have had its effect, but its outcome was not \
+             recorded; it is being reconciled, so do not repeat it with a new key",
+        )
+    }
+}
+
+impl From<KeyRejection> for Problem {
+    fn from(r: KeyRejection) -> Self {
+        let mut p = Problem::new(
+            StatusCode::BAD_REQUEST,
+            types::INVALID_KEY,
+            "Invalid Idempotency-Key header",
+        )
+        .detail(r.detail());
+        p.header = Some("Idempotency-Key".into());
+        p.rule = Some(r.rule().into());
+        p
+    }
+}
+
+impl From<&IdemError> for Problem {
+    fn from(e: &IdemError) -> Self {
+        // Details are written here rather than taken from the error's message: those
+        // name operations and carry database errors, which are the operator's, not the
+        // client's.
+        match e {
+            IdemError::InFlight { retry_after, .. }
+            | IdemError::TooManyWaiters { retry_after, .. } => Problem::new(
+                StatusCode::CONFLICT,
+                types::IN_FLIGHT,
+                "Request in progress",
+            )
+            .detail(
+                "a request with this Idempotency-Key is still being processed; retry \
+                 after Retry-After seconds to get its outcome",
+            )
+            .retry_after(*retry_after),
+            IdemError::Mismatch { .. } => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                types::KEY_REUSED,
+                "Idempotency-Key reused",
+            )
+            .detail(
+                "this Idempotency-Key was first used with a different request; use a new \
+                 key for a new request",
+            ),
+            IdemError::KeyTooLong { len, .. } => KeyRejection::TooLong { len: *len }.into(),
+            IdemError::Store { .. } | IdemError::NoStore => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                types::STORE_UNAVAILABLE,
+                "Idempotency store unavailable",
+            )
+            .detail("the request did not run; retry it with the same Idempotency-Key")
+            .retry_after(STORE_RETRY_AFTER),
+            IdemError::Unknown { .. }
+            | IdemError::Unrecorded { .. }
+            | IdemError::OutcomeTooLarge { .. } => Problem::outcome_unknown(),
+            IdemError::Fenced { .. } => Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                types::SUPERSEDED,
+                "Attempt superseded",
+            )
+            .detail(
+                "this attempt took too long and another took over; retry with the same \
+                 Idempotency-Key to get that attempt's outcome",
+            ),
+            _ => Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                types::INTERNAL,
+                "Idempotency error",
+            ),
+        }
+    }
+}
+
+impl From<IdemError> for Problem {
+    fn from(e: IdemError) -> Self {
+        Problem::from(&e)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut res = (self.status_code(), body).into_response();
+        res.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after {
+            res.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        res
+    }
+}
+
+/// The draft's status codes: 409 in flight (with `Retry-After`), 422 key reused, 400
+/// bad key, 503 store down (with `Retry-After`; the body did not run), 500 outcome
+/// unknown or unrecorded; every body a [`Problem`]. Server-side cases are logged with
+/// the full error, which the response does not carry.
+impl IntoResponse for IdemError {
+    fn into_response(self) -> Response {
+        let problem = Problem::from(&self);
+        if problem.status >= 500 {
+            tracing::error!(error = %self, "idempotent request failed");
+        }
+        problem.into_response()
+    }
+}

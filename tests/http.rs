@@ -1,0 +1,816 @@
+//! HTTP: the example's payments API (`examples/http_payments.rs`) served on 127.0.0.1
+//! and driven over TCP by a real client. Every behaviour test runs twice: against the
+//! `#[idempotent]` handler (`/payments`) and against `IdempotencyLayer`
+//! (`/layer/payments`), each on SQLite and on PostgreSQL (skipped, with a line saying
+//! so, when PostgreSQL is not reachable; `IDEM_REQUIRE_DB=1` makes that a failure).
+
+#[allow(dead_code)]
+#[path = "../examples/http_payments.rs"]
+mod http_payments;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http_payments::{App, Db, Hold, Payment};
+use idem_runtime::http::{IdempotencyKey, KeyRejection, types};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Barrier, Semaphore};
+
+mod common;
+
+#[derive(Clone, Copy, Debug)]
+enum Style {
+    Attribute,
+    Layer,
+}
+
+/// Where the example's data lives: a SQLite file, or a PostgreSQL schema of the
+/// test's own (through `search_path`, so the example's fixed table names are unique).
+#[derive(Clone, Debug)]
+enum Backend {
+    Sqlite,
+    #[cfg(feature = "postgres")]
+    Postgres {
+        url: String,
+    },
+}
+
+/// One instance of a behaviour test: a style on a backend.
+#[derive(Clone, Debug)]
+struct Case {
+    style: Style,
+    backend: Backend,
+}
+
+impl Case {
+    fn sqlite(style: Style) -> Case {
+        Case {
+            style,
+            backend: Backend::Sqlite,
+        }
+    }
+
+    /// A fresh schema, or `None` (with a line saying why) without PostgreSQL.
+    #[cfg(feature = "postgres")]
+    async fn postgres(style: Style, test: &str) -> Option<(Case, String)> {
+        if common::postgres_skip(test).is_some() {
+            return None;
+        }
+        let schema = common::unique_table(&format!("http_{test}"));
+        let admin = sqlx::PgPool::connect(&common::postgres_url())
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let base = common::postgres_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+        Some((
+            Case {
+                style,
+                backend: Backend::Postgres { url },
+            },
+            schema,
+        ))
+    }
+}
+
+/// Every behaviour test once per style and backend, each on a server and database of
+/// its own.
+macro_rules! http_suite {
+    ($($name:ident),* $(,)?) => {
+        http_suite!(@style attribute Attribute ($($name),*));
+        http_suite!(@style layer Layer ($($name),*));
+    };
+    (@style $module:ident $style:ident ($($name:ident),*)) => {
+        mod $module {
+            mod sqlite {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $name() {
+                        let case = crate::Case::sqlite(crate::Style::$style);
+                        crate::$name(case).await
+                    }
+                )*
+            }
+            #[cfg(feature = "postgres")]
+            mod postgres {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $name() {
+                        let style = crate::Style::$style;
+                        let Some((case, schema)) = crate::Case::postgres(style, stringify!($name)).await
+                        else {
+                            return;
+                        };
+                        crate::$name(case).await;
+                        let admin = sqlx::PgPool::connect(&crate::common::postgres_url()).await.unwrap();
+                        crate::common::drop_schema(&admin, &schema).await;
+                    }
+                )*
+            }
+        }
+    };
+}
+
+http_suite!(
+    first_call_creates_and_retry_replays,
+    recorded_error_is_replayed,
+    quoted_and_bare_key_are_one_key,
+    bad_keys_are_400,
+    key_reused_with_another_payload_is_422,
+    in_flight_is_409_with_retry_after,
+    store_down_is_503_and_nothing_runs,
+    unknown_outcome_is_500_and_superseded_attempt_is_500,
+    hundred_concurrent_posts_make_one_payment,
+    two_principals_one_key_are_independent,
+    client_disconnect_then_retry_replays,
+);
+
+/// A running server on the example's router.
+struct Server {
+    case: Case,
+    base: String,
+    app: App,
+    hold: Arc<Hold>,
+    /// One permit per server-side connection that has closed.
+    closed: Arc<Semaphore>,
+    client: reqwest::Client,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start(case: Case, hold: bool) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut app = open(&case, &dir).await;
+        let held = Arc::new(Hold::default());
+        if hold {
+            app.hold = Some(held.clone());
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let closed = Arc::new(Semaphore::new(0));
+        let tracked = Tracked {
+            listener,
+            closed: closed.clone(),
+        };
+        let router = http_payments::router(app.clone());
+        tokio::spawn(async move { axum::serve(tracked, router).await.unwrap() });
+        Server {
+            case,
+            base,
+            app,
+            hold: held,
+            closed,
+            client: reqwest::Client::new(),
+            dir,
+        }
+    }
+
+    fn url(&self, tail: &str) -> String {
+        match self.case.style {
+            Style::Attribute => format!("{}/payments{tail}", self.base),
+            Style::Layer => format!("{}/layer/payments{tail}", self.base),
+        }
+    }
+
+    /// `POST /payments` as `who` with `key` (a raw header value) and `body`.
+    async fn post(&self, who: &str, key: Option<&[u8]>, body: &Value) -> Reply {
+        let mut req = self.client.post(self.url("")).bearer_auth(who).json(body);
+        if let Some(key) = key {
+            req = req.header(
+                "idempotency-key",
+                reqwest::header::HeaderValue::from_bytes(key).unwrap(),
+            );
+        }
+        Reply::read(req.send().await.expect("request")).await
+    }
+
+    async fn payments_of(&self, who: &str) -> i64 {
+        self.app.payments_of(who).await.expect("count")
+    }
+
+    /// Runs `sql` on the example's database, returning the rows it changed.
+    async fn execute(&self, sql: &str) -> u64 {
+        match &self.app.db {
+            Db::Sqlite(p) => sqlx::query(sql).execute(p).await.unwrap().rows_affected(),
+            #[cfg(feature = "postgres")]
+            Db::Postgres(p) => sqlx::query(sql).execute(p).await.unwrap().rows_affected(),
+        }
+    }
+
+    /// Closes the example's pool: its store and its payments are down.
+    async fn take_store_down(&self) {
+        match &self.app.db {
+            Db::Sqlite(p) => p.close().await,
+            #[cfg(feature = "postgres")]
+            Db::Postgres(p) => p.close().await,
+        }
+    }
+}
+
+async fn open(case: &Case, dir: &tempfile::TempDir) -> App {
+    match &case.backend {
+        Backend::Sqlite => {
+            let db = dir.path().join("payments.db");
+            App::sqlite(db.to_str().unwrap()).await.expect("open")
+        }
+        #[cfg(feature = "postgres")]
+        Backend::Postgres { url } => App::postgres(url).await.expect("open"),
+    }
+}
+
+fn pay(cents: i64) -> Value {
+    json!({"amount_cents": cents, "currency": "EUR"})
+}
+
+/// A response, read in full.
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Reply {
+    async fn read(res: reqwest::Response) -> Reply {
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = res.bytes().await.expect("body");
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+
+    fn payment(&self) -> Payment {
+        assert_eq!(self.status, StatusCode::CREATED, "{self:?}");
+        serde_json::from_value(self.body.clone()).expect("a payment")
+    }
+
+    /// Asserts a problem+json body of `type_uri` with a matching `status` member.
+    fn assert_problem(&self, status: StatusCode, type_uri: &str) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{self:?}"
+        );
+        assert_eq!(self.body["type"], type_uri, "{self:?}");
+        assert_eq!(self.body["status"], status.as_u16(), "{self:?}");
+        assert!(self.body["title"].is_string(), "{self:?}");
+    }
+
+    fn retry_after(&self) -> u64 {
+        let secs: u64 = self
+            .header("retry-after")
+            .unwrap_or_else(|| panic!("no Retry-After: {self:?}"))
+            .parse()
+            .expect("Retry-After in seconds");
+        // Whole seconds, rounded up, within the 60-second lease that is running.
+        assert!((1..=60).contains(&secs), "{self:?}");
+        secs
+    }
+}
+
+async fn first_call_creates_and_retry_replays(case: Case) {
+    let s = Server::start(case, false).await;
+    let first = s.post("alice", Some(b"\"k-1\""), &pay(1999)).await;
+    let payment = first.payment();
+    assert_eq!(
+        (payment.amount_cents, payment.currency.as_str()),
+        (1999, "EUR")
+    );
+    assert!(!first.replayed(), "{first:?}");
+    let retry = s.post("alice", Some(b"\"k-1\""), &pay(1999)).await;
+    assert_eq!(retry.payment(), payment);
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(s.payments_of("alice").await, 1);
+    // GET is not idempotency-keyed and reads the caller's own payments only.
+    let own = s
+        .client
+        .get(s.url(&format!("/{}", payment.id)))
+        .bearer_auth("alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), StatusCode::OK);
+    assert!(own.headers().get("idempotent-replayed").is_none());
+    assert_eq!(own.json::<Payment>().await.unwrap(), payment);
+    let other = s
+        .client
+        .get(s.url(&format!("/{}", payment.id)))
+        .bearer_auth("mallory")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::NOT_FOUND);
+}
+
+async fn recorded_error_is_replayed(case: Case) {
+    let s = Server::start(case, false).await;
+    let declined = s.post("alice", Some(b"big"), &pay(2_000_000)).await;
+    declined.assert_problem(
+        StatusCode::PAYMENT_REQUIRED,
+        "https://payments.example/problems/declined",
+    );
+    assert!(!declined.replayed(), "{declined:?}");
+    let again = s.post("alice", Some(b"big"), &pay(2_000_000)).await;
+    again.assert_problem(
+        StatusCode::PAYMENT_REQUIRED,
+        "https://payments.example/problems/declined",
+    );
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, declined.body);
+    assert_eq!(s.payments_of("alice").await, 0);
+}
+
+async fn quoted_and_bare_key_are_one_key(case: Case) {
+    let s = Server::start(case, false).await;
+    let quoted = s.post("alice", Some(b"\"8e03-40d5\""), &pay(500)).await;
+    let bare = s.post("alice", Some(b"8e03-40d5"), &pay(500)).await;
+    assert_eq!(bare.payment(), quoted.payment());
+    assert!(bare.replayed(), "{bare:?}");
+    // Another key with the same payload is another payment.
+    let other = s.post("alice", Some(b"8e03-40d6"), &pay(500)).await;
+    assert_ne!(other.payment().id, quoted.payment().id);
+    assert_eq!(s.payments_of("alice").await, 2);
+}
+
+async fn bad_keys_are_400(case: Case) {
+    let s = Server::start(case, false).await;
+    let long = "k".repeat(256);
+    let cases: [(Option<&[u8]>, &str); 7] = [
+        (None, KeyRejection::Missing.rule()),
+        (Some(b""), KeyRejection::Empty.rule()),
+        (Some(b"\"\""), KeyRejection::Empty.rule()),
+        (Some(b"\"unterminated"), KeyRejection::Malformed.rule()),
+        (Some(b"two words"), KeyRejection::Malformed.rule()),
+        (Some(b"caf\xe9"), KeyRejection::NotAscii.rule()),
+        (
+            Some(long.as_bytes()),
+            KeyRejection::TooLong { len: 256 }.rule(),
+        ),
+    ];
+    for (key, rule) in cases {
+        let r = s.post("alice", key, &pay(100)).await;
+        r.assert_problem(StatusCode::BAD_REQUEST, types::INVALID_KEY);
+        assert_eq!(r.body["header"], "Idempotency-Key", "{r:?}");
+        assert_eq!(r.body["rule"], rule, "{key:?}: {r:?}");
+        assert!(r.body["detail"].is_string(), "{r:?}");
+    }
+    // The header twice is refused too, whatever the values.
+    let r = Reply::read(
+        s.client
+            .post(s.url(""))
+            .bearer_auth("alice")
+            .header("idempotency-key", "a")
+            .header("idempotency-key", "a")
+            .json(&pay(100))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    r.assert_problem(StatusCode::BAD_REQUEST, types::INVALID_KEY);
+    assert_eq!(r.body["rule"], KeyRejection::Repeated.rule());
+    // 255 characters is within the cap.
+    let max = "k".repeat(255);
+    s.post("alice", Some(max.as_bytes()), &pay(100))
+        .await
+        .payment();
+    assert_eq!(s.payments_of("alice").await, 1);
+}
+
+async fn key_reused_with_another_payload_is_422(case: Case) {
+    let s = Server::start(case, false).await;
+    s.post("alice", Some(b"k"), &pay(100)).await.payment();
+    let r = s.post("alice", Some(b"k"), &pay(200)).await;
+    r.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    assert!(!r.replayed());
+    assert_eq!(s.payments_of("alice").await, 1);
+}
+
+async fn in_flight_is_409_with_retry_after(case: Case) {
+    let s = Arc::new(Server::start(case, true).await);
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { s.post("alice", Some(b"slow"), &pay(100)).await }
+    });
+    s.hold.entered.acquire().await.unwrap().forget();
+    let dup = s.post("alice", Some(b"slow"), &pay(100)).await;
+    dup.assert_problem(StatusCode::CONFLICT, types::IN_FLIGHT);
+    assert_eq!(dup.body["retry_after"], dup.retry_after());
+    s.hold.release.add_permits(1);
+    let payment = first.await.unwrap().payment();
+    let retry = s.post("alice", Some(b"slow"), &pay(100)).await;
+    assert_eq!(retry.payment(), payment);
+    assert!(retry.replayed());
+    assert_eq!(s.payments_of("alice").await, 1);
+}
+
+async fn store_down_is_503_and_nothing_runs(case: Case) {
+    let s = Server::start(case, false).await;
+    s.take_store_down().await;
+    let r = s.post("alice", Some(b"k"), &pay(100)).await;
+    r.assert_problem(StatusCode::SERVICE_UNAVAILABLE, types::STORE_UNAVAILABLE);
+    r.retry_after();
+    // Counted through a new pool on the same database: the body did not run.
+    let count = open(&s.case, &s.dir).await;
+    assert_eq!(count.payments_of("alice").await.unwrap(), 0);
+}
+
+async fn unknown_outcome_is_500_and_superseded_attempt_is_500(case: Case) {
+    let s = Arc::new(Server::start(case, true).await);
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { s.post("alice", Some(b"k"), &pay(100)).await }
+    });
+    s.hold.entered.acquire().await.unwrap().forget();
+    // What a takeover with `on_takeover = unknown` leaves behind: the running claim is
+    // parked in UNKNOWN (state 2 of the documented schema) for reconciliation.
+    let parked = s
+        .execute("UPDATE idem_operations SET state = 2 WHERE state = 0")
+        .await;
+    assert_eq!(parked, 1);
+    let retry = s.post("alice", Some(b"k"), &pay(100)).await;
+    retry.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
+    assert!(!retry.replayed());
+    // The attempt that lost its claim cannot record its outcome.
+    s.hold.release.add_permits(1);
+    let first = first.await.unwrap();
+    first.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::SUPERSEDED);
+}
+
+async fn hundred_concurrent_posts_make_one_payment(case: Case) {
+    let s = Arc::new(Server::start(case, false).await);
+    let barrier = Arc::new(Barrier::new(100));
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let (s, barrier) = (s.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                s.post("alice", Some(b"\"same\""), &pay(4200)).await
+            })
+        })
+        .collect();
+    let mut payments = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r.status == StatusCode::CONFLICT {
+            r.assert_problem(StatusCode::CONFLICT, types::IN_FLIGHT);
+            r.retry_after();
+        } else {
+            payments.push(r.payment());
+        }
+    }
+    assert!(!payments.is_empty());
+    assert!(payments.iter().all(|p| *p == payments[0]), "{payments:?}");
+    assert_eq!(s.payments_of("alice").await, 1);
+}
+
+async fn two_principals_one_key_are_independent(case: Case) {
+    let s = Server::start(case, false).await;
+    let alice = s.post("alice", Some(b"shared"), &pay(100)).await.payment();
+    let bob = s.post("bob", Some(b"shared"), &pay(100)).await;
+    assert!(!bob.replayed(), "{bob:?}");
+    let bob = bob.payment();
+    assert_ne!(alice.id, bob.id);
+    // Each retry replays the caller's own payment; a payload alice's key never saw is
+    // fine for bob, whose key is his own.
+    let again = s.post("bob", Some(b"shared"), &pay(100)).await;
+    assert_eq!(again.payment(), bob);
+    s.post("bob", Some(b"other"), &pay(999)).await.payment();
+    let alice_again = s.post("alice", Some(b"shared"), &pay(100)).await;
+    assert_eq!(alice_again.payment(), alice);
+    assert_eq!(s.payments_of("alice").await, 1);
+    assert_eq!(s.payments_of("bob").await, 2);
+}
+
+async fn client_disconnect_then_retry_replays(case: Case) {
+    let s = Arc::new(Server::start(case, true).await);
+    let gone = tokio::spawn({
+        let s = s.clone();
+        async move { s.post("alice", Some(b"k"), &pay(100)).await }
+    });
+    s.hold.entered.acquire().await.unwrap().forget();
+    // The client goes away mid-request; wait until the server has seen its connection
+    // close (axum drops the request's future then), and only then let the body go on.
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    s.closed.acquire().await.unwrap().forget();
+    s.hold.release.add_permits(1);
+    // The retry replays once the body has finished; until then it is told to wait.
+    let replay = loop {
+        let r = s.post("alice", Some(b"k"), &pay(100)).await;
+        if r.status != StatusCode::CONFLICT {
+            break r;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    replay.payment();
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(s.payments_of("alice").await, 1);
+}
+
+/// The layer's own refusals: a body over its cap, and a route with no principal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_refuses_oversized_bodies_and_requests_without_principal() {
+    let s = Server::start(Case::sqlite(Style::Layer), false).await;
+    let big = json!({"amount_cents": 100, "currency": "EUR", "pad": "x".repeat(1 << 20)});
+    let r = s.post("alice", Some(b"k"), &big).await;
+    r.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, types::BODY_TOO_LARGE);
+    assert_eq!(s.payments_of("alice").await, 0);
+
+    // No auth layer in front: the layer refuses rather than run under a shared scope.
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let router = axum::Router::new()
+        .route(
+            "/x",
+            axum::routing::post({
+                let runs = runs.clone();
+                move || async move {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    "ran"
+                }
+            }),
+        )
+        .route_layer(idem_runtime::http::IdempotencyLayer::new(
+            idem_runtime::Idem::memory(),
+        ));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/x", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let r = Reply::read(
+        reqwest::Client::new()
+            .post(&url)
+            .header("idempotency-key", "k")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    r.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::NO_PRINCIPAL);
+    // Methods it does not cover pass through untouched, key or no key.
+    let r = reqwest::Client::new().put(&url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+/// Arbitrary header bytes never panic the parser, and every key it accepts is valid
+/// and reads back the same from its structured-field form (and its bare form, where
+/// it has one).
+#[test]
+fn header_parser_never_panics_and_accepted_keys_round_trip() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("IDEM_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("header parser fuzz seed {seed} (IDEM_FUZZ_SEED={seed} reproduces it)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let alphabet = b" \t\"\\;=,:abcXYZ019-_*~()\x7f\x00\xff\xe9";
+    let mut accepted = 0;
+    for _ in 0..100_000 {
+        let len = rng.gen_range(0..300);
+        let mut bytes: Vec<u8> = match rng.gen_range(0..3) {
+            0 => (0..len).map(|_| rng.r#gen()).collect(),
+            1 => (0..len).map(|_| rng.gen_range(0x20..0x7f)).collect(),
+            _ => (0..len)
+                .map(|_| alphabet[rng.gen_range(0..alphabet.len())])
+                .collect(),
+        };
+        if rng.gen_bool(0.3) {
+            bytes.insert(0, b'"');
+            if rng.gen_bool(0.7) {
+                bytes.push(b'"');
+            }
+        }
+        let shown = bytes.escape_ascii().to_string();
+        let parsed = std::panic::catch_unwind(|| IdempotencyKey::parse(&bytes))
+            .unwrap_or_else(|_| panic!("seed {seed}: parse panicked on {shown}"));
+        if let Ok(header) = reqwest::header::HeaderValue::from_bytes(&bytes) {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert("idempotency-key", header);
+            assert_eq!(
+                IdempotencyKey::from_headers(&headers),
+                parsed.clone().map(Some),
+                "seed {seed}: {shown}"
+            );
+        }
+        let Ok(key) = parsed else { continue };
+        accepted += 1;
+        let text = key.as_str();
+        assert!(
+            (1..=255).contains(&text.len()) && text.bytes().all(|b| (0x20..0x7f).contains(&b)),
+            "seed {seed}: accepted {text:?} from {shown}"
+        );
+        let sf = key.to_header_value();
+        assert_eq!(
+            IdempotencyKey::parse(sf.as_bytes()).as_ref(),
+            Ok(&key),
+            "seed {seed}: {shown}"
+        );
+        if !text.contains(' ') && !text.starts_with('"') {
+            assert_eq!(
+                IdempotencyKey::parse(text.as_bytes()).as_ref(),
+                Ok(&key),
+                "seed {seed}: {shown}"
+            );
+        }
+    }
+    assert!(
+        accepted > 1000,
+        "seed {seed}: only {accepted} keys accepted"
+    );
+}
+
+/// A listener that counts closed connections, so a test can wait for the server to
+/// have seen a client go away.
+struct Tracked {
+    listener: TcpListener,
+    closed: Arc<Semaphore>,
+}
+
+struct TrackedIo {
+    stream: TcpStream,
+    closed: Arc<Semaphore>,
+}
+
+impl Drop for TrackedIo {
+    fn drop(&mut self) {
+        self.closed.add_permits(1);
+    }
+}
+
+impl axum::serve::Listener for Tracked {
+    type Io = TrackedIo;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (TrackedIo, std::net::SocketAddr) {
+        let (stream, addr) = self.listener.accept().await.expect("accept");
+        let closed = self.closed.clone();
+        (TrackedIo { stream, closed }, addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+impl AsyncRead for TrackedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TrackedIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Serves `router` on 127.0.0.1 with every request authenticated as `alice`.
+async fn serve_as_alice(router: axum::Router) -> String {
+    let router = router.layer(axum::middleware::from_fn(
+        |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+            req.extensions_mut()
+                .insert(idem_runtime::http::Principal::new("alice"));
+            next.run(req).await
+        },
+    ));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    base
+}
+
+/// The layer records final answers only: a "try again" status releases the key (the
+/// retry runs), and a response over the cap parks the key for reconciliation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_records_final_responses_only() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let flaky = {
+        let runs = runs.clone();
+        move || async move {
+            match runs.fetch_add(1, Ordering::SeqCst) {
+                0 => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+                _ => (StatusCode::OK, "done"),
+            }
+        }
+    };
+    let big_runs = Arc::new(AtomicUsize::new(0));
+    let big = {
+        let runs = big_runs.clone();
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            "x".repeat(100)
+        }
+    };
+    let router = axum::Router::new()
+        .route("/flaky", axum::routing::post(flaky))
+        .route("/big", axum::routing::post(big))
+        .route_layer(
+            idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
+                .max_response_bytes(50),
+        );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str| {
+        client
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", "k")
+            .send()
+    };
+    let busy = Reply::read(post("/flaky").await.unwrap()).await;
+    assert_eq!(busy.status, StatusCode::SERVICE_UNAVAILABLE);
+    let done = post("/flaky").await.unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    assert!(done.headers().get("idempotent-replayed").is_none());
+    assert_eq!(done.text().await.unwrap(), "done");
+    let replay = post("/flaky").await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.text().await.unwrap(), "done");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // One key, one layer name: the same key on another route is another request.
+    let reused = Reply::read(post("/big").await.unwrap()).await;
+    reused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    let big = |key: &'static str| {
+        client
+            .post(format!("{base}/big"))
+            .header("idempotency-key", key)
+            .send()
+    };
+    let first = Reply::read(big("big").await.unwrap()).await;
+    first.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
+    let again = Reply::read(big("big").await.unwrap()).await;
+    again.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
+    // It ran once: an effect that may have happened is not run again.
+    assert_eq!(big_runs.load(Ordering::SeqCst), 1);
+}
+
+/// `Option<IdempotencyKey>`: no header is `None`, an invalid one is still a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_key_extractor() {
+    let router = axum::Router::new().route(
+        "/",
+        axum::routing::post(|key: Option<IdempotencyKey>| async move {
+            key.map_or("none".to_owned(), |k| k.to_string())
+        }),
+    );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let none = client.post(&base).send().await.unwrap();
+    assert_eq!(none.text().await.unwrap(), "none");
+    let some = client
+        .post(&base)
+        .header("idempotency-key", "\"a b\"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(some.text().await.unwrap(), "a b");
+    let bad = Reply::read(
+        client
+            .post(&base)
+            .header("idempotency-key", "a b")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    bad.assert_problem(StatusCode::BAD_REQUEST, types::INVALID_KEY);
+}
