@@ -111,7 +111,15 @@ impl Model {
             let surely_live = held
                 .get(&(e.op.clone(), e.epoch))
                 .is_some_and(|sent| now < *sent + LEASE);
-            if e.key == key && e.active && !e.stalled && e.generation == generation && surely_live {
+            // A starter with the lower epoch is the stale one: its claim was superseded
+            // (lapsed or resolved) before its body got to run.
+            if e.key == key
+                && e.epoch < epoch
+                && e.active
+                && !e.stalled
+                && e.generation == generation
+                && surely_live
+            {
                 let since = held.get(&(e.op.clone(), e.epoch)).map(|t| now - *t);
                 self.violations.push(format!(
                     "exec {id} (payload {payload}, epoch {epoch}) started while exec {other} \
@@ -266,7 +274,12 @@ impl Store for Faulty {
         epoch: u64,
         c: Option<(&StoredOutcome, Duration)>,
     ) -> Result<Fence, StoreError> {
-        self.inner.resolve(id, epoch, c).await
+        let fence = self.inner.resolve(id, epoch, c).await?;
+        if fence == Fence::Held {
+            // An operator's resolve ends every claim on the operation at once.
+            self.held.lock().unwrap().retain(|(op, _), _| op != id);
+        }
+        Ok(fence)
     }
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         self.inner.purge_expired().await

@@ -25,6 +25,10 @@ struct Flaky {
     refuse: std::sync::Mutex<Option<fn() -> StoreError>>,
     /// Claims numbered in this range fail like a dropped connection.
     fail_window: std::sync::Mutex<std::ops::Range<usize>>,
+    /// The next claim's reply is held until this fires (a slow network, a stalled
+    /// process); `claim_landed` is notified once the claim is in the store.
+    hold_claim_reply: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    claim_landed: tokio::sync::Notify,
 }
 
 fn refusal() -> StoreError {
@@ -59,7 +63,13 @@ impl Store for Flaky {
         if let Some(refuse) = *self.refuse.lock().unwrap() {
             return Err(refuse());
         }
-        self.inner.claim(req).await
+        let held = self.hold_claim_reply.lock().unwrap().take();
+        let claim = self.inner.claim(req).await;
+        if let Some(held) = held {
+            self.claim_landed.notify_one();
+            let _ = held.await;
+        }
+        claim
     }
     async fn record(
         &self,
@@ -359,4 +369,53 @@ async fn fail_open_does_not_run_on_a_postgres_refusal() {
     assert!(matches!(&r, Err(IdemError::Store { .. })), "{r:?}");
     assert!(!ran, "fail_open ran the body on a refused key");
     ctx.cleanup().run().await;
+}
+
+#[tokio::test]
+async fn a_claim_answered_after_its_lease_lapsed_runs_no_body() {
+    let (f, idem) = flaky();
+    let (reply, held) = tokio::sync::oneshot::channel();
+    *f.hold_claim_reply.lock().unwrap() = Some(held);
+    let ran_late = Arc::new(AtomicBool::new(false));
+    let late = {
+        let (idem, ran_late) = (idem.clone(), ran_late.clone());
+        tokio::spawn(async move {
+            idem.operation("charge", "k")
+                .lease(Duration::from_millis(100))
+                .run(|| async move {
+                    ran_late.store(true, Ordering::SeqCst);
+                    Ok::<_, IdemError>(1)
+                })
+                .await
+        })
+    };
+    f.claim_landed.notified().await;
+    // The claim's lease lapses while its reply is in transit; another caller takes over.
+    let mut reply = Some(reply);
+    let taker = loop {
+        let r = idem
+            .operation("charge", "k")
+            .lease(Duration::from_secs(30))
+            .in_flight(idem_runtime::InFlight::Reject)
+            .run(|| async {
+                // Only now does the late claimant hear it won.
+                let _ = reply.take().unwrap().send(());
+                Ok::<_, IdemError>(2)
+            })
+            .await;
+        match r {
+            Err(IdemError::InFlight { retry_after, .. }) => tokio::time::sleep(retry_after).await,
+            other => break other,
+        }
+    };
+    assert_eq!(taker.unwrap(), 2);
+    let late = late.await.unwrap();
+    assert!(
+        matches!(late, Err(IdemError::Fenced { epoch: 1, .. })),
+        "{late:?}"
+    );
+    assert!(
+        !ran_late.load(Ordering::SeqCst),
+        "the superseded claim ran its body"
+    );
 }

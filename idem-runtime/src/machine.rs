@@ -279,6 +279,25 @@ where
         P: ErrorPolicy<E>,
     {
         let id = &self.op.id;
+        // A claim answered late (a stalled process, a starved scheduler) may have lapsed
+        // and been taken over before its body starts: confirm it first rather than run
+        // a second body beside the taker's.
+        if claimed_at.elapsed() >= self.op.lease / 2 {
+            match self.idem.store().renew(id, epoch, self.op.lease).await {
+                Ok(Fence::Held) => {}
+                Ok(Fence::Lost) => {
+                    tracing::warn!(parent: span, epoch, "claim lapsed before the body started; not running it");
+                    metrics::count(metrics::FENCED, self.name());
+                    return Err(IdemError::Fenced {
+                        name: self.name().to_owned(),
+                        epoch,
+                    }
+                    .into());
+                }
+                // Not known to be ours: leave it to lapse rather than risk a second body.
+                Err(e) => return Err(IdemError::store("claim", e).into()),
+            }
+        }
         // Renewed until the outcome is settled, so a record retried after a slow body
         // still has the lease the renewals kept alive.
         let lease = Lease::hold(&self.idem, id, epoch, self.op.lease, claimed_at);
