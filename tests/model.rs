@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idem_runtime::store::{Claim, ClaimRequest, Fence, Store, StoreError, StoredOutcome, WakeHub};
 use idem_runtime::{
@@ -74,6 +74,51 @@ struct Exec {
     body_ok: bool,
 }
 
+type Claimed = (OperationId, u64);
+
+/// What the faulty store saw of each claim's lease, by the test's clock: enough to tell
+/// a takeover that the contract allows (the lease had lapsed) from one it forbids,
+/// however slowly a loaded machine ran the statements.
+#[derive(Default)]
+struct Leases {
+    /// Acquired claims: when the claim was sent and answered, and whether it took over.
+    claims: HashMap<Claimed, (Instant, Instant)>,
+    /// Successful extensions of each claim's lease (the claim itself and every renewal
+    /// answered `Held`): when each was sent and answered.
+    extended: HashMap<Claimed, Vec<(Instant, Instant)>>,
+    /// Record attempts per claim: when sent.
+    records: HashMap<Claimed, Vec<Instant>>,
+}
+
+impl Leases {
+    /// Whether claim `epoch` of `op` surely still held its lease when the claim `taker`
+    /// was decided. An extension answered before the taker was sent ran before it, and
+    /// the store ran it no earlier than it was sent, so the lease then held until at
+    /// least that send time plus the lease; the taker was decided before its answer.
+    fn surely_live_at(&self, op: &OperationId, epoch: u64, taker: u64) -> bool {
+        let Some(&(taker_sent, taker_answered)) = self.claims.get(&(op.clone(), taker)) else {
+            return false;
+        };
+        self.extended
+            .get(&(op.clone(), epoch))
+            .into_iter()
+            .flatten()
+            .filter(|(_, answered)| *answered < taker_sent)
+            .map(|(sent, _)| *sent)
+            .max()
+            .is_some_and(|last| taker_answered < last + LEASE)
+    }
+
+    /// The first claim of `op` after `epoch`, if any.
+    fn taker(&self, op: &OperationId, epoch: u64) -> Option<u64> {
+        self.claims
+            .keys()
+            .filter(|(o, e)| o == op && *e > epoch)
+            .map(|(_, e)| *e)
+            .min()
+    }
+}
+
 #[derive(Default)]
 struct Model {
     execs: Vec<Exec>,
@@ -83,13 +128,15 @@ struct Model {
     oks: Vec<(usize, u8, usize)>,
     /// Exec ids whose caller was told `Fenced`, and `Unrecorded`.
     fenced: Vec<usize>,
+    /// (key, epoch, operator generation when the call began) of calls fenced before
+    /// their body ran: their claim lapsed before they heard of it.
+    fenced_unrun: Vec<(usize, u64, u64)>,
     unrecorded: Vec<(usize, String)>,
     violations: Vec<String>,
 }
 
 impl Model {
-    /// A body starts. `held` is when each claim's lease was last extended (see
-    /// [`Faulty::held`]).
+    /// A body starts; `leases` is the faulty store's view of every claim.
     fn start(
         &mut self,
         key: usize,
@@ -97,33 +144,24 @@ impl Model {
         op: OperationId,
         epoch: u64,
         stalled: bool,
-        held: &HashMap<(OperationId, u64), std::time::Instant>,
+        leases: &Leases,
     ) -> usize {
         let generation = *self.generation.get(&key).unwrap_or(&0);
         let id = self.execs.len();
-        let now = std::time::Instant::now();
         for (other, e) in self.execs.iter().enumerate() {
             // Two bodies of one operation at once: only after a lapsed lease or an
-            // operator's resolve. A lease surely holds until a lease after the last
-            // successful claim or renewal was sent (the store extends it from when it
-            // runs the statement, which is later); past that, a slow renewal under load
-            // may have let it lapse, which the contract allows.
-            let surely_live = held
-                .get(&(e.op.clone(), e.epoch))
-                .is_some_and(|sent| now < *sent + LEASE);
-            // A starter with the lower epoch is the stale one: its claim was superseded
-            // (lapsed or resolved) before its body got to run.
+            // operator's resolve. A starter with the lower epoch is the stale one: its
+            // claim was superseded before its body got to run.
             if e.key == key
                 && e.epoch < epoch
                 && e.active
                 && !e.stalled
                 && e.generation == generation
-                && surely_live
+                && leases.surely_live_at(&op, e.epoch, epoch)
             {
-                let since = held.get(&(e.op.clone(), e.epoch)).map(|t| now - *t);
                 self.violations.push(format!(
                     "exec {id} (payload {payload}, epoch {epoch}) started while exec {other} \
-                     (epoch {}) of key {key} was running with a live lease (extended {since:?} ago)",
+                     (epoch {}) of key {key} was running with a live lease",
                     e.epoch
                 ));
             }
@@ -164,7 +202,7 @@ struct Faulty {
     record_failed: Mutex<HashSet<(OperationId, u64)>>,
     /// When each claim's lease was last extended: the send time of its claim or of its
     /// latest successful renewal.
-    held: Mutex<HashMap<(OperationId, u64), std::time::Instant>>,
+    leases: Mutex<Leases>,
 }
 
 fn fault(what: &str) -> StoreError {
@@ -209,13 +247,18 @@ impl Store for Faulty {
         if self.roll(0.04) {
             return Err(fault("claim"));
         }
-        let sent = std::time::Instant::now();
+        let sent = Instant::now();
         let c = self.inner.claim(req).await?;
         if let Claim::Acquired { epoch, .. } = c {
-            self.held
-                .lock()
-                .unwrap()
-                .insert((req.id.clone(), epoch), sent);
+            let answered = Instant::now();
+            let mut leases = self.leases.lock().unwrap();
+            let claimed = (req.id.clone(), epoch);
+            leases.claims.insert(claimed.clone(), (sent, answered));
+            leases
+                .extended
+                .entry(claimed)
+                .or_default()
+                .push((sent, answered));
         }
         if self.roll(0.03) {
             return Err(fault("claim reply lost"));
@@ -229,6 +272,15 @@ impl Store for Faulty {
         o: &StoredOutcome,
         retain: Duration,
     ) -> Result<Fence, StoreError> {
+        let claimed = (id.clone(), epoch);
+        (self
+            .leases
+            .lock()
+            .unwrap()
+            .records
+            .entry(claimed)
+            .or_default())
+        .push(Instant::now());
         if self.transient(&self.record_failed, id, epoch, 0.25) {
             return Err(fault("record"));
         }
@@ -259,12 +311,17 @@ impl Store for Faulty {
         if self.transient(&self.renew_failed, id, epoch, 0.1) {
             return Err(fault("renew"));
         }
-        let sent = std::time::Instant::now();
+        let sent = Instant::now();
         let fence = self.inner.renew(id, epoch, lease).await?;
         if fence == Fence::Held {
-            let mut held = self.held.lock().unwrap();
-            let at = held.entry((id.clone(), epoch)).or_insert(sent);
-            *at = (*at).max(sent);
+            let answered = Instant::now();
+            let mut leases = self.leases.lock().unwrap();
+            let claimed = (id.clone(), epoch);
+            leases
+                .extended
+                .entry(claimed)
+                .or_default()
+                .push((sent, answered));
         }
         Ok(fence)
     }
@@ -277,7 +334,11 @@ impl Store for Faulty {
         let fence = self.inner.resolve(id, epoch, c).await?;
         if fence == Fence::Held {
             // An operator's resolve ends every claim on the operation at once.
-            self.held.lock().unwrap().retain(|(op, _), _| op != id);
+            self.leases
+                .lock()
+                .unwrap()
+                .extended
+                .retain(|(op, _), _| op != id);
         }
         Ok(fence)
     }
@@ -325,7 +386,7 @@ async fn world(backend: Backend, seed: u64) -> World {
                 stalled: Mutex::default(),
                 renew_failed: Mutex::default(),
                 record_failed: Mutex::default(),
-                held: Mutex::default(),
+                leases: Mutex::default(),
             });
             *s.lock().unwrap() = Some(f.clone());
             f
@@ -356,6 +417,7 @@ fn op_id(idem: &Idem, key: usize) -> OperationId {
 
 /// One call with the given behaviour; records its answer in the model.
 async fn call(w: &World, key: usize, payload: u8, behavior: Behavior, reject: bool) {
+    let generation = *w.model.lock().unwrap().generation.get(&key).unwrap_or(&0);
     let model = w.model.clone();
     let faulty = w.faulty.clone();
     let body = move || async move {
@@ -367,11 +429,11 @@ async fn call(w: &World, key: usize, payload: u8, behavior: Behavior, reject: bo
             key: cur.key().to_owned(),
         };
         let exec = {
-            let held = faulty.held.lock().unwrap().clone();
+            let leases = faulty.leases.lock().unwrap();
             model
                 .lock()
                 .unwrap()
-                .start(key, payload, id.clone(), cur.epoch(), stall, &held)
+                .start(key, payload, id.clone(), cur.epoch(), stall, &leases)
         };
         let _active = Active(model.clone(), exec);
         let nap = match behavior {
@@ -426,9 +488,7 @@ async fn call(w: &World, key: usize, payload: u8, behavior: Behavior, reject: bo
                 .rposition(|e| e.key == key && e.epoch == epoch && e.payload == payload);
             match exec {
                 Some(x) => m.fenced.push(x),
-                None => m.violations.push(format!(
-                    "Fenced at epoch {epoch} for key {key}, which no body of this payload ran"
-                )),
+                None => m.fenced_unrun.push((key, epoch, generation)),
             }
         }
         Err(ModelErr::Idem(e @ IdemError::Unrecorded { .. })) => {
@@ -542,6 +602,7 @@ async fn run_seed(backend: Backend, seed: u64) {
         }
     }
 
+    let leases = std::mem::take(&mut *w.faulty.leases.lock().unwrap());
     let m = w.model.lock().unwrap();
     let mut violations = m.violations.clone();
     violations.extend(
@@ -572,21 +633,58 @@ async fn run_seed(backend: Backend, seed: u64) {
     for &x in &m.fenced {
         let e = &m.execs[x];
         let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
-        if !e.stalled && !reset {
-            violations.push(format!(
-                "exec {x} (key {}, epoch {}) was fenced though its lease never lapsed and no \
+        if e.stalled || reset {
+            continue;
+        }
+        match leases.taker(&e.op, e.epoch) {
+            Some(t) if leases.surely_live_at(&e.op, e.epoch, t) => violations.push(format!(
+                "exec {x} (key {}, epoch {}) was fenced by epoch {t}, claimed while its lease \
+                 surely held",
+                e.key, e.epoch
+            )),
+            Some(_) => {}
+            None => violations.push(format!(
+                "exec {x} (key {}, epoch {}) was fenced though no later claim exists and no \
                  operator touched it",
                 e.key, e.epoch
+            )),
+        }
+    }
+    for &(key, epoch, generation) in &m.fenced_unrun {
+        let reset = *m.generation.get(&key).unwrap_or(&0) != generation;
+        if !reset && leases.taker(&op_id(&w.idem, key), epoch).is_none() {
+            violations.push(format!(
+                "a call at epoch {epoch} of key {key} was fenced before its body though no \
+                 later claim exists"
             ));
         }
     }
     for (x, why) in &m.unrecorded {
         let e = &m.execs[*x];
         let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
-        if !e.stalled && !reset {
+        if e.stalled || reset {
+            continue;
+        }
+        // Faults are never injected twice in a row, so one retry would have recorded it:
+        // giving up without one is the defect, unless the lease was (nearly) gone.
+        let claimed = (e.op.clone(), e.epoch);
+        let attempts = leases.records.get(&claimed).map_or(&[][..], |v| &v[..]);
+        let Some(&first) = attempts.first() else {
+            continue;
+        };
+        let lease_left = leases
+            .extended
+            .get(&claimed)
+            .into_iter()
+            .flatten()
+            .filter(|(_, answered)| *answered < first)
+            .map(|(sent, _)| *sent + LEASE)
+            .max()
+            .is_some_and(|end| first + LEASE / 2 < end);
+        if attempts.len() < 2 && lease_left {
             violations.push(format!(
-                "exec {x} (key {}, epoch {}) was reported Unrecorded though the store failed \
-                 only transiently while its lease held ({why})",
+                "exec {x} (key {}, epoch {}) was reported Unrecorded after one attempt while \
+                 its lease held ({why})",
                 e.key, e.epoch
             ));
         }

@@ -1,2 +1,2 @@
 DELETE FROM {table} WHERE rowid IN (
-    SELECT rowid FROM {table} WHERE state = 1 AND expires_ms <= {now} LIMIT :limit)
+    SELECT rowid FROM {table} WHERE state = 1 AND expires_ms <= :now_ms LIMIT :limit)

@@ -771,7 +771,15 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {
-            let args = self.sql.purge.args(&[("limit", Arg::Int(PURGE_BATCH))])?;
+            // A dialect whose clock function keeps the planner off the expiry index
+            // compares against this bound value instead (SQLite: the same system clock).
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let args = self.sql.purge.args(&[
+                ("limit", Arg::Int(PURGE_BATCH)),
+                ("now_ms", Arg::Int(now_ms)),
+            ])?;
             let n = self
                 .dialect
                 .execute(&self.sql.purge, args)
