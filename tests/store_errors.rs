@@ -18,6 +18,9 @@ struct Flaky {
     records_fail: AtomicBool,
     /// The next record commits, then its reply is lost.
     lose_record_reply: AtomicBool,
+    /// ... and the lost reply arrives only after a renewal has found the claim settled.
+    lost_reply_after_renewal: AtomicBool,
+    renewal_found_lost: tokio::sync::Notify,
     /// Claims beyond this many fail (0: no limit).
     claims_before_failing: std::sync::atomic::AtomicUsize,
     claims: std::sync::atomic::AtomicUsize,
@@ -83,6 +86,9 @@ impl Store for Flaky {
         }
         let fence = self.inner.record(id, epoch, o, retain).await;
         if self.lose_record_reply.swap(false, Ordering::SeqCst) {
+            if self.lost_reply_after_renewal.load(Ordering::SeqCst) {
+                self.renewal_found_lost.notified().await;
+            }
             return Err(down());
         }
         fence
@@ -99,7 +105,11 @@ impl Store for Flaky {
         epoch: u64,
         lease: Duration,
     ) -> Result<Fence, StoreError> {
-        self.inner.renew(id, epoch, lease).await
+        let fence = self.inner.renew(id, epoch, lease).await;
+        if matches!(fence, Ok(Fence::Lost)) {
+            self.renewal_found_lost.notify_one();
+        }
+        fence
     }
     async fn resolve(
         &self,
@@ -418,4 +428,18 @@ async fn a_claim_answered_after_its_lease_lapsed_runs_no_body() {
         !ran_late.load(Ordering::SeqCst),
         "the superseded claim ran its body"
     );
+}
+
+#[tokio::test]
+async fn a_lost_record_reply_after_the_renewal_saw_it_settled_is_still_ours() {
+    let (f, idem) = flaky_with(|b| b.replay_cache_bytes(0));
+    f.lose_record_reply.store(true, Ordering::SeqCst);
+    f.lost_reply_after_renewal.store(true, Ordering::SeqCst);
+    let r = idem
+        .operation("charge", "k5")
+        // Short, so the renewal runs while the record's reply is in flight.
+        .lease(Duration::from_millis(90))
+        .run(|| async { Ok::<_, IdemError>(7u32) })
+        .await;
+    assert_eq!(r.unwrap(), 7, "the record landed: not Fenced");
 }

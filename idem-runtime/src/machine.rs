@@ -357,6 +357,7 @@ where
     ) -> Result<(), IdemError> {
         let id = &self.op.id;
         let mut backoff = Duration::from_millis(20);
+        let mut gone_checked = false;
         // Before the first attempt, so the store's expiry is no earlier than this + retain.
         // The cache keeps time by the standard clock, like its reads.
         let sent_at = std::time::Instant::now();
@@ -387,7 +388,14 @@ where
                 Err(e) => {
                     let now = Instant::now();
                     let Some(held_until) = lease.held_until() else {
-                        // A renewal found the claim gone: this record can only be fenced.
+                        // A renewal found the claim gone: taken over, resolved, or
+                        // completed by this very record whose reply was lost. Records are
+                        // fenced and idempotent per epoch, so one more attempt tells which.
+                        if !gone_checked {
+                            gone_checked = true;
+                            tokio::time::sleep(backoff).await;
+                            continue;
+                        }
                         tracing::warn!(parent: span, epoch, "fenced: the claim was taken over or resolved");
                         metrics::count(metrics::FENCED, self.name());
                         return Err(IdemError::Fenced {

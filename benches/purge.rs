@@ -1,0 +1,129 @@
+//! Purge on PostgreSQL beside 10⁶ live records: a reaper tick with nothing expired, and
+//! a backlog of 10⁵ expired records, with idem's statement and, side by side in the same
+//! run, the statement it replaced (expiry compared with `clock_timestamp()`, volatile,
+//! so the planner cannot use the expiry index).
+//!
+//! `cargo bench --bench purge` (PostgreSQL at `IDEM_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`; `IDEM_BENCH_LIVE` and
+//! `IDEM_BENCH_EXPIRED` change the sizes).
+
+use std::time::{Duration, Instant};
+
+use idem_runtime::Idem;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn env_or(name: &str, default: i64) -> i64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn fill(pool: &sqlx::PgPool, table: &str, from: i64, n: i64, expires: &str) -> Res<()> {
+    sqlx::query(&format!(
+        "INSERT INTO {table} (scope, name, key, state, epoch, fingerprint, lease_until, \
+         created_at, claimed_at, expires_at, outcome) \
+         SELECT '', 'bench', 'k' || g, 1, g, '\\x00'::bytea, now(), now(), now(), {expires}, \
+         '\\x00'::bytea FROM generate_series($1::bigint, $2::bigint) g"
+    ))
+    .bind(from)
+    .bind(from + n - 1)
+    .execute(pool)
+    .await?;
+    sqlx::query(&format!("ANALYZE {table}"))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// The statement idem used before: the same batches, the volatile clock.
+async fn old_purge(pool: &sqlx::PgPool, table: &str) -> Res<u64> {
+    let sql = format!(
+        "DELETE FROM {table} WHERE (scope, name, key) IN (SELECT scope, name, key FROM {table} \
+         WHERE state = 1 AND expires_at <= clock_timestamp() LIMIT 1000 FOR UPDATE SKIP LOCKED) \
+         AND state = 1 AND expires_at <= clock_timestamp()"
+    );
+    let mut total = 0;
+    loop {
+        let n = sqlx::query(&sql).execute(pool).await?.rows_affected();
+        total += n;
+        if n < 1000 {
+            return Ok(total);
+        }
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Res<()> {
+    let url = std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let live = env_or("IDEM_BENCH_LIVE", 1_000_000);
+    let expired = env_or("IDEM_BENCH_EXPIRED", 100_000);
+    let table = format!("idem_bench_purge_{}", std::process::id());
+    let idem = Idem::builder().table(&table).postgres(&url).await?;
+    let pool = sqlx::PgPool::connect(&url).await?;
+    let result = run(&idem, &pool, &table, live, expired).await;
+    for t in [table.clone(), format!("{table}_meta")] {
+        sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
+            .execute(&pool)
+            .await?;
+    }
+    sqlx::query(&format!("DROP SEQUENCE IF EXISTS {table}_epoch_seq"))
+        .execute(&pool)
+        .await?;
+    result
+}
+
+async fn run(idem: &Idem, pool: &sqlx::PgPool, table: &str, live: i64, expired: i64) -> Res<()> {
+    fill(pool, table, 1, live, "now() + interval '1 day'").await?;
+
+    let (mut new_tick, mut old_tick) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        let t = Instant::now();
+        assert_eq!(idem.purge_expired().await?, 0);
+        new_tick.push(t.elapsed());
+        let t = Instant::now();
+        assert_eq!(old_purge(pool, table).await?, 0);
+        old_tick.push(t.elapsed());
+    }
+    let (new_tick, old_tick) = (median(new_tick), median(old_tick));
+
+    fill(pool, table, live + 1, expired, "now() - interval '1 hour'").await?;
+    let t = Instant::now();
+    let purged = idem.purge_expired().await?;
+    let new_backlog = t.elapsed();
+    assert_eq!(purged, expired as u64);
+    fill(pool, table, live + 1, expired, "now() - interval '1 hour'").await?;
+    let t = Instant::now();
+    let purged = old_purge(pool, table).await?;
+    let old_backlog = t.elapsed();
+    assert_eq!(purged, expired as u64);
+
+    println!("purge beside {live} live records (PostgreSQL, batches of 1000)");
+    println!("| case | idem | clock_timestamp() statement | ratio |");
+    println!("|---|---|---|---|");
+    let ratio = |a: Duration, b: Duration| b.as_secs_f64() / a.as_secs_f64();
+    println!(
+        "| tick, nothing expired (median of 7) | {} | {} | {:.0}× |",
+        ms(new_tick),
+        ms(old_tick),
+        ratio(new_tick, old_tick)
+    );
+    println!(
+        "| {expired} expired records | {} | {} | {:.1}× |",
+        ms(new_backlog),
+        ms(old_backlog),
+        ratio(new_backlog, old_backlog)
+    );
+    Ok(())
+}
