@@ -218,8 +218,10 @@ impl IdemBuilder {
         self
     }
 
-    /// A process-local store; see [`Idem::memory`].
-    pub fn memory(self) -> Idem {
+    /// A process-local store; see [`Idem::memory`]. It has no replay cache in front:
+    /// the store is itself in this process's memory, so a cache would only add a copy.
+    pub fn memory(mut self) -> Idem {
+        self.replay_cache_bytes = 0;
         self.store(crate::store::MemoryStore::default())
     }
 
