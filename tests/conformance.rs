@@ -51,3 +51,19 @@ async fn postgres_store_conforms() {
     let ctx_cleanup = common::Cleanup::for_table(&table);
     ctx_cleanup.run().await;
 }
+
+#[tokio::test]
+async fn redis_store_conforms() {
+    if common::redis_skip("redis_store_conforms").is_some() {
+        return;
+    }
+    let prefix = common::unique_prefix("conformance");
+    conform(async |b| {
+        b.key_prefix(&prefix)
+            .redis(&common::redis_url())
+            .await
+            .unwrap()
+    })
+    .await;
+    common::Cleanup::for_redis_prefix(&prefix).run().await;
+}

@@ -9,6 +9,8 @@
 //! `IDEM_MODEL_SEED=N` replays one seed; `IDEM_MODEL_RUNS=N` runs more seeds (the
 //! long run); a failure prints the seed that reproduces it.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -363,6 +365,7 @@ impl Store for Faulty {
 enum Backend {
     Memory,
     SqliteFile,
+    Redis,
 }
 
 struct World {
@@ -370,6 +373,8 @@ struct World {
     faulty: Arc<Faulty>,
     model: Arc<Mutex<Model>>,
     _dir: Option<tempfile::TempDir>,
+    /// The Redis key prefix of this run, deleted after it passes.
+    redis_prefix: Option<String>,
 }
 
 async fn world(backend: Backend, seed: u64) -> World {
@@ -391,8 +396,19 @@ async fn world(backend: Backend, seed: u64) -> World {
             *s.lock().unwrap() = Some(f.clone());
             f
         });
+    let mut redis_prefix = None;
     let (idem, dir) = match backend {
         Backend::Memory => (builder.memory(), None),
+        Backend::Redis => {
+            let prefix = common::unique_prefix(&format!("model_{seed}"));
+            redis_prefix = Some(prefix.clone());
+            let idem = builder
+                .key_prefix(prefix)
+                .redis(&common::redis_url())
+                .await
+                .expect("open the Redis store");
+            (idem, None)
+        }
         Backend::SqliteFile => {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("sqlite://{}", dir.path().join("model.db").display());
@@ -405,6 +421,7 @@ async fn world(backend: Backend, seed: u64) -> World {
         faulty,
         model: Arc::default(),
         _dir: dir,
+        redis_prefix,
     }
 }
 
@@ -689,11 +706,16 @@ async fn run_seed(backend: Backend, seed: u64) {
             ));
         }
     }
+    // Released before the cleanup awaits.
+    drop(m);
     assert!(
         violations.is_empty(),
         "model violations on {backend:?} with seed {seed} (rerun with IDEM_MODEL_SEED={seed}):\n{}",
         violations.join("\n")
     );
+    if let Some(prefix) = &w.redis_prefix {
+        common::Cleanup::for_redis_prefix(prefix).run().await;
+    }
 }
 
 fn seeds(default_runs: u64) -> Vec<u64> {
@@ -715,6 +737,16 @@ fn seeds(default_runs: u64) -> Vec<u64> {
 async fn model_memory() {
     for seed in seeds(6) {
         run_seed(Backend::Memory, seed).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_redis() {
+    if common::redis_skip("model_redis").is_some() {
+        return;
+    }
+    for seed in seeds(4) {
+        run_seed(Backend::Redis, seed).await;
     }
 }
 

@@ -39,6 +39,15 @@ impl Idem {
         IdemBuilder::default().postgres(url).await
     }
 
+    /// The store on Redis or Valkey (`redis://…`), keys under the prefix `idem`. Every
+    /// state change is one Lua script; leases and expiry use the server's clock. See
+    /// [`store::redis`](crate::store::redis) for the durability each server
+    /// configuration gives.
+    #[cfg(feature = "redis")]
+    pub async fn redis(url: &str) -> Result<Idem, IdemError> {
+        IdemBuilder::default().redis(url).await
+    }
+
     /// A store on the application's own sqlx pool (`PgPool` or `SqlitePool`).
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub async fn from_pool<P: IntoStore>(pool: P) -> Result<Idem, IdemError> {
@@ -81,6 +90,8 @@ pub struct IdemBuilder {
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) max_connections: Option<u32>,
     pub(crate) layer: Option<StoreLayer>,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) key_prefix: Option<String>,
 }
 
 /// A function wrapping the opened store, set with [`IdemBuilder::layer`].
@@ -110,6 +121,7 @@ impl Default for IdemBuilder {
             migrate: true,
             max_connections: None,
             layer: None,
+            key_prefix: None,
         }
     }
 }
@@ -136,6 +148,15 @@ impl IdemBuilder {
     #[cfg(feature = "postgres")]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);
+        self
+    }
+
+    /// The prefix of the Redis keys holding the records (default `idem`): stores with
+    /// other prefixes share a server without seeing each other's records. No braces
+    /// (they would change the keys' cluster hash tag).
+    #[cfg(feature = "redis")]
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = Some(prefix.into());
         self
     }
 
@@ -283,6 +304,30 @@ impl IdemBuilder {
     pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
         let store = Arc::new(crate::store::postgres::open(url, &self.sql_options()?).await?);
         Ok(self.sql_store(crate::store::SqlStores::postgres(store)))
+    }
+
+    /// The Redis or Valkey store; see [`Idem::redis`].
+    #[cfg(feature = "redis")]
+    pub async fn redis(self, url: &str) -> Result<Idem, IdemError> {
+        let prefix = self.redis_prefix();
+        let store = crate::store::redis::RedisStore::connect(url, &prefix).await?;
+        Ok(self.store(store))
+    }
+
+    /// The store on a Redis Cluster, reached through any of its `nodes`
+    /// (`redis://host:port`); otherwise as [`IdemBuilder::redis`].
+    #[cfg(feature = "redis")]
+    pub async fn redis_cluster(self, nodes: &[&str]) -> Result<Idem, IdemError> {
+        let prefix = self.redis_prefix();
+        let store = crate::store::redis::RedisStore::connect_cluster(nodes, &prefix).await?;
+        Ok(self.store(store))
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis_prefix(&self) -> String {
+        self.key_prefix
+            .clone()
+            .unwrap_or_else(|| crate::store::redis::DEFAULT_PREFIX.to_owned())
     }
 
     /// A store on the application's own sqlx pool; see [`Idem::from_pool`].

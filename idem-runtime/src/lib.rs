@@ -32,7 +32,8 @@
 //! [`Idem::operation`]; the attribute's expansion is a short call into that builder.
 //!
 //! Agent tools on the Model Context Protocol (rmcp) are covered by the `mcp` feature:
-//! see the `mcp` module.
+//! see the `mcp` module. Redis and Valkey are a store with the `redis` feature: see
+//! `store::redis`.
 //!
 //! # Guarantees
 //! - The claim is one atomic statement in the store: of N concurrent callers with one

@@ -20,12 +20,93 @@ pub enum Backend {
     Memory,
     Sqlite,
     Postgres,
+    Redis,
 }
 
 enum Target {
     Memory,
     Sqlite(String),
     Postgres { url: String, table: String },
+    Redis { url: String, prefix: String },
+}
+
+pub fn redis_url() -> String {
+    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// Whether anything listens at the Redis URL's host and port, asked once per test
+/// binary with a short timeout.
+pub fn redis_reachable() -> bool {
+    static UP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UP.get_or_init(|| {
+        use redis::IntoConnectionInfo;
+        use std::net::ToSocketAddrs;
+        let Ok(info) = redis_url().into_connection_info() else {
+            return false;
+        };
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return false;
+        };
+        (host.as_str(), *port)
+            .to_socket_addrs()
+            .is_ok_and(|mut addrs| {
+                addrs.any(|a| {
+                    std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2))
+                        .is_ok()
+                })
+            })
+    })
+}
+
+/// The skip for Redis tests outside CI; `None` when they should run.
+pub fn redis_skip(test: &str) -> Option<()> {
+    if db_required() || redis_reachable() {
+        return None;
+    }
+    skip(
+        test,
+        &format!(
+            "Redis not reachable at {}; set IDEM_REDIS_URL, or IDEM_REQUIRE_DB=1 to fail instead",
+            redis_url()
+        ),
+    );
+    Some(())
+}
+
+/// A key prefix of its own for each test, so counts are exact and tests run in parallel.
+pub fn unique_prefix(test: &str) -> String {
+    format!("idem-test:{}", unique_table(test))
+}
+
+/// Deletes every key under `prefix` (records and epoch counters) on the server at `url`.
+pub async fn delete_redis_prefix(url: &str, prefix: &str) {
+    let Ok(client) = redis::Client::open(url) else {
+        return;
+    };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return;
+    };
+    let mut cursor: u64 = 0;
+    loop {
+        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+        else {
+            return;
+        };
+        for k in keys {
+            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(k).query_async(&mut conn).await;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return;
+        }
+    }
 }
 
 pub fn postgres_url() -> String {
@@ -113,6 +194,9 @@ impl Ctx {
         if backend == Backend::Postgres && postgres_skip(test).is_some() {
             return None;
         }
+        if backend == Backend::Redis && redis_skip(test).is_some() {
+            return None;
+        }
         let (target, dir) = match backend {
             Backend::Memory => (Target::Memory, None),
             Backend::Sqlite => {
@@ -124,6 +208,13 @@ impl Ctx {
                 Target::Postgres {
                     url: postgres_url(),
                     table: unique_table(test),
+                },
+                None,
+            ),
+            Backend::Redis => (
+                Target::Redis {
+                    url: redis_url(),
+                    prefix: unique_prefix(test),
                 },
                 None,
             ),
@@ -149,6 +240,13 @@ impl Ctx {
                 );
                 None
             }
+            Err(e) if backend == Backend::Redis && !db_required() => {
+                skip(
+                    test,
+                    &format!("Redis at {} refused the connection ({e})", redis_url()),
+                );
+                None
+            }
             Err(e) => panic!("cannot open {backend:?} store for {test}: {e}"),
         }
     }
@@ -171,6 +269,7 @@ impl Ctx {
             Target::Postgres { .. } => Err(IdemError::Config {
                 message: "built without the `postgres` feature".into(),
             }),
+            Target::Redis { url, prefix } => b.key_prefix(prefix.clone()).redis(url).await,
         }
     }
 
@@ -181,15 +280,16 @@ impl Ctx {
     }
 }
 
-/// What a test leaves behind on PostgreSQL, dropped after it passes (a failed test's
-/// table stays for inspection).
-pub struct Cleanup(Option<(String, String)>);
+/// What a test leaves behind on PostgreSQL or Redis, dropped after it passes (a failed
+/// test's table or keys stay for inspection).
+pub struct Cleanup(Option<(String, String)>, Option<(String, String)>);
 
 impl Ctx {
     pub fn cleanup(&self) -> Cleanup {
         match &self.target {
-            Target::Postgres { url, table } => Cleanup(Some((url.clone(), table.clone()))),
-            _ => Cleanup(None),
+            Target::Postgres { url, table } => Cleanup(Some((url.clone(), table.clone())), None),
+            Target::Redis { url, prefix } => Cleanup(None, Some((url.clone(), prefix.clone()))),
+            _ => Cleanup(None, None),
         }
     }
 }
@@ -197,10 +297,18 @@ impl Ctx {
 impl Cleanup {
     /// The cleanup of a PostgreSQL table a test opened itself.
     pub fn for_table(table: &str) -> Cleanup {
-        Cleanup(Some((postgres_url(), table.to_owned())))
+        Cleanup(Some((postgres_url(), table.to_owned())), None)
+    }
+
+    /// The cleanup of Redis keys under a prefix a test used itself.
+    pub fn for_redis_prefix(prefix: &str) -> Cleanup {
+        Cleanup(None, Some((redis_url(), prefix.to_owned())))
     }
 
     pub async fn run(self) {
+        if let Some((url, prefix)) = &self.1 {
+            delete_redis_prefix(url, prefix).await;
+        }
         #[cfg(feature = "postgres")]
         if let Some((url, table)) = self.0
             && let Ok(pool) = sqlx::PgPool::connect(&url).await
@@ -328,7 +436,7 @@ impl From<IdemError> for AppError {
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         // The one list of backends every behaviour test runs on.
-        suite!(@backends [memory Memory, sqlite Sqlite, postgres Postgres] ($($name),*));
+        suite!(@backends [memory Memory, sqlite Sqlite, postgres Postgres, redis Redis] ($($name),*));
     };
     (@backends [$($module:ident $backend:ident),*] $names:tt) => {
         $(suite!(@one $module $backend $names);)*

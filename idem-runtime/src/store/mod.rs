@@ -16,6 +16,8 @@ pub use wake::WakeHub;
 pub(crate) mod engine;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 /// What the benches read of the stores. Not a stable API.
 #[cfg(feature = "postgres")]

@@ -1,0 +1,50 @@
+-- Shared by every idem script; the store prepends it. KEYS[1] is the record (a hash),
+-- KEYS[2] the operation's epoch counter; both carry the same hash tag, so one script
+-- touches one slot in Redis Cluster. Times are the server's, in milliseconds.
+local REC, CTR = KEYS[1], KEYS[2]
+-- How long Redis keeps a completed record past its retention: claims treat it as
+-- absent from the retention on, purge_expired deletes it early, Redis drops it here.
+local GRACE_MS = 300000
+-- How long an epoch counter outlives its record, so a new claim never reuses the
+-- epoch of a stalled claimant that might still write (30 days).
+local KEEP_MS = 2592000000
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The record's state ('0' in progress, '1' completed, '2' unknown) if it exists and is
+-- held at `epoch` (compared as the decimal string), else nil.
+local function held_state(epoch)
+  local r = redis.call('HMGET', REC, 's', 'e')
+  if r[1] and r[2] == epoch then
+    return r[1]
+  end
+  return nil
+end
+
+-- Tells waiting processes that the operation moved on, if any announced a wait: on
+-- the channel `<prefix>:wake`, the operation as `<len>:<scope><len>:<name><key>`.
+local function wake()
+  local r = redis.call('HMGET', REC, 'w', 'sc', 'nm', 'k')
+  if r[1] and r[2] then
+    local channel = string.sub(REC, 1, #REC - 37) .. ':wake'
+    redis.call('PUBLISH', channel, #r[2] .. ':' .. r[2] .. #r[3] .. ':' .. r[3] .. r[4])
+  end
+end
+
+-- Completes the record with an outcome kept for `retain` ms.
+local function complete(now, is_err, version, body, retain)
+  wake()
+  redis.call('HSET', REC, 's', 1, 'err', is_err, 'v', version, 'body', body, 'xa', now + retain)
+  redis.call('PEXPIRE', REC, retain + GRACE_MS)
+  redis.call('PEXPIRE', CTR, retain + GRACE_MS + KEEP_MS)
+end
+
+-- Removes the record; its counter stays KEEP_MS longer.
+local function remove()
+  wake()
+  redis.call('DEL', REC)
+  redis.call('PEXPIRE', CTR, KEEP_MS)
+end

@@ -1,0 +1,846 @@
+//! The store on Redis or Valkey, standalone or Redis Cluster (feature `redis`).
+//!
+//! Every state change is one Lua script (`idem-runtime/lua/*.lua`), so the claim's
+//! decision (fresh, replay, in flight, mismatch, takeover, or UNKNOWN under
+//! [`Takeover::Unknown`]) is one round trip and one atomic
+//! step on the server; every write after a claim is fenced on its epoch inside the
+//! script. Leases, retention and ages use the server's clock (`TIME`).
+//!
+//! # Keys
+//!
+//! An operation `(scope, name, key)` lives in two keys sharing one hash tag, the first
+//! 128 bits of a SHA-256 of the three parts, so every script touches one slot in Redis
+//! Cluster:
+//!
+//! - `<prefix>:r:{<tag>}`, a hash: state, epoch, fingerprint, lease deadline, claim
+//!   time, and for a completed record its outcome and retention deadline. A completed
+//!   record gets `PEXPIRE` five minutes past its retention: claims treat it as absent
+//!   from its retention on, [`Store::purge_expired`] deletes (and counts) the ones it
+//!   finds early, and Redis drops the rest by itself, so nothing needs to run a purge.
+//! - `<prefix>:e:{<tag>}`, the operation's epoch counter (`INCR`).
+//!
+//! # Why epochs never repeat
+//!
+//! A claim takes its epoch from the operation's counter, never from the record, and the
+//! counter outlives the record: it has no expiry while a record exists without one (in
+//! progress, unknown), and it is set to expire 30 days after the record goes (a
+//! release, an operator's retry, or a completed record's expiry). So after a release or
+//! a purge the next claim's epoch is above every earlier one, and a stalled claimant's
+//! late write stays fenced. The one way to see an epoch again is a claimant that stays
+//! silent for 30 days after its operation's record was gone.
+//!
+//! # Waiters
+//!
+//! A caller about to wait on an in-flight operation flags its record; finishing a
+//! flagged record (record, release, UNKNOWN, resolve) publishes the operation on
+//! `<prefix>:wake` in the same script, and each `Idem` subscribes to that channel and
+//! wakes its waiters at once. Unflagged records publish nothing. A wake-up lost to a
+//! dropped subscription costs one poll interval.
+//!
+//! # Listing and stats
+//!
+//! [`Store::stats`], [`Store::list`] and [`Store::purge_expired`] walk the record keys
+//! with `SCAN … MATCH <prefix>:r:*` (never `KEYS`), on every master in a cluster: an
+//! index (a sorted set per state) would be one more key on another slot, which a
+//! cluster script cannot touch together with the record. They cost a pass over the
+//! store's keys and are meant for operators and alerting, not for request paths.
+//!
+//! # No transactional mode
+//!
+//! Transactional mode ([`Operation::begin_tx`](crate::Operation::begin_tx)) commits the
+//! outcome in the same transaction as the caller's own writes. Redis cannot join that
+//! transaction: the caller's data lives in another database, and `MULTI` neither spans
+//! databases nor rolls back. So transactional mode needs a SQL store; on Redis an
+//! operation runs leased, with the claim, the body and the record as separate steps.
+//!
+//! # Durability
+//!
+//! The store is as durable as the server is configured to be: with persistence off, a
+//! restart forgets completed records and a retry runs its body again; with AOF and
+//! `appendfsync everysec`, up to a second of records can be lost; with `appendfsync
+//! always` a recorded outcome survives a crash as it does in PostgreSQL. A replica
+//! promoted after a failover may miss the last writes (replication is asynchronous).
+
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{RedisError, Script, ScriptInvocation, Value};
+use std::sync::Arc;
+
+use super::{
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
+    State, Stats, Store, StoredOutcome, Takeover, WakeHub,
+};
+use crate::error::{IdemError, StoreError};
+
+/// The key prefix when none is set.
+pub const DEFAULT_PREFIX: &str = "idem";
+/// Longest retention the store keeps (about 100 years), so deadlines stay exact
+/// integers in Lua's numbers.
+const MAX_RETAIN_MS: u128 = 100 * 365 * 86_400_000;
+/// How long one command may take before it counts as a lost connection.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Keys asked for per `SCAN` step.
+const SCAN_COUNT: u32 = 1000;
+
+const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+
+/// The scripts, each with the prelude in front.
+#[derive(Debug)]
+struct Scripts {
+    claim: Script,
+    record: Script,
+    release: Script,
+    mark_unknown: Script,
+    renew: Script,
+    resolve: Script,
+    read: Script,
+    purge: Script,
+    announce: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        let s = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        Scripts {
+            claim: s(include_str!("../../lua/claim.lua")),
+            record: s(include_str!("../../lua/record.lua")),
+            release: s(include_str!("../../lua/release.lua")),
+            mark_unknown: s(include_str!("../../lua/mark_unknown.lua")),
+            renew: s(include_str!("../../lua/renew.lua")),
+            resolve: s(include_str!("../../lua/resolve.lua")),
+            read: s(include_str!("../../lua/read.lua")),
+            purge: s(include_str!("../../lua/purge.lua")),
+            announce: s(include_str!("../../lua/announce.lua")),
+        }
+    }
+}
+
+/// A connection to a standalone server (reconnecting) or to a cluster.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster {
+        conn: ClusterConnection,
+        /// The first node's connection settings, for the per-node connections of `SCAN`.
+        info: Box<::redis::ConnectionInfo>,
+    },
+}
+
+/// The store on Redis or Valkey; see the [module docs](self).
+///
+/// Opened by [`Idem::redis`](crate::Idem::redis) and
+/// [`IdemBuilder::redis`](crate::IdemBuilder::redis), or by [`RedisStore::connect`]
+/// for use with [`IdemBuilder::store`](crate::IdemBuilder::store).
+pub struct RedisStore {
+    conn: Conn,
+    prefix: String,
+    scripts: Scripts,
+    /// Where the wake-up subscription connects (a standalone server, or a cluster's
+    /// first node: `PUBLISH` reaches every node of a cluster).
+    pubsub: ::redis::Client,
+    /// The task relaying wake-ups to this process's waiters, ended with the store.
+    listener: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        let listener = self.listener.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(task) = listener.take() {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("cluster", &matches!(self.conn, Conn::Cluster { .. }))
+            .finish()
+    }
+}
+
+fn check_prefix(prefix: &str) -> Result<(), IdemError> {
+    // A brace in the prefix would become the key's hash tag and put every operation
+    // on one slot (or split one operation's keys across slots).
+    if prefix.is_empty() || prefix.contains(['{', '}']) {
+        return Err(IdemError::Config {
+            message: format!(
+                "the Redis key prefix {prefix:?} must be non-empty and free of braces"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn config_error(what: &str, e: RedisError) -> IdemError {
+    IdemError::Config {
+        message: format!("{what}: {e}"),
+    }
+}
+
+impl RedisStore {
+    /// Connects to a standalone Redis or Valkey server (`redis://…`, `rediss://…` with
+    /// TLS support compiled into the `redis` crate), keeping records under `prefix`.
+    /// The connection reconnects by itself after a drop.
+    pub async fn connect(url: &str, prefix: &str) -> Result<RedisStore, IdemError> {
+        check_prefix(prefix)?;
+        let client =
+            ::redis::Client::open(url).map_err(|e| config_error("invalid Redis URL", e))?;
+        // Few, short reconnect attempts: a caller learns soon that the server is gone
+        // (and `fail_open` can act); the next call tries again.
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(Duration::from_secs(5)));
+        let manager = ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .map_err(|e| IdemError::store("connect", store_error(e)))?;
+        Ok(RedisStore {
+            conn: Conn::Single(manager),
+            prefix: prefix.to_owned(),
+            scripts: Scripts::new(),
+            pubsub: client,
+            listener: Default::default(),
+        })
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port`),
+    /// keeping records under `prefix`.
+    pub async fn connect_cluster(nodes: &[&str], prefix: &str) -> Result<RedisStore, IdemError> {
+        use ::redis::IntoConnectionInfo;
+        check_prefix(prefix)?;
+        let first = nodes.first().ok_or_else(|| IdemError::Config {
+            message: "a Redis Cluster needs at least one node URL".into(),
+        })?;
+        let info = first
+            .into_connection_info()
+            .map_err(|e| config_error("invalid Redis URL", e))?;
+        let client = ::redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+            .response_timeout(RESPONSE_TIMEOUT)
+            .connection_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| config_error("invalid Redis Cluster nodes", e))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| IdemError::store("connect", store_error(e)))?;
+        let pubsub = ::redis::Client::open(info.clone())
+            .map_err(|e| config_error("invalid Redis URL", e))?;
+        Ok(RedisStore {
+            conn: Conn::Cluster {
+                conn,
+                info: Box::new(info),
+            },
+            prefix: prefix.to_owned(),
+            scripts: Scripts::new(),
+            pubsub,
+            listener: Default::default(),
+        })
+    }
+
+    /// The record key and the epoch counter key of `id`.
+    fn keys(&self, id: &OperationId) -> (String, String) {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for part in [&id.scope, &id.name, &id.key] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        let mut tag = String::with_capacity(32);
+        for b in &h.finalize()[..16] {
+            use std::fmt::Write;
+            let _ = write!(tag, "{b:02x}");
+        }
+        (
+            format!("{}:r:{{{tag}}}", self.prefix),
+            format!("{}:e:{{{tag}}}", self.prefix),
+        )
+    }
+
+    /// Whether `key` is one of this store's record keys (and not one of a store whose
+    /// prefix merely starts with ours).
+    fn is_record_key(&self, key: &[u8]) -> bool {
+        let head = format!("{}:r:{{", self.prefix);
+        key.len() == head.len() + 33 && key.starts_with(head.as_bytes()) && key.ends_with(b"}")
+    }
+
+    /// Runs `script` on `id`'s keys with `args`.
+    async fn run(
+        &self,
+        script: &Script,
+        id: &OperationId,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        let (rec, ctr) = self.keys(id);
+        let mut inv = script.prepare_invoke();
+        inv.key(rec).key(ctr);
+        for a in args {
+            inv.arg(*a);
+        }
+        self.invoke(&inv).await
+    }
+
+    async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
+        match &self.conn {
+            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
+            Conn::Cluster { conn, .. } => inv.invoke_async(&mut conn.clone()).await,
+        }
+        .map_err(store_error)
+    }
+
+    /// A fenced write: 1 from the script means the epoch held.
+    async fn fenced(
+        &self,
+        script: &Script,
+        id: &OperationId,
+        args: &[&[u8]],
+    ) -> Result<Fence, StoreError> {
+        let v = self.run(script, id, args).await?;
+        Ok(match int(&v) {
+            Some(1) => Fence::Held,
+            Some(0) => Fence::Lost,
+            _ => return Err(protocol(format!("a fenced write answered {v:?}"))),
+        })
+    }
+
+    /// Every record of this store on every node, with the node's clock.
+    async fn scan(&self) -> Result<Vec<(u64, Row)>, StoreError> {
+        let mut rows = Vec::new();
+        match &self.conn {
+            Conn::Single(c) => self.scan_node(&mut c.clone(), &mut rows).await?,
+            Conn::Cluster { conn, info } => {
+                for (host, port) in masters(&mut conn.clone()).await? {
+                    let node = (**info)
+                        .clone()
+                        .set_addr(::redis::ConnectionAddr::Tcp(host, port));
+                    let client = ::redis::Client::open(node).map_err(store_error)?;
+                    let mut c = client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .map_err(store_error)?;
+                    self.scan_node(&mut c, &mut rows).await?;
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn scan_node<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        rows: &mut Vec<(u64, Row)>,
+    ) -> Result<(), StoreError> {
+        let (secs, micros): (u64, u64) = ::redis::cmd("TIME")
+            .query_async(conn)
+            .await
+            .map_err(store_error)?;
+        let now = secs * 1000 + micros / 1000;
+        let pattern = format!("{}:r:{{*", glob_escape(&self.prefix));
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(conn)
+                .await
+                .map_err(store_error)?;
+            let keys: Vec<Vec<u8>> = keys.into_iter().filter(|k| self.is_record_key(k)).collect();
+            if !keys.is_empty() {
+                let mut pipe = ::redis::pipe();
+                for k in &keys {
+                    pipe.cmd("HMGET")
+                        .arg(k)
+                        .arg(&["s", "e", "ca", "sc", "nm", "k", "xa"]);
+                }
+                let fields: Vec<Vec<Option<Vec<u8>>>> =
+                    pipe.query_async(conn).await.map_err(store_error)?;
+                for (key, f) in keys.into_iter().zip(fields) {
+                    if let Some(row) = Row::parse(key, &f) {
+                        rows.push((now, row));
+                    }
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Relays the wake-ups published on `channel` to `hub`, reconnecting after a drop (a
+/// wake-up missed meanwhile costs its waiters one poll interval).
+async fn relay_wakeups(client: ::redis::Client, channel: String, hub: Arc<WakeHub>) {
+    use futures_util::StreamExt;
+    loop {
+        if let Ok(mut pubsub) = client.get_async_pubsub().await
+            && pubsub.subscribe(&channel).await.is_ok()
+        {
+            let mut messages = pubsub.into_on_message();
+            while let Some(msg) = messages.next().await {
+                if let Some(id) = parse_wakeup(msg.get_payload_bytes()) {
+                    hub.wake(&id);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `<len>:<scope><len>:<name><key>`, as `wake()` in the prelude publishes it.
+fn parse_wakeup(mut b: &[u8]) -> Option<OperationId> {
+    let mut part = || {
+        let colon = b.iter().position(|&c| c == b':')?;
+        let len: usize = std::str::from_utf8(&b[..colon]).ok()?.parse().ok()?;
+        let text = b.get(colon + 1..colon + 1 + len)?;
+        let text = String::from_utf8(text.to_vec()).ok()?;
+        b = &b[colon + 1 + len..];
+        Some(text)
+    };
+    let scope = part()?;
+    let name = part()?;
+    Some(OperationId {
+        scope,
+        name,
+        key: String::from_utf8(b.to_vec()).ok()?,
+    })
+}
+
+/// A record as `SCAN` sees it.
+struct Row {
+    key: Vec<u8>,
+    state: State,
+    epoch: u64,
+    claimed_at: u64,
+    expires_at: Option<u64>,
+    id: OperationId,
+}
+
+impl Row {
+    /// `None` for a key that went away between `SCAN` and `HMGET`.
+    fn parse(key: Vec<u8>, f: &[Option<Vec<u8>>]) -> Option<Row> {
+        let text = |i: usize| {
+            f.get(i)
+                .and_then(|v| v.as_deref())
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+        };
+        let num = |i: usize| text(i).and_then(|s| s.parse::<u64>().ok());
+        Some(Row {
+            key,
+            state: State::from_code(num(0)? as i64)?,
+            epoch: num(1)?,
+            claimed_at: num(2)?,
+            expires_at: num(6),
+            id: OperationId {
+                scope: text(3)?,
+                name: text(4)?,
+                key: text(5)?,
+            },
+        })
+    }
+
+    fn age(&self, now: u64) -> Duration {
+        Duration::from_millis(now.saturating_sub(self.claimed_at))
+    }
+}
+
+/// The masters of a cluster, from `CLUSTER SLOTS`.
+async fn masters(conn: &mut ClusterConnection) -> Result<Vec<(String, u16)>, StoreError> {
+    let v: Value = ::redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(conn)
+        .await
+        .map_err(store_error)?;
+    let mut out = Vec::new();
+    let Value::Array(ranges) = v else {
+        return Err(protocol(format!("CLUSTER SLOTS answered {v:?}")));
+    };
+    for range in ranges {
+        let Value::Array(parts) = range else { continue };
+        let Some(Value::Array(master)) = parts.get(2) else {
+            continue;
+        };
+        let host = master.first().and_then(text);
+        let port = master.get(1).and_then(int);
+        if let (Some(host), Some(port)) = (host, port) {
+            let node = (host, port as u16);
+            if !out.contains(&node) {
+                out.push(node);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Connection-level failures are unreachable (and retryable); cluster redirections and
+/// a server still loading are retryable; anything else is a refusal.
+fn store_error(e: RedisError) -> StoreError {
+    use ::redis::{ErrorKind, ServerErrorKind};
+    if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_timeout() {
+        return StoreError::unreachable(e);
+    }
+    let retryable = e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::MasterDown)
+        );
+    StoreError::new(retryable, e)
+}
+
+fn protocol(message: String) -> StoreError {
+    StoreError::new(false, format!("unexpected reply from Redis: {message}"))
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    d.as_millis().min(MAX_RETAIN_MS).to_string()
+}
+
+/// A record as `read.lua` returns it, with the server's time.
+struct Read {
+    now: u64,
+    fields: Vec<Value>,
+}
+
+impl Read {
+    fn exists(&self) -> bool {
+        !self.fields.is_empty()
+    }
+    fn num(&self, i: usize) -> Option<u64> {
+        self.fields
+            .get(i)
+            .and_then(int)
+            .and_then(|n| u64::try_from(n).ok())
+    }
+    fn raw(&self, i: usize) -> Option<Vec<u8>> {
+        self.fields.get(i).and_then(bytes)
+    }
+    fn state(&self) -> Option<State> {
+        State::from_code(self.num(0)? as i64)
+    }
+    fn completed_unexpired(&self) -> bool {
+        self.state() == Some(State::Completed) && self.num(5).is_some_and(|xa| xa > self.now)
+    }
+    fn outcome(&self) -> Option<StoredOutcome> {
+        Some(StoredOutcome {
+            is_err: self.num(6)? == 1,
+            version: u32::try_from(self.num(7)?).ok()?,
+            body: self.raw(8)?,
+        })
+    }
+}
+
+const FIELDS: usize = 12;
+
+impl RedisStore {
+    async fn read(&self, id: &OperationId) -> Result<Read, StoreError> {
+        let v = self.run(&self.scripts.read, id, &[]).await?;
+        let Value::Array(mut parts) = v else {
+            return Err(protocol(format!("read answered {v:?}")));
+        };
+        if parts.is_empty() {
+            return Err(protocol("read answered nothing".into()));
+        }
+        let fields = parts.split_off(1);
+        let now = int(&parts[0])
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| protocol("read gave no time".into()))?;
+        if !fields.is_empty() && fields.len() != FIELDS {
+            return Err(protocol(format!("read gave {} fields", fields.len())));
+        }
+        Ok(Read { now, fields })
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for RedisStore {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let mode: &[u8] = match req.on_takeover {
+            Takeover::Rerun => b"rerun",
+            Takeover::Unknown => b"unknown",
+        };
+        let lease = ms(req.lease);
+        let v = self
+            .run(
+                &self.scripts.claim,
+                req.id,
+                &[
+                    &req.fingerprint,
+                    lease.as_bytes(),
+                    mode,
+                    req.id.scope.as_bytes(),
+                    req.id.name.as_bytes(),
+                    req.id.key.as_bytes(),
+                ],
+            )
+            .await?;
+        let bad = || protocol(format!("claim answered {v:?}"));
+        let Value::Array(parts) = &v else {
+            return Err(bad());
+        };
+        let tag = parts.first().and_then(text).ok_or_else(bad)?;
+        let n = |i: usize| parts.get(i).and_then(int).ok_or_else(bad);
+        Ok(match tag.as_str() {
+            "acquired" => Claim::Acquired {
+                epoch: n(1)? as u64,
+                takeover: n(2)? == 1,
+            },
+            "completed" => Claim::Completed(StoredOutcome {
+                is_err: n(1)? == 1,
+                version: n(2)? as u32,
+                body: parts.get(3).and_then(bytes).ok_or_else(bad)?,
+            }),
+            "inflight" => Claim::InFlight {
+                retry_after: Duration::from_millis(n(1)?.max(0) as u64),
+            },
+            "mismatch" => Claim::Mismatch,
+            "unknown" => Claim::Unknown {
+                epoch: n(1)? as u64,
+                now: n(2)? == 1,
+            },
+            _ => return Err(bad()),
+        })
+    }
+
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        let r = self.read(id).await?;
+        if !r.completed_unexpired() {
+            return Ok(None);
+        }
+        if r.raw(2).as_deref() != Some(&fingerprint[..]) {
+            return Ok(Some(Err(Mismatched)));
+        }
+        Ok(r.outcome().map(Ok))
+    }
+
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        let (epoch, version, retain) = (epoch.to_string(), outcome.version.to_string(), ms(retain));
+        let is_err: &[u8] = if outcome.is_err { b"1" } else { b"0" };
+        self.fenced(
+            &self.scripts.record,
+            id,
+            &[
+                epoch.as_bytes(),
+                is_err,
+                version.as_bytes(),
+                &outcome.body,
+                retain.as_bytes(),
+            ],
+        )
+        .await
+    }
+
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        let epoch = epoch.to_string();
+        self.fenced(&self.scripts.release, id, &[epoch.as_bytes()])
+            .await
+    }
+
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        let epoch = epoch.to_string();
+        self.fenced(&self.scripts.mark_unknown, id, &[epoch.as_bytes()])
+            .await
+    }
+
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
+        let (epoch, lease) = (epoch.to_string(), ms(lease));
+        self.fenced(
+            &self.scripts.renew,
+            id,
+            &[epoch.as_bytes(), lease.as_bytes()],
+        )
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        let epoch = epoch.to_string();
+        match completed {
+            None => {
+                self.fenced(&self.scripts.resolve, id, &[epoch.as_bytes(), b"retry"])
+                    .await
+            }
+            Some((outcome, retain)) => {
+                let (version, retain) = (outcome.version.to_string(), ms(retain));
+                let is_err: &[u8] = if outcome.is_err { b"1" } else { b"0" };
+                self.fenced(
+                    &self.scripts.resolve,
+                    id,
+                    &[
+                        epoch.as_bytes(),
+                        b"complete",
+                        is_err,
+                        version.as_bytes(),
+                        &outcome.body,
+                        retain.as_bytes(),
+                    ],
+                )
+                .await
+            }
+        }
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        for (now, row) in self.scan().await? {
+            if row.state == State::Completed && row.expires_at.is_some_and(|xa| xa <= now) {
+                // The script checks again: the record may have been claimed afresh since.
+                // Its counter key shares the slot; the script does not touch it.
+                let head = format!("{}:r:", self.prefix);
+                let mut ctr = format!("{}:e:", self.prefix).into_bytes();
+                ctr.extend_from_slice(&row.key[head.len()..]);
+                let mut inv = self.scripts.purge.prepare_invoke();
+                inv.key(&row.key[..]).key(ctr);
+                if int(&self.invoke(&inv).await?) == Some(1) {
+                    purged += 1;
+                }
+            }
+        }
+        Ok(purged)
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let mut s = Stats::default();
+        for (now, row) in self.scan().await? {
+            let age = row.age(now);
+            match row.state {
+                State::InProgress => {
+                    s.in_progress += 1;
+                    s.oldest_in_progress = s.oldest_in_progress.max(Some(age));
+                }
+                State::Completed => s.completed += 1,
+                State::Unknown => {
+                    s.unknown += 1;
+                    s.oldest_unknown = s.oldest_unknown.max(Some(age));
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        let mut rows: Vec<RecordInfo> = self
+            .scan()
+            .await?
+            .into_iter()
+            .filter(|(now, r)| {
+                filter.state.is_none_or(|s| s == r.state)
+                    && filter.name.as_deref().is_none_or(|n| n == r.id.name)
+                    && filter.scope.as_deref().is_none_or(|s| s == r.id.scope)
+                    && filter.older_than.is_none_or(|a| r.age(*now) > a)
+            })
+            .map(|(now, r)| RecordInfo {
+                age: r.age(now),
+                id: r.id,
+                state: r.state,
+                epoch: r.epoch,
+            })
+            .collect();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.age));
+        rows.truncate(filter.limit() as usize);
+        Ok(rows)
+    }
+
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        let r = self.read(id).await?;
+        if !r.exists() {
+            return Ok(None);
+        }
+        let bad = || protocol("a record without state, epoch or claim time".into());
+        let state = r.state().ok_or_else(bad)?;
+        let since = |t: Option<u64>| Duration::from_millis(t.unwrap_or(0).saturating_sub(r.now));
+        Ok(Some(RecordDetail {
+            info: RecordInfo {
+                id: id.clone(),
+                state,
+                epoch: r.num(1).ok_or_else(bad)?,
+                age: Duration::from_millis(r.now.saturating_sub(r.num(4).ok_or_else(bad)?)),
+            },
+            lease_remaining: (state == State::InProgress).then(|| since(r.num(3))),
+            expires_in: (state == State::Completed).then(|| since(r.num(5))),
+            outcome: if state == State::Completed {
+                r.outcome()
+            } else {
+                None
+            },
+        }))
+    }
+
+    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+        self.run(&self.scripts.announce, id, &[]).await.map(drop)
+    }
+
+    fn attach_wakers(&self, hub: Arc<WakeHub>) {
+        // Without a runtime here there is no task to relay wake-ups; waiters then poll.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let channel = format!("{}:wake", self.prefix);
+        let task = rt.spawn(relay_wakeups(self.pubsub.clone(), channel, hub));
+        let mut listener = self.listener.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = listener.replace(task.abort_handle()) {
+            old.abort();
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! What only the Redis store does: wake-ups across handles through pub/sub, and a lost
+//! server reported as unreachable.
+mod common;
+
+use std::time::Duration;
+
+use idem_runtime::{Idem, IdemError, InFlight, OnStoreError};
+
+/// Whether some record under `prefix` is flagged as waited on.
+async fn flagged(prefix: &str) -> bool {
+    let client = redis::Client::open(common::redis_url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("MATCH")
+        .arg(format!("{prefix}:r:*"))
+        .arg("COUNT")
+        .arg(1000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for k in keys {
+        let w: Option<String> = redis::cmd("HGET")
+            .arg(&k)
+            .arg("w")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if w.is_some() {
+            return true;
+        }
+    }
+    false
+}
+
+/// A waiter on another handle (another process, as far as the store knows) whose poll
+/// interval is an hour gets the outcome when the first handle records it: the record
+/// script published the wake-up and the waiter's handle relayed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_handle_wakes_waiters_through_pubsub() {
+    let test = "another_handle_wakes_waiters_through_pubsub";
+    if common::redis_skip(test).is_some() {
+        return;
+    }
+    let prefix = common::unique_prefix(test);
+    let open = |poll: Duration| {
+        let prefix = prefix.clone();
+        async move {
+            Idem::builder()
+                .key_prefix(prefix)
+                .replay_cache_bytes(0)
+                .poll_interval(poll)
+                .redis(&common::redis_url())
+                .await
+                .expect("open")
+        }
+    };
+    let (owner, waiter) = (
+        open(Duration::from_millis(200)).await,
+        open(Duration::from_secs(3600)).await,
+    );
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn(async move {
+        owner
+            .operation("send", "w-1")
+            .run(move || async move {
+                let _ = started_tx.send(());
+                let _ = go_rx.await;
+                Ok::<_, IdemError>(7)
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    let second = tokio::spawn(async move {
+        waiter
+            .operation("send", "w-1")
+            .in_flight(InFlight::Wait(Duration::from_secs(3600)))
+            .run(|| async { Ok::<_, IdemError>(99) })
+            .await
+    });
+    // Finish only once the waiter has announced itself, so the wake-up is what ends
+    // its wait (its next poll is an hour away).
+    while !flagged(&prefix).await {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    go_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), 7);
+    // A liveness bound, not a speed claim: without the wake-up the waiter sleeps an hour.
+    let woken = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the waiter was never woken");
+    assert_eq!(woken.unwrap().unwrap(), 7, "the waiter replays the outcome");
+    common::Cleanup::for_redis_prefix(&prefix).run().await;
+}
+
+/// A store that cannot be reached is a retryable error, and an unreachable one:
+/// `fail_open` runs the body unprotected, `fail_closed` refuses.
+#[tokio::test]
+async fn lost_server_is_unreachable() {
+    let test = "lost_server_is_unreachable";
+    if common::redis_skip(test).is_some() {
+        return;
+    }
+    // Connecting to nothing fails at open, retryable.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    match Idem::redis(&format!("redis://127.0.0.1:{closed}")).await {
+        Err(e @ IdemError::Store { .. }) => assert!(e.is_retryable(), "{e}"),
+        Err(e) => panic!("expected a store error, got {e}"),
+        Ok(_) => panic!("opened a store on a closed port"),
+    }
+
+    // A server that goes away after the open: a throwaway redis-server.
+    if std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(!common::db_required(), "redis-server is needed for {test}");
+        common::skip(test, "redis-server not installed");
+        return;
+    }
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut server = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--bind", "127.0.0.1", "--daemonize", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start redis-server");
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut idem = None;
+    for _ in 0..200 {
+        if let Ok(i) = Idem::builder().replay_cache_bytes(0).redis(&url).await {
+            idem = Some(i);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let idem = idem.expect("the throwaway server never answered");
+    assert_eq!(
+        idem.operation("send", "u-1")
+            .run(|| async { Ok::<_, IdemError>(1) })
+            .await
+            .unwrap(),
+        1
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    let closed = idem
+        .operation("send", "u-2")
+        .run(|| async { Ok::<_, IdemError>(2) })
+        .await;
+    match closed {
+        Err(e @ IdemError::Store { .. }) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("expected a retryable store error, got {other:?}"),
+    }
+    let open = idem
+        .operation("send", "u-3")
+        .on_store_error(OnStoreError::FailOpen)
+        .run(|| async { Ok::<_, IdemError>(3) })
+        .await;
+    assert_eq!(
+        open.unwrap(),
+        3,
+        "fail_open runs the body when Redis is gone"
+    );
+}
+
+/// The TTLs behind the module's promises: an in-progress record and its epoch counter
+/// never expire; a completed record expires by itself shortly after its retention, and
+/// its counter outlives it; after a release the counter stays for 30 days.
+#[tokio::test]
+async fn records_expire_by_themselves_and_counters_outlive_them() {
+    let test = "records_expire_by_themselves_and_counters_outlive_them";
+    if common::redis_skip(test).is_some() {
+        return;
+    }
+    let prefix = common::unique_prefix(test);
+    let idem = Idem::builder()
+        .key_prefix(prefix.clone())
+        .replay_cache_bytes(0)
+        .redis(&common::redis_url())
+        .await
+        .expect("open");
+    let client = redis::Client::open(common::redis_url()).unwrap();
+    let c = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = |kind: &'static str| {
+        let (prefix, mut c) = (prefix.clone(), c.clone());
+        async move {
+            let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(0)
+                .arg("MATCH")
+                .arg(format!("{prefix}:{kind}:*"))
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            keys
+        }
+    };
+    let pttl = |key: String| {
+        let mut c = c.clone();
+        async move {
+            redis::cmd("PTTL")
+                .arg(key)
+                .query_async::<i64>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    let hour = Duration::from_secs(3600);
+    let grace = 5 * 60 * 1000;
+    let month = 30 * 86_400_000;
+
+    // In progress: neither key expires.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let owner = idem.clone();
+    let running = tokio::spawn(async move {
+        owner
+            .operation("send", "t-1")
+            .retain(hour)
+            .run(move || async move {
+                let _ = started_tx.send(());
+                let _ = go_rx.await;
+                Ok::<_, IdemError>(1)
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    let (rec, ctr) = (keys("r").await, keys("e").await);
+    assert_eq!((rec.len(), ctr.len()), (1, 1));
+    assert_eq!(
+        pttl(rec[0].clone()).await,
+        -1,
+        "an in-progress record never expires"
+    );
+    assert_eq!(pttl(ctr[0].clone()).await, -1, "nor does its counter");
+
+    // Completed: the record goes shortly after its retention, the counter a month later.
+    go_tx.send(()).unwrap();
+    assert_eq!(running.await.unwrap().unwrap(), 1);
+    let rec_ttl = pttl(rec[0].clone()).await;
+    assert!(
+        rec_ttl > 3_600_000 - 60_000 && rec_ttl <= 3_600_000 + grace,
+        "completed record TTL {rec_ttl}"
+    );
+    let ctr_ttl = pttl(ctr[0].clone()).await;
+    assert!(ctr_ttl >= rec_ttl + month - 60_000, "counter TTL {ctr_ttl}");
+
+    // Released: the record is gone, the counter stays a month.
+    let released = idem
+        .operation("send", "t-2")
+        .run(|| async {
+            Err::<u32, IdemError>(IdemError::Config {
+                message: "no".into(),
+            })
+        })
+        .await;
+    assert!(released.is_err());
+    let ctr2: Vec<String> = keys("e")
+        .await
+        .into_iter()
+        .filter(|k| *k != ctr[0])
+        .collect();
+    assert_eq!(ctr2.len(), 1, "the released operation's counter stays");
+    let ttl = pttl(ctr2[0].clone()).await;
+    assert!(
+        ttl > month - 60_000 && ttl <= month,
+        "counter TTL after release {ttl}"
+    );
+    assert_eq!(keys("r").await.len(), 1, "the released record is gone");
+    common::Cleanup::for_redis_prefix(&prefix).run().await;
+}
