@@ -620,94 +620,96 @@ async fn run_seed(backend: Backend, seed: u64) {
     }
 
     let leases = std::mem::take(&mut *w.faulty.leases.lock().unwrap());
-    let m = w.model.lock().unwrap();
-    let mut violations = m.violations.clone();
-    violations.extend(
-        blocked
-            .into_iter()
-            .map(|b| format!("blocked past one lease: {b}")),
-    );
-    let mut ok_exec: HashMap<usize, usize> = HashMap::new();
-    for &(key, payload, exec) in &m.oks {
-        let e = &m.execs[exec];
-        if e.key != key || e.payload != payload || !e.body_ok {
-            violations.push(format!(
+    // The guard lives in this block only, so no lock is held across the cleanup's awaits.
+    let violations = {
+        let m = w.model.lock().unwrap();
+        let mut violations = m.violations.clone();
+        violations.extend(
+            blocked
+                .into_iter()
+                .map(|b| format!("blocked past one lease: {b}")),
+        );
+        let mut ok_exec: HashMap<usize, usize> = HashMap::new();
+        for &(key, payload, exec) in &m.oks {
+            let e = &m.execs[exec];
+            if e.key != key || e.payload != payload || !e.body_ok {
+                violations.push(format!(
                 "key {key} payload {payload} was answered Ok with exec {exec}, which ran key {} \
                  payload {} (body ok: {})",
                 e.key, e.payload, e.body_ok
             ));
-        }
-        if let Some(&first) = ok_exec.get(&key) {
-            if first != exec {
-                violations.push(format!(
+            }
+            if let Some(&first) = ok_exec.get(&key) {
+                if first != exec {
+                    violations.push(format!(
                     "key {key} answered Ok with the outcomes of two executions ({first} and {exec})"
                 ));
+                }
+            } else {
+                ok_exec.insert(key, exec);
             }
-        } else {
-            ok_exec.insert(key, exec);
         }
-    }
-    for &x in &m.fenced {
-        let e = &m.execs[x];
-        let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
-        if e.stalled || reset {
-            continue;
-        }
-        match leases.taker(&e.op, e.epoch) {
-            Some(t) if leases.surely_live_at(&e.op, e.epoch, t) => violations.push(format!(
-                "exec {x} (key {}, epoch {}) was fenced by epoch {t}, claimed while its lease \
+        for &x in &m.fenced {
+            let e = &m.execs[x];
+            let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
+            if e.stalled || reset {
+                continue;
+            }
+            match leases.taker(&e.op, e.epoch) {
+                Some(t) if leases.surely_live_at(&e.op, e.epoch, t) => violations.push(format!(
+                    "exec {x} (key {}, epoch {}) was fenced by epoch {t}, claimed while its lease \
                  surely held",
-                e.key, e.epoch
-            )),
-            Some(_) => {}
-            None => violations.push(format!(
-                "exec {x} (key {}, epoch {}) was fenced though no later claim exists and no \
+                    e.key, e.epoch
+                )),
+                Some(_) => {}
+                None => violations.push(format!(
+                    "exec {x} (key {}, epoch {}) was fenced though no later claim exists and no \
                  operator touched it",
-                e.key, e.epoch
-            )),
+                    e.key, e.epoch
+                )),
+            }
         }
-    }
-    for &(key, epoch, generation) in &m.fenced_unrun {
-        let reset = *m.generation.get(&key).unwrap_or(&0) != generation;
-        if !reset && leases.taker(&op_id(&w.idem, key), epoch).is_none() {
-            violations.push(format!(
-                "a call at epoch {epoch} of key {key} was fenced before its body though no \
+        for &(key, epoch, generation) in &m.fenced_unrun {
+            let reset = *m.generation.get(&key).unwrap_or(&0) != generation;
+            if !reset && leases.taker(&op_id(&w.idem, key), epoch).is_none() {
+                violations.push(format!(
+                    "a call at epoch {epoch} of key {key} was fenced before its body though no \
                  later claim exists"
-            ));
+                ));
+            }
         }
-    }
-    for (x, why) in &m.unrecorded {
-        let e = &m.execs[*x];
-        let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
-        if e.stalled || reset {
-            continue;
-        }
-        // Faults are never injected twice in a row, so one retry would have recorded it:
-        // giving up without one is the defect, unless the lease was (nearly) gone.
-        let claimed = (e.op.clone(), e.epoch);
-        let attempts = leases.records.get(&claimed).map_or(&[][..], |v| &v[..]);
-        let Some(&first) = attempts.first() else {
-            continue;
-        };
-        let lease_left = leases
-            .extended
-            .get(&claimed)
-            .into_iter()
-            .flatten()
-            .filter(|(_, answered)| *answered < first)
-            .map(|(sent, _)| *sent + LEASE)
-            .max()
-            .is_some_and(|end| first + LEASE / 2 < end);
-        if attempts.len() < 2 && lease_left {
-            violations.push(format!(
-                "exec {x} (key {}, epoch {}) was reported Unrecorded after one attempt while \
+        for (x, why) in &m.unrecorded {
+            let e = &m.execs[*x];
+            let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
+            if e.stalled || reset {
+                continue;
+            }
+            // Faults are never injected twice in a row, so one retry would have recorded it:
+            // giving up without one is the defect, unless the lease was (nearly) gone.
+            let claimed = (e.op.clone(), e.epoch);
+            let attempts = leases.records.get(&claimed).map_or(&[][..], |v| &v[..]);
+            let Some(&first) = attempts.first() else {
+                continue;
+            };
+            let lease_left = leases
+                .extended
+                .get(&claimed)
+                .into_iter()
+                .flatten()
+                .filter(|(_, answered)| *answered < first)
+                .map(|(sent, _)| *sent + LEASE)
+                .max()
+                .is_some_and(|end| first + LEASE / 2 < end);
+            if attempts.len() < 2 && lease_left {
+                violations.push(format!(
+                    "exec {x} (key {}, epoch {}) was reported Unrecorded after one attempt while \
                  its lease held ({why})",
-                e.key, e.epoch
-            ));
+                    e.key, e.epoch
+                ));
+            }
         }
-    }
-    // Released before the cleanup awaits.
-    drop(m);
+        violations
+    };
     assert!(
         violations.is_empty(),
         "model violations on {backend:?} with seed {seed} (rerun with IDEM_MODEL_SEED={seed}):\n{}",
