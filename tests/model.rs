@@ -366,6 +366,8 @@ enum Backend {
     Memory,
     SqliteFile,
     Redis,
+    #[cfg(feature = "postgres")]
+    Postgres,
 }
 
 struct World {
@@ -373,8 +375,8 @@ struct World {
     faulty: Arc<Faulty>,
     model: Arc<Mutex<Model>>,
     _dir: Option<tempfile::TempDir>,
-    /// The Redis key prefix of this run, deleted after it passes.
-    redis_prefix: Option<String>,
+    /// The table or keys of this run, dropped after it passes.
+    cleanup: Mutex<Option<common::Cleanup>>,
 }
 
 async fn world(backend: Backend, seed: u64) -> World {
@@ -396,17 +398,28 @@ async fn world(backend: Backend, seed: u64) -> World {
             *s.lock().unwrap() = Some(f.clone());
             f
         });
-    let mut redis_prefix = None;
+    let mut cleanup = None;
     let (idem, dir) = match backend {
         Backend::Memory => (builder.memory(), None),
         Backend::Redis => {
             let prefix = common::unique_prefix(&format!("model_{seed}"));
-            redis_prefix = Some(prefix.clone());
+            cleanup = Some(common::Cleanup::for_redis_prefix(&prefix));
             let idem = builder
                 .key_prefix(prefix)
                 .redis(&common::redis_url())
                 .await
                 .expect("open the Redis store");
+            (idem, None)
+        }
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => {
+            let table = common::unique_table(&format!("model_{seed}"));
+            cleanup = Some(common::Cleanup::for_table(&table));
+            let idem = builder
+                .table(&table)
+                .postgres(&common::postgres_url())
+                .await
+                .expect("open the PostgreSQL store");
             (idem, None)
         }
         Backend::SqliteFile => {
@@ -421,7 +434,7 @@ async fn world(backend: Backend, seed: u64) -> World {
         faulty,
         model: Arc::default(),
         _dir: dir,
-        redis_prefix,
+        cleanup: Mutex::new(cleanup),
     }
 }
 
@@ -715,8 +728,9 @@ async fn run_seed(backend: Backend, seed: u64) {
         "model violations on {backend:?} with seed {seed} (rerun with IDEM_MODEL_SEED={seed}):\n{}",
         violations.join("\n")
     );
-    if let Some(prefix) = &w.redis_prefix {
-        common::Cleanup::for_redis_prefix(prefix).run().await;
+    let cleanup = w.cleanup.lock().unwrap().take();
+    if let Some(cleanup) = cleanup {
+        cleanup.run().await;
     }
 }
 
@@ -749,6 +763,17 @@ async fn model_redis() {
     }
     for seed in seeds(4) {
         run_seed(Backend::Redis, seed).await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_postgres() {
+    if common::postgres_skip("model_postgres").is_some() {
+        return;
+    }
+    for seed in seeds(4) {
+        run_seed(Backend::Postgres, seed).await;
     }
 }
 
