@@ -287,3 +287,117 @@ async fn records_expire_by_themselves_and_counters_outlive_them() {
     assert_eq!(keys("r").await.len(), 1, "the released record is gone");
     common::Cleanup::for_redis_prefix(&prefix).run().await;
 }
+
+/// A `redis-server` of this test's own on a spare port (its command counters are this
+/// test's alone), killed on drop.
+struct OwnServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl OwnServer {
+    async fn start(test: &str) -> Option<OwnServer> {
+        if !common::have("redis-server") {
+            assert!(!common::db_required(), "redis-server is needed for {test}");
+            common::skip(test, "redis-server not installed");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let server = OwnServer {
+            child,
+            url: format!("redis://127.0.0.1:{port}"),
+        };
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Some(server);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("redis-server did not listen on port {port}");
+    }
+
+    /// Scripts the server ran since the last call (and resets the counters).
+    async fn scripts_run(&self) -> u64 {
+        let client = redis::Client::open(self.url.as_str()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_eval"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+}
+
+/// A fresh call is two round trips (the claim script, the record script) and a replay
+/// one: the claim script itself decides fresh, replay, in flight and mismatch.
+#[tokio::test]
+async fn a_fresh_call_is_two_scripts_and_a_replay_one() {
+    let Some(server) = OwnServer::start("a_fresh_call_is_two_scripts_and_a_replay_one").await
+    else {
+        return;
+    };
+    let idem = Idem::builder()
+        .replay_cache_bytes(0)
+        .redis(&server.url)
+        .await
+        .unwrap();
+    let call = |key: &'static str| {
+        let idem = idem.clone();
+        async move {
+            idem.operation("send", key)
+                .run(|| async { Ok::<_, IdemError>(7u32) })
+                .await
+                .unwrap()
+        }
+    };
+    // Loads the scripts, so the counts below are the steady state.
+    call("warm").await;
+    call("warm").await;
+    server.scripts_run().await;
+
+    assert_eq!(call("k").await, 7);
+    assert_eq!(
+        server.scripts_run().await,
+        2,
+        "a fresh call: claim and record"
+    );
+    assert_eq!(call("k").await, 7);
+    assert_eq!(server.scripts_run().await, 1, "a replay: the claim alone");
+}

@@ -40,20 +40,11 @@ fn spare_port(taken: &[u16]) -> u16 {
     }
 }
 
-fn have(binary: &str) -> bool {
-    Command::new(binary)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 impl Cluster {
     /// Starts the cluster, or `None` (with one line) when the Redis binaries are missing
     /// outside CI.
     async fn start(test: &str) -> Option<Cluster> {
-        if !(have("redis-server") && have("redis-cli")) {
+        if !(common::have("redis-server") && common::have("redis-cli")) {
             assert!(
                 !common::db_required(),
                 "redis-server and redis-cli are needed for {test}"

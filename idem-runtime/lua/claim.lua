@@ -17,7 +17,8 @@ local function acquire(takeover)
   return {'acquired', epoch, takeover}
 end
 
-local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa')
+-- One read serves every answer, the replay's outcome included.
+local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'err', 'v', 'body')
 if not r[1] then
   return acquire(0)
 end
@@ -30,8 +31,7 @@ if r[3] ~= fp then
   return {'mismatch'}
 end
 if state == '1' then
-  local o = redis.call('HMGET', REC, 'err', 'v', 'body')
-  return {'completed', tonumber(o[1]), tonumber(o[2]), o[3]}
+  return {'completed', tonumber(r[6]), tonumber(r[7]), r[8]}
 end
 if state == '2' then
   return {'unknown', epoch, 0}

@@ -74,6 +74,16 @@ pub fn redis_skip(test: &str) -> Option<()> {
 }
 
 /// A key prefix of its own for each test, so counts are exact and tests run in parallel.
+/// Whether `binary --version` runs, for tests that start servers of their own.
+pub fn have(binary: &str) -> bool {
+    std::process::Command::new(binary)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 pub fn unique_prefix(test: &str) -> String {
     format!("idem-test:{}", unique_table(test))
 }

@@ -69,8 +69,8 @@ use ::redis::{RedisError, Script, ScriptInvocation, Value};
 use std::sync::Arc;
 
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    State, Stats, Store, StoredOutcome, Takeover, WakeHub,
+    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
+    Store, StoredOutcome, Takeover, WakeHub,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -560,9 +560,6 @@ impl Read {
     fn state(&self) -> Option<State> {
         State::from_code(self.num(0)? as i64)
     }
-    fn completed_unexpired(&self) -> bool {
-        self.state() == Some(State::Completed) && self.num(5).is_some_and(|xa| xa > self.now)
-    }
     fn outcome(&self) -> Option<StoredOutcome> {
         Some(StoredOutcome {
             is_err: self.num(6)? == 1,
@@ -642,21 +639,6 @@ impl Store for RedisStore {
             },
             _ => return Err(bad()),
         })
-    }
-
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-        let r = self.read(id).await?;
-        if !r.completed_unexpired() {
-            return Ok(None);
-        }
-        if r.raw(2).as_deref() != Some(&fingerprint[..]) {
-            return Ok(Some(Err(Mismatched)));
-        }
-        Ok(r.outcome().map(Ok))
     }
 
     async fn record(

@@ -1,0 +1,547 @@
+//! idem beside its peers, measured in one run: the `idempotent` crate 0.3.0 (its memory
+//! store and its Valkey store) doing the same work, and `redis-benchmark`'s SET/GET
+//! floor on the same Redis server.
+//!
+//! ```text
+//! cargo build --release --manifest-path benches/peers/Cargo.toml
+//! taskset -c 0 benches/peers/target/release/idem-peer-bench
+//! ```
+//!
+//! The work, for both libraries: fingerprint a small request, claim its key, run a body
+//! that returns a small receipt at once, record the receipt; a replay claims a recorded
+//! key and decodes the receipt. The peer hashes the request's JSON bytes (it takes
+//! bytes); idem fingerprints the value itself. The bench starts its own `redis-server`
+//! on a spare 127.0.0.1 port, pinned to core 1 with `taskset` when the machine has two
+//! cores, so run the client on core 0 as above; it stops the server at the end.
+//! Each figure is the median over `--rounds` rounds, the systems interleaved within
+//! each round, so drift on a noisy machine hits them alike.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::error::Error;
+use std::future::Future;
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use idem_runtime::{Idem, IdemError};
+use idempotent::entry::ExistingEntry;
+use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
+use idempotent::store::{IdempotencyStore, InsertResult};
+use idempotent::{CachedResponse, IdempotencyEntry, IdempotencyKey, Metadata};
+use serde::{Deserialize, Serialize};
+
+type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
+type Call = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = Res<()>> + Send>> + Send + Sync>;
+
+/// Counts live heap bytes, for memory per stored record.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the counter only
+// observes sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's layout contract is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+#[derive(Parser)]
+#[command(about = "idem beside the `idempotent` crate and redis-benchmark, in one run")]
+struct Args {
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 2.0)]
+    secs: f64,
+    /// Rounds; each figure is the median.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Records stored for the memory-per-record figure.
+    #[arg(long, default_value_t = 100_000)]
+    records: u64,
+    /// Skip the Redis half (no redis-server needed).
+    #[arg(long)]
+    no_redis: bool,
+}
+
+/// The request both libraries guard.
+#[derive(Serialize, Deserialize, Clone)]
+struct Charge {
+    order: u64,
+    amount: u64,
+    currency: String,
+    customer: String,
+}
+
+/// What the body returns and a replay gets back.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct Receipt {
+    id: u64,
+    amount: u64,
+}
+
+fn charge(order: u64) -> Charge {
+    Charge {
+        order,
+        amount: 4200,
+        currency: "EUR".into(),
+        customer: "cus_8Jk2LmQ9".into(),
+    }
+}
+
+fn body(c: &Charge) -> Receipt {
+    Receipt {
+        id: std::hint::black_box(c.order),
+        amount: c.amount,
+    }
+}
+
+/// Keys recorded before a replay phase; replays cycle through them.
+const REPLAY_KEYS: u64 = 2_000;
+const TTL: Duration = Duration::from_secs(86_400);
+
+async fn idem_call(idem: &Idem, key: u64) -> Res<()> {
+    let c = charge(key);
+    let r = idem
+        .operation("charge", &key)
+        .scope("bench")
+        .fingerprint(&c)
+        .run(|| async { Ok::<_, IdemError>(body(&c)) })
+        .await?;
+    debug_assert_eq!(r, body(&c));
+    std::hint::black_box(r);
+    Ok(())
+}
+
+async fn peer_call<S: IdempotencyStore>(store: &S, key: u64) -> Res<()> {
+    let c = charge(key);
+    let request = serde_json::to_vec(&c)?;
+    let fingerprint = DefaultFingerprintStrategy.compute("charge", &request);
+    let k = IdempotencyKey::new(format!("bench:charge:{key}"))?;
+    let entry = IdempotencyEntry::new(fingerprint, TTL);
+    let receipt = match store.try_insert(&k, entry.clone()).await? {
+        InsertResult::Claimed { fencing_token } => {
+            let receipt = body(&c);
+            let response = CachedResponse {
+                status_code: 200,
+                metadata: Metadata::default(),
+                body: serde_json::to_vec(&receipt)?.into(),
+            };
+            store
+                .complete(&k, entry.complete(response), fencing_token)
+                .await?;
+            receipt
+        }
+        InsertResult::Exists(ExistingEntry::Completed(done)) => {
+            if !done.fingerprint_matches(fingerprint) {
+                return Err("fingerprint mismatch".into());
+            }
+            serde_json::from_slice(&done.response().body)?
+        }
+        InsertResult::Exists(ExistingEntry::Processing(_)) => {
+            return Err("in flight".into());
+        }
+    };
+    std::hint::black_box(receipt);
+    Ok(())
+}
+
+/// Operations per second of `call` with `callers` tasks for `secs`; keys from `base` up,
+/// or cycling below `cycle` when it is set (replays).
+async fn rate(call: &Call, callers: usize, secs: f64, base: u64, cycle: Option<u64>) -> Res<f64> {
+    let next = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let (call, next) = (call.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let key = match cycle {
+                    Some(m) => i % m,
+                    None => base + i,
+                };
+                call(key).await?;
+                n += 1;
+            }
+            Res::Ok(n)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// One row of the report: a label and its samples.
+struct Row {
+    label: String,
+    samples: Vec<f64>,
+}
+
+fn idem_calls(idem: Idem) -> Call {
+    Arc::new(move |k| {
+        let idem = idem.clone();
+        Box::pin(async move { idem_call(&idem, k).await })
+    })
+}
+
+fn peer_calls<S: IdempotencyStore>(store: Arc<S>) -> Call {
+    Arc::new(move |k| {
+        let store = store.clone();
+        Box::pin(async move { peer_call(&*store, k).await })
+    })
+}
+
+/// Fresh and replay rates for each system at each caller count, interleaved by round.
+async fn compare(
+    systems: &[(&str, Call)],
+    callers: &[usize],
+    args: &Args,
+    base: &AtomicU64,
+) -> Res<Vec<Row>> {
+    let mut rows: Vec<Row> = Vec::new();
+    for (name, call) in systems {
+        // Record the replay keys once, below the fresh keys' range.
+        for k in 0..REPLAY_KEYS {
+            call(k).await?;
+        }
+        for &c in callers {
+            for what in ["fresh", "replay"] {
+                rows.push(Row {
+                    label: format!("{name} {what} ×{c}"),
+                    samples: Vec::new(),
+                });
+            }
+        }
+    }
+    for _ in 0..args.rounds {
+        let mut i = 0;
+        for (_, call) in systems {
+            for &c in callers {
+                let b = base.fetch_add(1 << 32, Ordering::Relaxed);
+                rows[i]
+                    .samples
+                    .push(rate(call, c, args.secs, b, None).await?);
+                rows[i + 1]
+                    .samples
+                    .push(rate(call, c, args.secs, 0, Some(REPLAY_KEYS)).await?);
+                i += 2;
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Live heap bytes per record after storing `n` fresh records through `call`.
+async fn bytes_per_record(call: &Call, n: u64, base: u64) -> Res<f64> {
+    let before = LIVE.load(Ordering::Relaxed);
+    for k in 0..n {
+        call(base + k).await?;
+    }
+    // Let background work (the peer's store task, idem's renewals) settle.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = LIVE.load(Ordering::Relaxed);
+    Ok((after - before) as f64 / n as f64)
+}
+
+/// The commands the server saw for 100 fresh calls and 100 replays of each library.
+async fn commands_per_op(url: &str) -> Res<()> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let idem = idem_calls(
+        Idem::builder()
+            .key_prefix("idem-count")
+            .replay_cache_bytes(0)
+            .redis(url)
+            .await?,
+    );
+    let peer = peer_calls(Arc::new(
+        idempotent::store::valkey::ValkeyStore::with_prefix(client.clone(), Some("count")).await?,
+    ));
+    for (name, call) in [("idem", idem), ("idempotent", peer)] {
+        for what in ["fresh", "replay"] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut conn)
+                .await?;
+            for k in 0..100u64 {
+                call(1 << 50 | k).await?;
+            }
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await?;
+            let calls: Vec<String> = stats
+                .lines()
+                .filter_map(|l| l.strip_prefix("cmdstat_"))
+                .map(|l| {
+                    // name:calls=N,usec=U,usec_per_call=P,...: keep the name, N and P.
+                    let name = l.split(':').next().unwrap_or(l);
+                    let field = |f: &str| {
+                        l.split([':', ','])
+                            .find_map(|kv| kv.strip_prefix(f))
+                            .unwrap_or("?")
+                            .to_owned()
+                    };
+                    format!(
+                        "{name}×{} ({} µs)",
+                        field("calls="),
+                        field("usec_per_call=")
+                    )
+                })
+                .filter(|l| !l.starts_with("config") && !l.starts_with("info"))
+                .collect();
+            println!("- {name} {what}, 100 calls: {}", calls.join(" "));
+        }
+    }
+    Ok(())
+}
+
+/// A redis-server of the bench's own on a spare port, stopped on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn two_cores() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+        && Command::new("taskset").arg("-V").output().is_ok()
+}
+
+fn start_redis() -> Res<Server> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let server_args = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .map(String::from);
+    let mut cmd = if two_cores() {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "1", "redis-server"]);
+        c
+    } else {
+        Command::new("redis-server")
+    };
+    let child = cmd
+        .args(&server_args)
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start redis-server (is it on the PATH?): {e}"))?;
+    let server = Server { child, port };
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(server);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("redis-server did not listen on 127.0.0.1:{port}").into())
+}
+
+/// redis-benchmark's SET and GET requests per second at `clients`.
+fn redis_floor(port: u16, clients: usize, secs: f64) -> Res<(f64, f64)> {
+    // About `secs` seconds at a rate near 50k/s per client pair, at least 20k requests.
+    let n = ((secs * 30_000.0) as u64).max(20_000);
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", &clients.to_string(), "-n", &n.to_string()])
+        .args(["-r", "100000", "-t", "set,get", "--csv"])
+        .output()
+        .map_err(|e| format!("run redis-benchmark: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |test: &str| -> Res<f64> {
+        text.lines()
+            .find(|l| l.starts_with(&format!("\"{test}\"")))
+            .and_then(|l| l.split(',').nth(1))
+            .map(|v| v.trim_matches('"').parse::<f64>())
+            .transpose()?
+            .ok_or_else(|| format!("no {test} line in redis-benchmark's output: {text}").into())
+    };
+    Ok((field("SET")?, field("GET")?))
+}
+
+fn print(rows: &[Row]) {
+    for r in rows {
+        println!("| {} | {:.0} |", r.label, median(r.samples.clone()));
+    }
+}
+
+fn get(rows: &[Row], label: &str) -> f64 {
+    rows.iter()
+        .find(|r| r.label == label)
+        .map(|r| median(r.samples.clone()))
+        .unwrap_or(f64::NAN)
+}
+
+fn main() -> Res<()> {
+    let args = Args::parse();
+    let base = AtomicU64::new(1 << 40);
+
+    println!("## In process (memory stores)\n");
+    // Single-threaded: one caller on a current-thread runtime.
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let rows1 = single.block_on(async {
+        let systems = [
+            ("idem", idem_calls(Idem::memory())),
+            (
+                "idempotent",
+                peer_calls(Arc::new(idempotent::store::memory::MemoryStore::new(
+                    1024,
+                    Duration::from_secs(3600),
+                ))),
+            ),
+        ];
+        compare(&systems, &[1], &args, &base).await
+    })?;
+    drop(single);
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let rows64 = multi.block_on(async {
+        let systems = [
+            ("idem", idem_calls(Idem::memory())),
+            (
+                "idempotent",
+                peer_calls(Arc::new(idempotent::store::memory::MemoryStore::new(
+                    1024,
+                    Duration::from_secs(3600),
+                ))),
+            ),
+        ];
+        compare(&systems, &[64], &args, &base).await
+    })?;
+    println!("| operation | ops/s |\n|---|---|");
+    print(&rows1);
+    print(&rows64);
+    println!();
+    for (what, c) in [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)] {
+        let rows = if c == 1 { &rows1 } else { &rows64 };
+        let a = get(rows, &format!("idem {what} ×{c}"));
+        let b = get(rows, &format!("idempotent {what} ×{c}"));
+        println!("- {what} ×{c}: idem / idempotent = {:.2}", a / b);
+    }
+
+    let (idem_b, peer_b) = multi.block_on(async {
+        let b = base.fetch_add(1 << 32, Ordering::Relaxed);
+        let idem = idem_calls(Idem::memory());
+        let idem_b = bytes_per_record(&idem, args.records, b).await?;
+        let peer = peer_calls(Arc::new(idempotent::store::memory::MemoryStore::new(
+            1024,
+            Duration::from_secs(3600),
+        )));
+        let peer_b = bytes_per_record(&peer, args.records, b).await?;
+        Res::Ok((idem_b, peer_b))
+    })?;
+    println!(
+        "- heap bytes per stored record ({} records): idem {idem_b:.0}, idempotent {peer_b:.0}",
+        args.records
+    );
+
+    if args.no_redis {
+        return Ok(());
+    }
+    let server = start_redis()?;
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    println!("\n## Redis (a redis-server of the bench's own, persistence off)\n");
+    if std::env::var_os("IDEM_BENCH_COMMANDS").is_some() {
+        multi.block_on(commands_per_op(&url))?;
+    }
+    let rows = multi.block_on(async {
+        let cached = Idem::builder()
+            .key_prefix("idem-bench-cached")
+            .redis(&url)
+            .await?;
+        let uncached = Idem::builder()
+            .key_prefix("idem-bench")
+            .replay_cache_bytes(0)
+            .redis(&url)
+            .await?;
+        let peer =
+            idempotent::store::valkey::ValkeyStore::new(redis::Client::open(url.as_str())?).await?;
+        let systems = [
+            ("idem", idem_calls(uncached)),
+            ("idem (replay cache)", idem_calls(cached)),
+            ("idempotent", peer_calls(Arc::new(peer))),
+        ];
+        compare(&systems, &[1, 16], &args, &base).await
+    })?;
+    let mut floors = Vec::new();
+    for c in [1, 16] {
+        let mut sets = Vec::new();
+        let mut gets = Vec::new();
+        for _ in 0..args.rounds {
+            let (s, g) = redis_floor(server.port, c, args.secs)?;
+            sets.push(s);
+            gets.push(g);
+        }
+        floors.push((c, median(sets), median(gets)));
+    }
+    println!("| operation | ops/s |\n|---|---|");
+    print(&rows);
+    for (c, s, g) in &floors {
+        println!("| redis-benchmark SET ×{c} | {s:.0} |\n| redis-benchmark GET ×{c} | {g:.0} |");
+    }
+    println!();
+    for (c, set, getf) in &floors {
+        let f = get(&rows, &format!("idem fresh ×{c}"));
+        let r = get(&rows, &format!("idem replay ×{c}"));
+        let pf = get(&rows, &format!("idempotent fresh ×{c}"));
+        let pr = get(&rows, &format!("idempotent replay ×{c}"));
+        println!(
+            "- ×{c}: fresh idem / idempotent = {:.2}, idem / SET floor = {:.2}; \
+             replay idem / idempotent = {:.2}, idem / GET floor = {:.2}",
+            f / pf,
+            f / set,
+            r / pr,
+            r / getf
+        );
+    }
+    drop(server);
+    Ok(())
+}
