@@ -20,6 +20,10 @@ impl FingerprintBuilder {
         name: &str,
         value: &T,
     ) -> Result<(), String> {
+        // Most requests encode in well under this; one allocation instead of a dozen.
+        if self.buf.capacity() == 0 {
+            self.buf.reserve(256);
+        }
         self.buf.push(b'P');
         write_str(&mut self.buf, name);
         value
@@ -95,8 +99,11 @@ struct Canonical<'a> {
 /// one of serde_json's private number or raw-JSON structs, encoded as the value it holds.
 struct Compound<'a> {
     out: &'a mut Vec<u8>,
-    entries: Option<Vec<Vec<u8>>>,
-    pending_key: Vec<u8>,
+    /// For a map or struct: each entry's span in `out`, written in place and reordered
+    /// on `finish` (no buffer per entry).
+    entries: Option<Vec<(usize, usize)>>,
+    /// Where the pending map key starts in `out`.
+    key_start: usize,
     json: Option<&'static str>,
 }
 
@@ -106,16 +113,17 @@ impl<'a> Compound<'a> {
         Compound {
             out,
             entries: None,
-            pending_key: Vec::new(),
+            key_start: 0,
             json: None,
         }
     }
     fn map(out: &'a mut Vec<u8>) -> Self {
         out.push(b'M');
+        let key_start = out.len();
         Compound {
             out,
             entries: Some(Vec::new()),
-            pending_key: Vec::new(),
+            key_start,
             json: None,
         }
     }
@@ -123,7 +131,7 @@ impl<'a> Compound<'a> {
         Compound {
             out,
             entries: None,
-            pending_key: Vec::new(),
+            key_start: 0,
             json: Some(token),
         }
     }
@@ -163,15 +171,13 @@ impl<'a> Compound<'a> {
         v.serialize(Canonical { out: self.out })
     }
     fn key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), CanonError> {
-        self.pending_key.clear();
-        k.serialize(Canonical {
-            out: &mut self.pending_key,
-        })
+        self.key_start = self.out.len();
+        k.serialize(Canonical { out: self.out })
     }
     fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
-        let mut entry = std::mem::take(&mut self.pending_key);
-        v.serialize(Canonical { out: &mut entry })?;
-        self.entries.as_mut().expect("map state").push(entry);
+        v.serialize(Canonical { out: self.out })?;
+        let span = (self.key_start, self.out.len());
+        self.entries.as_mut().expect("map state").push(span);
         Ok(())
     }
     fn field<T: Serialize + ?Sized>(&mut self, name: &str, v: &T) -> Result<(), CanonError> {
@@ -186,11 +192,17 @@ impl<'a> Compound<'a> {
             return Ok(());
         }
         if let Some(mut entries) = self.entries {
-            // Keys are self-delimiting, so sorting whole entries sorts by key first.
-            entries.sort_unstable();
+            // The entries were written in arrival order after the `M`; lift them out and
+            // write them back sorted, after their count. Keys are self-delimiting, so
+            // sorting whole entries sorts by key first.
+            let start = entries.first().map_or(self.out.len(), |e| e.0);
+            let written = self.out.split_off(start);
+            entries.sort_unstable_by(|a, b| {
+                written[a.0 - start..a.1 - start].cmp(&written[b.0 - start..b.1 - start])
+            });
             write_len(self.out, entries.len());
-            for e in entries {
-                self.out.extend_from_slice(&e);
+            for (a, b) in entries {
+                self.out.extend_from_slice(&written[a - start..b - start]);
             }
         }
         self.out.push(b'E');
@@ -476,6 +488,61 @@ mod tests {
         assert_eq!(hex, PINNED);
     }
     const PINNED: &str = "1a74a0d03fad766ecfe0c2e0eb475fdb5c8477fef4d74e86721f304d0b8d7f25";
+    #[test]
+    fn nested_sorted_encoding_is_pinned() {
+        // Entries arrive out of order at two depths (struct fields, map keys) and nest a
+        // sorted map inside a sorted struct: the in-place reordering is pinned too.
+        #[derive(serde::Serialize)]
+        struct Inner {
+            zeta: u8,
+            alpha: Vec<&'static str>,
+        }
+        #[derive(serde::Serialize)]
+        struct Outer {
+            name: &'static str,
+            tags: HashMap<&'static str, Inner>,
+            amount: u64,
+            empty: BTreeMap<u8, u8>,
+        }
+        let tags = [
+            (
+                "y",
+                Inner {
+                    zeta: 2,
+                    alpha: vec!["q"],
+                },
+            ),
+            (
+                "b",
+                Inner {
+                    zeta: 1,
+                    alpha: vec![],
+                },
+            ),
+            (
+                "m",
+                Inner {
+                    zeta: 9,
+                    alpha: vec!["r", "s"],
+                },
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let v = Outer {
+            name: "n",
+            tags,
+            amount: 42,
+            empty: BTreeMap::new(),
+        };
+        let hex: String = fingerprint(&v)
+            .unwrap()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(hex, NESTED_PINNED);
+    }
+    const NESTED_PINNED: &str = "f21b62f527165f95257de95e4f4c3b2380375c40ce34df855ea1e323fc79c190";
 
     /// What serde_json's `Number` and `RawValue` serialize as under `arbitrary_precision`
     /// and `raw_value`: a private struct with one string field. Features unify across a

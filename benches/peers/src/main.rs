@@ -82,6 +82,10 @@ struct Args {
     /// Skip the Redis half (no redis-server needed).
     #[arg(long)]
     no_redis: bool,
+    /// Only run this many idem memory-store calls on one thread (fresh, then as many
+    /// replays), for a profiler: `valgrind --tool=callgrind ... --profile 20000`.
+    #[arg(long)]
+    profile: Option<u64>,
 }
 
 /// The request both libraries guard.
@@ -261,16 +265,22 @@ async fn compare(
     Ok(rows)
 }
 
-/// Live heap bytes per record after storing `n` fresh records through `call`.
+/// Live heap bytes per record: the growth while storing the second half of `n`
+/// records, so the store's fixed costs and earlier phases' garbage are left out.
 async fn bytes_per_record(call: &Call, n: u64, base: u64) -> Res<f64> {
-    let before = LIVE.load(Ordering::Relaxed);
-    for k in 0..n {
+    let half = n / 2;
+    for k in 0..half {
         call(base + k).await?;
     }
     // Let background work (the peer's store task, idem's renewals) settle.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = LIVE.load(Ordering::Relaxed);
+    for k in half..n {
+        call(base + k).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let after = LIVE.load(Ordering::Relaxed);
-    Ok((after - before) as f64 / n as f64)
+    Ok((after - before) as f64 / (n - half) as f64)
 }
 
 /// The commands the server saw for 100 fresh calls and 100 replays of each library.
@@ -419,6 +429,21 @@ fn get(rows: &[Row], label: &str) -> f64 {
 fn main() -> Res<()> {
     let args = Args::parse();
     let base = AtomicU64::new(1 << 40);
+    if let Some(n) = args.profile {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        return rt.block_on(async {
+            let idem = Idem::memory();
+            for round in 0..2 {
+                for k in 0..n {
+                    idem_call(&idem, k).await?;
+                }
+                eprintln!("round {round} done");
+            }
+            Ok(())
+        });
+    }
 
     println!("## In process (memory stores)\n");
     // Single-threaded: one caller on a current-thread runtime.
