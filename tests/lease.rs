@@ -195,3 +195,112 @@ async fn panicked_body_keeps_claim(ctx: Ctx) {
         .await;
     assert!(matches!(r, Err(IdemError::InFlight { .. })), "{r:?}");
 }
+
+/// A body several leases long on `key`, and a waiting duplicate started once it runs;
+/// returns how many bodies ran (1 when renewal kept the claim).
+async fn slow_body_beside_a_duplicate(
+    idem: &idem_runtime::Idem,
+    key: &str,
+    lease: Duration,
+) -> usize {
+    let runs = Counter::default();
+    let (started_tx, started_rx) = oneshot::channel();
+    let slow = {
+        let (idem, runs, key) = (idem.clone(), runs.clone(), key.to_owned());
+        tokio::spawn(async move {
+            idem.operation("report", &key)
+                .lease(lease)
+                .run(move || async move {
+                    runs.hit();
+                    let _ = started_tx.send(());
+                    tokio::time::sleep(lease * 4).await;
+                    Ok::<_, IdemError>("done".to_string())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let dup = idem
+        .operation("report", key)
+        .lease(lease)
+        .in_flight(InFlight::Wait(Duration::from_secs(30)))
+        .run(|| async {
+            runs.hit();
+            Ok::<_, IdemError>("duplicate".to_string())
+        })
+        .await;
+    assert_eq!(slow.await.unwrap().unwrap(), "done");
+    assert_eq!(
+        dup.unwrap(),
+        "done",
+        "the duplicate replays the slow body's outcome"
+    );
+    runs.get()
+}
+
+/// One handle renews many live claims of different leases from its one schedule: no
+/// duplicate takes any of them over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_live_bodies_are_renewed_from_one_schedule() {
+    let idem = idem_runtime::Idem::memory();
+    let mut calls = Vec::new();
+    for i in 0..16u64 {
+        let idem = idem.clone();
+        // Leases of 300 to 600 ms, so due times interleave in the schedule.
+        let lease = Duration::from_millis(300 + 20 * i);
+        calls.push(tokio::spawn(async move {
+            slow_body_beside_a_duplicate(&idem, &format!("r-{i}"), lease).await
+        }));
+    }
+    for c in calls {
+        assert_eq!(c.await.unwrap(), 1, "a live body's claim was taken over");
+    }
+}
+
+/// A handle whose renewal task lives on a runtime that is not being driven still renews
+/// a call on another runtime (that call renews on its own).
+#[test]
+fn a_call_on_another_runtime_is_renewed_there() {
+    let idem = idem_runtime::Idem::memory();
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // A first call starts the handle's renewal task on `idle`, which then sits undriven.
+    idle.block_on(slow_body_beside_a_duplicate(
+        &idem,
+        "first",
+        Duration::from_millis(60),
+    ));
+    let busy = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let runs = busy.block_on(slow_body_beside_a_duplicate(
+        &idem,
+        "second",
+        Duration::from_millis(300),
+    ));
+    assert_eq!(runs, 1, "the claim lapsed: nothing renewed it");
+    drop(idle);
+}
+
+/// A handle outlives the runtime of its first calls: calls on the next runtime are
+/// renewed there (the handle's renewal task ended with its runtime).
+#[test]
+fn calls_on_a_later_runtime_are_renewed() {
+    let idem = idem_runtime::Idem::memory();
+    for round in 0..2 {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let runs = rt.block_on(slow_body_beside_a_duplicate(
+            &idem,
+            &format!("round-{round}"),
+            Duration::from_millis(300),
+        ));
+        assert_eq!(runs, 1, "round {round}: the claim lapsed");
+    }
+}

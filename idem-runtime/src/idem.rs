@@ -37,6 +37,8 @@ struct Inner {
     hub: Arc<WakeHub>,
     cache: ReplayCache,
     cfg: Config,
+    /// Renews this handle's live claims.
+    renewer: Arc<crate::lease::Renewer>,
 }
 
 /// What an `Idem` runs with, as its builder decided.
@@ -220,6 +222,7 @@ impl Idem {
                 hub,
                 cache: ReplayCache::new(replay_cache_bytes),
                 cfg,
+                renewer: Arc::default(),
             }),
         }
     }
@@ -230,6 +233,14 @@ impl Idem {
 
     pub(crate) fn store(&self) -> &dyn Store {
         &*self.inner.store
+    }
+
+    pub(crate) fn store_arc(&self) -> Arc<dyn Store> {
+        self.inner.store.clone()
+    }
+
+    pub(crate) fn renewer(&self) -> &Arc<crate::lease::Renewer> {
+        &self.inner.renewer
     }
 
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]

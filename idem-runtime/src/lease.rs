@@ -1,36 +1,51 @@
-//! A running claim's lease, renewed in the background while the call is alive.
+//! Running claims' leases, renewed in the background while their calls are alive.
+//!
+//! One task per [`Idem`] renews every live claim from a schedule ordered by due time, so
+//! a call pays for a map entry rather than a spawned task. A call on another runtime than
+//! the one that task runs on gets a renewal task of its own, so its renewals never wait
+//! on a runtime that is not being driven.
 
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
 use crate::idem::Idem;
-use crate::store::{Fence, OperationId, StoreError};
+use crate::store::{Fence, OperationId, Store, StoreError};
+
+/// When the claim lapses unless renewed again; `None` once a renewal found it gone.
+type Held = Arc<Mutex<Option<Instant>>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A claim's lease as this process knows it: renewed in the background (when renewal is
 /// on) until dropped.
 pub(crate) struct Lease {
-    /// `None` once a renewal found the claim gone (taken over or resolved).
-    held_until: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    held_until: Held,
+    renewal: Renewal,
+}
+
+enum Renewal {
+    None,
+    /// An entry in the `Idem`'s schedule.
+    Shared(Arc<Renewer>, u64),
+    /// A task of this call's own, on its own runtime.
+    Own(JoinHandle<()>),
 }
 
 impl Lease {
     /// When the claim lapses unless renewed again (the last confirmed renewal, or the
     /// claim, plus the lease), or `None` when the store said it is no longer held.
-    pub(crate) fn held_until(&self) -> Option<tokio::time::Instant> {
-        *self.held_until.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn held_until(&self) -> Option<Instant> {
+        *lock(&self.held_until)
     }
-}
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
-}
-
-impl Lease {
     /// Holds the claim `epoch` of `id` for `lease` from `claimed_at`, renewing it in the
     /// background (when `idem` renews leases) until dropped.
     pub(crate) fn hold(
@@ -38,57 +53,234 @@ impl Lease {
         id: &OperationId,
         epoch: u64,
         lease: Duration,
-        claimed_at: tokio::time::Instant,
+        claimed_at: Instant,
     ) -> Lease {
         let held_until = Arc::new(Mutex::new(Some(claimed_at + lease)));
-        if !idem.renews_leases() {
-            return Lease {
-                held_until,
-                task: None,
+        let renewal = if idem.renews_leases() {
+            let claim = Claim {
+                id: id.clone(),
+                epoch,
+                lease,
+                held: held_until.clone(),
+                span: tracing::Span::current(),
             };
-        }
-        let idem = idem.clone();
-        let id = id.clone();
-        let every = (lease / 3).max(Duration::from_millis(1));
-        let span = tracing::Span::current();
-        let held = held_until.clone();
-        let task = tokio::spawn(tracing::Instrument::instrument(
-            async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    // The store extends the lease from its own now, which is no earlier
-                    // than this moment.
-                    let sent = tokio::time::Instant::now();
-                    // Bounded: a renewal stuck on a half-open connection must not keep
-                    // this loop from trying again before the lease runs out.
-                    let renewed =
-                        tokio::time::timeout(every, idem.store().renew(&id, epoch, lease))
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(StoreError::unreachable(
-                                    "the lease renewal did not answer in time",
-                                ))
-                            });
-                    match renewed {
-                        Ok(Fence::Held) => {
-                            *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(sent + lease);
-                        }
-                        Ok(Fence::Lost) => {
-                            tracing::debug!(epoch, "lease renewal found the claim no longer held");
-                            *held.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(epoch, error = %e, "lease renewal failed; retrying")
-                        }
-                    }
-                }
-            },
-            span,
-        ));
+            idem.renewer().add(idem.store_arc(), claim)
+        } else {
+            Renewal::None
+        };
         Lease {
             held_until,
-            task: Some(task),
+            renewal,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        match &self.renewal {
+            Renewal::None => {}
+            Renewal::Shared(renewer, slot) => renewer.remove(*slot),
+            Renewal::Own(task) => task.abort(),
+        }
+    }
+}
+
+/// What a renewal needs of one claim.
+#[derive(Clone)]
+struct Claim {
+    id: OperationId,
+    epoch: u64,
+    lease: Duration,
+    held: Held,
+    /// The call's span, so renewal logs carry its scope, name and key.
+    span: tracing::Span,
+}
+
+impl Claim {
+    /// How often the claim is renewed: three times a lease.
+    fn every(&self) -> Duration {
+        (self.lease / 3).max(Duration::from_millis(1))
+    }
+
+    /// Renews once. `false` when the store says the claim is gone, so renewals stop.
+    async fn renew(&self, store: &dyn Store) -> bool {
+        tracing::Instrument::instrument(self.renew_in_span(store), self.span.clone()).await
+    }
+
+    async fn renew_in_span(&self, store: &dyn Store) -> bool {
+        let every = self.every();
+        // The store extends the lease from its own now, which is no earlier than this.
+        let sent = Instant::now();
+        // Bounded: a renewal stuck on a half-open connection must not keep the next one
+        // from being tried before the lease runs out.
+        let renewed = tokio::time::timeout(every, store.renew(&self.id, self.epoch, self.lease))
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::unreachable(
+                    "the lease renewal did not answer in time",
+                ))
+            });
+        match renewed {
+            Ok(Fence::Held) => {
+                *lock(&self.held) = Some(sent + self.lease);
+                true
+            }
+            Ok(Fence::Lost) => {
+                tracing::debug!(
+                    epoch = self.epoch,
+                    "lease renewal found the claim no longer held"
+                );
+                *lock(&self.held) = None;
+                false
+            }
+            Err(e) => {
+                tracing::warn!(epoch = self.epoch, error = %e, "lease renewal failed; retrying");
+                true
+            }
+        }
+    }
+}
+
+/// The schedule of one `Idem`'s live claims and the task that renews them.
+#[derive(Default)]
+pub(crate) struct Renewer {
+    state: Mutex<Schedule>,
+    /// Wakes the task for an earlier due time, or to end once the `Idem` is gone.
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct Schedule {
+    next_slot: u64,
+    /// Live claims by slot, each with the due time it is filed under in `due` (none
+    /// while its renewal is in flight).
+    claims: HashMap<u64, (Claim, Option<Instant>)>,
+    /// Due times; an entry whose slot is gone or refiled is skipped.
+    due: BTreeSet<(Instant, u64)>,
+    /// The renewal task and the runtime it runs on.
+    task: Option<(tokio::runtime::Id, JoinHandle<()>)>,
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        // The task holds only a weak reference: woken, it finds the schedule gone and ends.
+        self.wake.notify_one();
+    }
+}
+
+impl Renewer {
+    fn add(self: &Arc<Self>, store: Arc<dyn Store>, claim: Claim) -> Renewal {
+        let Ok(runtime) = Handle::try_current() else {
+            // Leases are held inside a call, which runs on a runtime; without one there is
+            // nothing to renew on.
+            return Renewal::None;
+        };
+        let mut st = lock(&self.state);
+        let task_here = match &st.task {
+            Some((rt, task)) if !task.is_finished() => *rt == runtime.id(),
+            // None running (or its runtime shut down): start one on this runtime.
+            _ => {
+                let me = Arc::downgrade(self);
+                let task = runtime.spawn(run(me, self.wake.clone(), store.clone()));
+                st.task = Some((runtime.id(), task));
+                true
+            }
+        };
+        if !task_here {
+            drop(st);
+            return Renewal::Own(runtime.spawn(async move {
+                loop {
+                    tokio::time::sleep(claim.every()).await;
+                    if !claim.renew(&*store).await {
+                        return;
+                    }
+                }
+            }));
+        }
+        let slot = st.next_slot;
+        st.next_slot += 1;
+        let due = Instant::now() + claim.every();
+        st.claims.insert(slot, (claim, Some(due)));
+        let earliest = st.due.first().is_none_or(|&(t, _)| due < t);
+        st.due.insert((due, slot));
+        drop(st);
+        if earliest {
+            self.wake.notify_one();
+        }
+        Renewal::Shared(self.clone(), slot)
+    }
+
+    /// Forgets `slot`, and its due time, so the schedule holds live claims only.
+    fn remove(&self, slot: u64) {
+        let mut st = lock(&self.state);
+        if let Some((_, Some(due))) = st.claims.remove(&slot) {
+            st.due.remove(&(due, slot));
+        }
+    }
+
+    /// Files `slot` again, `every` after its last renewal ended.
+    fn refile(&self, slot: u64) {
+        let mut st = lock(&self.state);
+        let Some((claim, due)) = st.claims.get_mut(&slot) else {
+            return;
+        };
+        let t = Instant::now() + claim.every();
+        *due = Some(t);
+        let earliest = st.due.first().is_none_or(|&(first, _)| t < first);
+        st.due.insert((t, slot));
+        drop(st);
+        if earliest {
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// The renewal task: sleeps until the earliest due claim, starts the renewals due, and
+/// ends when its `Idem` is gone.
+async fn run(me: Weak<Renewer>, wake: Arc<Notify>, store: Arc<dyn Store>) {
+    loop {
+        let next = {
+            let Some(renewer) = me.upgrade() else {
+                return;
+            };
+            let now = Instant::now();
+            let mut st = lock(&renewer.state);
+            while let Some(&(t, slot)) = st.due.first() {
+                if t > now {
+                    break;
+                }
+                st.due.pop_first();
+                let Some((claim, due)) = st.claims.get_mut(&slot) else {
+                    continue;
+                };
+                if *due != Some(t) {
+                    continue;
+                }
+                *due = None;
+                let (claim, store, me) = (claim.clone(), store.clone(), me.clone());
+                // Each renewal in a task of its own, so a slow store delays no other claim.
+                tokio::spawn(async move {
+                    let alive = claim.renew(&*store).await;
+                    if let Some(renewer) = me.upgrade() {
+                        if alive {
+                            renewer.refile(slot);
+                        } else {
+                            renewer.remove(slot);
+                        }
+                    }
+                });
+            }
+            st.due.first().map(|&(t, _)| t)
+        };
+        // A wake sent while the schedule was read is kept as a permit, so none is lost.
+        match next {
+            Some(t) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(t) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
         }
     }
 }

@@ -435,7 +435,7 @@ fn main() -> Res<()> {
             .build()?;
         return rt.block_on(async {
             let idem = Idem::memory();
-            for round in 0..2 {
+            for round in 0..1 {
                 for k in 0..n {
                     idem_call(&idem, k).await?;
                 }

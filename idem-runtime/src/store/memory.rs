@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    State, Stats, Store, StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
+    Store, StoredOutcome, Takeover,
 };
 use crate::error::StoreError;
 
@@ -130,25 +130,6 @@ impl Store for MemoryStore {
                     }
                 }
             },
-        })
-    }
-
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-        let now = Instant::now();
-        let map = self.lock();
-        Ok(match map.get(id) {
-            Some(r) if r.state == State::Completed && !r.expired(now) => {
-                Some(if &r.fingerprint == fingerprint {
-                    Ok(r.outcome.clone().expect("completed record has an outcome"))
-                } else {
-                    Err(Mismatched)
-                })
-            }
-            _ => None,
         })
     }
 
