@@ -82,6 +82,9 @@ struct Args {
     /// Skip the Redis half (no redis-server needed).
     #[arg(long)]
     no_redis: bool,
+    /// Only measure the systems whose name is this (e.g. `idem`, `idempotent`).
+    #[arg(long)]
+    only: Option<String>,
     /// Only run this many idem memory-store calls on one thread (fresh, then as many
     /// replays), for a profiler: `valgrind --tool=callgrind ... --profile 20000`.
     #[arg(long)]
@@ -233,7 +236,11 @@ async fn compare(
     base: &AtomicU64,
 ) -> Res<Vec<Row>> {
     let mut rows: Vec<Row> = Vec::new();
-    for (name, call) in systems {
+    let systems: Vec<&(&str, Call)> = systems
+        .iter()
+        .filter(|(name, _)| args.only.as_deref().is_none_or(|o| o == *name))
+        .collect();
+    for (name, call) in &systems {
         // Record the replay keys once, below the fresh keys' range.
         for k in 0..REPLAY_KEYS {
             call(k).await?;
@@ -249,7 +256,7 @@ async fn compare(
     }
     for _ in 0..args.rounds {
         let mut i = 0;
-        for (_, call) in systems {
+        for (_, call) in &systems {
             for &c in callers {
                 let b = base.fetch_add(1 << 32, Ordering::Relaxed);
                 rows[i]
@@ -445,6 +452,29 @@ fn main() -> Res<()> {
         });
     }
 
+    // Memory first, in a process that has done nothing else yet.
+    let mem_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (idem_b, peer_b) = mem_rt.block_on(async {
+        let b = base.fetch_add(1 << 32, Ordering::Relaxed);
+        let idem = idem_calls(Idem::memory());
+        let idem_b = bytes_per_record(&idem, args.records, b).await?;
+        let peer = peer_calls(Arc::new(idempotent::store::memory::MemoryStore::new(
+            1024,
+            Duration::from_secs(3600),
+        )));
+        let peer_b = bytes_per_record(&peer, args.records, b).await?;
+        Res::Ok((idem_b, peer_b))
+    })?;
+    println!(
+        "- heap bytes per stored record ({} records): idem {idem_b:.0}, idempotent {peer_b:.0}",
+        args.records
+    );
+
+    drop(mem_rt);
+
     println!("## In process (memory stores)\n");
     // Single-threaded: one caller on a current-thread runtime.
     let single = tokio::runtime::Builder::new_current_thread()
@@ -491,22 +521,6 @@ fn main() -> Res<()> {
         let b = get(rows, &format!("idempotent {what} ×{c}"));
         println!("- {what} ×{c}: idem / idempotent = {:.2}", a / b);
     }
-
-    let (idem_b, peer_b) = multi.block_on(async {
-        let b = base.fetch_add(1 << 32, Ordering::Relaxed);
-        let idem = idem_calls(Idem::memory());
-        let idem_b = bytes_per_record(&idem, args.records, b).await?;
-        let peer = peer_calls(Arc::new(idempotent::store::memory::MemoryStore::new(
-            1024,
-            Duration::from_secs(3600),
-        )));
-        let peer_b = bytes_per_record(&peer, args.records, b).await?;
-        Res::Ok((idem_b, peer_b))
-    })?;
-    println!(
-        "- heap bytes per stored record ({} records): idem {idem_b:.0}, idempotent {peer_b:.0}",
-        args.records
-    );
 
     if args.no_redis {
         return Ok(());
