@@ -82,6 +82,9 @@ struct Args {
     /// Skip the Redis half (no redis-server needed).
     #[arg(long)]
     no_redis: bool,
+    /// Skip the in-process half.
+    #[arg(long)]
+    redis_only: bool,
     /// Only measure the systems whose name is this (e.g. `idem`, `idempotent`).
     #[arg(long)]
     only: Option<String>,
@@ -452,6 +455,16 @@ fn main() -> Res<()> {
         });
     }
 
+    if !args.redis_only {
+        in_process(&args, &base)?;
+    }
+    if args.no_redis {
+        return Ok(());
+    }
+    redis_half(&args, &base)
+}
+
+fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     // Memory first, in a process that has done nothing else yet.
     let mem_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -491,7 +504,7 @@ fn main() -> Res<()> {
                 ))),
             ),
         ];
-        compare(&systems, &[1], &args, &base).await
+        compare(&systems, &[1], args, base).await
     })?;
     drop(single);
     let multi = tokio::runtime::Builder::new_multi_thread()
@@ -509,7 +522,7 @@ fn main() -> Res<()> {
                 ))),
             ),
         ];
-        compare(&systems, &[64], &args, &base).await
+        compare(&systems, &[64], args, base).await
     })?;
     println!("| operation | ops/s |\n|---|---|");
     print(&rows1);
@@ -522,9 +535,14 @@ fn main() -> Res<()> {
         println!("- {what} ×{c}: idem / idempotent = {:.2}", a / b);
     }
 
-    if args.no_redis {
-        return Ok(());
-    }
+    Ok(())
+}
+
+fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let server = start_redis()?;
     let url = format!("redis://127.0.0.1:{}", server.port);
     println!("\n## Redis (a redis-server of the bench's own, persistence off)\n");
@@ -548,7 +566,7 @@ fn main() -> Res<()> {
             ("idem (replay cache)", idem_calls(cached)),
             ("idempotent", peer_calls(Arc::new(peer))),
         ];
-        compare(&systems, &[1, 16], &args, &base).await
+        compare(&systems, &[1, 16], args, base).await
     })?;
     let mut floors = Vec::new();
     for c in [1, 16] {
