@@ -94,40 +94,9 @@ async fn lapsed_claim_goes_unknown_when_asked(ctx: Ctx) {
 }
 
 async fn live_slow_body_is_renewed_not_taken_over(ctx: Ctx) {
-    let runs = Counter::default();
     // Renewed every third of it: only a stall of two thirds of a lease could lose it.
-    let lease = Duration::from_secs(1);
-    let (started_tx, started_rx) = oneshot::channel();
-    let slow = {
-        let idem = ctx.idem.clone();
-        let runs = runs.clone();
-        tokio::spawn(async move {
-            idem.operation("report", "r-1")
-                .lease(lease)
-                .run(move || async move {
-                    runs.hit();
-                    let _ = started_tx.send(());
-                    // Several leases long: only renewal keeps the claim.
-                    tokio::time::sleep(lease * 3).await;
-                    Ok::<_, IdemError>("done".to_string())
-                })
-                .await
-        })
-    };
-    started_rx.await.unwrap();
-    let dup = ctx
-        .idem
-        .operation("report", "r-1")
-        .lease(lease)
-        .in_flight(InFlight::Wait(Duration::from_secs(30)))
-        .run(|| async {
-            runs.hit();
-            Ok::<_, IdemError>("duplicate".to_string())
-        })
-        .await;
-    assert_eq!(dup.unwrap(), "done");
-    assert_eq!(slow.await.unwrap().unwrap(), "done");
-    assert_eq!(runs.get(), 1);
+    let runs = slow_body_beside_a_duplicate(&ctx.idem, "r-1", Duration::from_secs(1)).await;
+    assert_eq!(runs, 1, "a live body's claim was taken over");
 }
 
 async fn late_finisher_is_fenced(ctx: Ctx) {

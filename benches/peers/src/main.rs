@@ -464,6 +464,18 @@ fn main() -> Res<()> {
     redis_half(&args, &base)
 }
 
+/// Both libraries on their memory stores (inside a runtime: the peer's store spawns a task).
+fn memory_systems() -> [(&'static str, Call); 2] {
+    [
+        ("idem", idem_calls(Idem::memory())),
+        ("idempotent", peer_calls(Arc::new(peer_memory()))),
+    ]
+}
+
+fn peer_memory() -> idempotent::store::memory::MemoryStore {
+    idempotent::store::memory::MemoryStore::new(1024, Duration::from_secs(3600))
+}
+
 fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     // Memory first, in a process that has done nothing else yet.
     let mem_rt = tokio::runtime::Builder::new_multi_thread()
@@ -474,10 +486,7 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
         let b = base.fetch_add(1 << 32, Ordering::Relaxed);
         let idem = idem_calls(Idem::memory());
         let idem_b = bytes_per_record(&idem, args.records, b).await?;
-        let peer = peer_calls(Arc::new(idempotent::store::memory::MemoryStore::new(
-            1024,
-            Duration::from_secs(3600),
-        )));
+        let peer = peer_calls(Arc::new(peer_memory()));
         let peer_b = bytes_per_record(&peer, args.records, b).await?;
         Res::Ok((idem_b, peer_b))
     })?;
@@ -493,37 +502,13 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     let single = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let rows1 = single.block_on(async {
-        let systems = [
-            ("idem", idem_calls(Idem::memory())),
-            (
-                "idempotent",
-                peer_calls(Arc::new(idempotent::store::memory::MemoryStore::new(
-                    1024,
-                    Duration::from_secs(3600),
-                ))),
-            ),
-        ];
-        compare(&systems, &[1], args, base).await
-    })?;
+    let rows1 = single.block_on(async { compare(&memory_systems(), &[1], args, base).await })?;
     drop(single);
     let multi = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let rows64 = multi.block_on(async {
-        let systems = [
-            ("idem", idem_calls(Idem::memory())),
-            (
-                "idempotent",
-                peer_calls(Arc::new(idempotent::store::memory::MemoryStore::new(
-                    1024,
-                    Duration::from_secs(3600),
-                ))),
-            ),
-        ];
-        compare(&systems, &[64], args, base).await
-    })?;
+    let rows64 = multi.block_on(async { compare(&memory_systems(), &[64], args, base).await })?;
     println!("| operation | ops/s |\n|---|---|");
     print(&rows1);
     print(&rows64);
