@@ -221,17 +221,7 @@ impl Store for MemoryStore {
         let mut s = Stats::default();
         for r in map.values() {
             let age = now - r.claimed_at;
-            match r.state {
-                State::InProgress => {
-                    s.in_progress += 1;
-                    s.oldest_in_progress = s.oldest_in_progress.max(Some(age));
-                }
-                State::Completed => s.completed += 1,
-                State::Unknown => {
-                    s.unknown += 1;
-                    s.oldest_unknown = s.oldest_unknown.max(Some(age));
-                }
-            }
+            s.count(r.state, age);
         }
         Ok(s)
     }

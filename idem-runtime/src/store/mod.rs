@@ -287,6 +287,24 @@ pub struct Stats {
     pub oldest_unknown: Option<Duration>,
 }
 
+impl Stats {
+    /// Counts one record in `state`, `age` since its claim, for stores that tally
+    /// their records one by one.
+    pub(crate) fn count(&mut self, state: State, age: Duration) {
+        match state {
+            State::InProgress => {
+                self.in_progress += 1;
+                self.oldest_in_progress = self.oldest_in_progress.max(Some(age));
+            }
+            State::Completed => self.completed += 1,
+            State::Unknown => {
+                self.unknown += 1;
+                self.oldest_unknown = self.oldest_unknown.max(Some(age));
+            }
+        }
+    }
+}
+
 /// Whether a fenced write took effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fence {

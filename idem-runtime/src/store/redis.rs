@@ -746,17 +746,7 @@ impl Store for RedisStore {
         let mut s = Stats::default();
         for (now, row) in self.scan().await? {
             let age = row.age(now);
-            match row.state {
-                State::InProgress => {
-                    s.in_progress += 1;
-                    s.oldest_in_progress = s.oldest_in_progress.max(Some(age));
-                }
-                State::Completed => s.completed += 1,
-                State::Unknown => {
-                    s.unknown += 1;
-                    s.oldest_unknown = s.oldest_unknown.max(Some(age));
-                }
-            }
+            s.count(row.state, age);
         }
         Ok(s)
     }
