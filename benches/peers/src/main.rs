@@ -85,6 +85,9 @@ struct Args {
     /// Skip the in-process half.
     #[arg(long)]
     redis_only: bool,
+    /// Only the SQLite-file half: idem's fresh calls at 1, 16 and 64 callers.
+    #[arg(long)]
+    sqlite_only: bool,
     /// Only measure the systems whose name is this (e.g. `idem`, `idempotent`).
     #[arg(long)]
     only: Option<String>,
@@ -456,7 +459,13 @@ fn main() -> Res<()> {
     }
 
     if !args.redis_only {
-        in_process(&args, &base)?;
+        if !args.sqlite_only {
+            in_process(&args, &base)?;
+        }
+        sqlite_file(&args, &base)?;
+        if args.sqlite_only {
+            return Ok(());
+        }
     }
     if args.no_redis {
         return Ok(());
@@ -520,6 +529,35 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
         println!("- {what} ×{c}: idem / idempotent = {:.2}", a / b);
     }
 
+    Ok(())
+}
+
+/// idem on a SQLite file (WAL, `synchronous=FULL`): fresh calls and replays by callers.
+fn sqlite_file(args: &Args, base: &AtomicU64) -> Res<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let rows = rt.block_on(async {
+        let idem = Idem::builder().replay_cache_bytes(0).sqlite(&url).await?;
+        compare(
+            &[("idem sqlite", idem_calls(idem))],
+            &[1, 16, 64],
+            args,
+            base,
+        )
+        .await
+    })?;
+    println!("\n## SQLite file (idem alone; the ratio is to its own single caller)\n");
+    println!("| operation | ops/s |\n|---|---|");
+    print(&rows);
+    let one = get(&rows, "idem sqlite fresh ×1");
+    for c in [16, 64] {
+        let f = get(&rows, &format!("idem sqlite fresh ×{c}"));
+        println!("- fresh ×{c} / fresh ×1 = {:.2}", f / one);
+    }
     Ok(())
 }
 

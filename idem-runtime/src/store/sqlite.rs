@@ -8,8 +8,8 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::str::FromStr;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::Executor;
@@ -17,6 +17,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
+use tokio::sync::oneshot;
 
 use super::engine::{
     Arg, Dialect, On, Row, SqlStore, Stmt, bind, decode_row, migrate, open_error, statements,
@@ -37,6 +38,161 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub(crate) struct Sqlite {
     pub(crate) pool: SqlitePool,
+    /// Claims and records, gathered into shared transactions.
+    writes: Arc<GroupCommit>,
+}
+
+impl Sqlite {
+    fn new(pool: SqlitePool) -> Sqlite {
+        Sqlite {
+            pool,
+            writes: Arc::default(),
+        }
+    }
+}
+
+/// Group commit: SQLite has one writer and every commit is an fsync, so concurrent
+/// claims and records wait for whichever caller writes next, which takes every write
+/// waiting at that moment into one transaction and answers each caller with its own
+/// rows. A lone write runs alone, as before; nothing waits on a timer.
+#[derive(Debug, Default)]
+struct GroupCommit {
+    waiting: std::sync::Mutex<Vec<Pending>>,
+    /// Held by the task writing a batch; FIFO, so no caller is starved.
+    writer: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A write waiting for its batch.
+#[derive(Debug)]
+struct Pending {
+    sql: String,
+    args: Vec<OwnedArg>,
+    reply: oneshot::Sender<Result<Vec<Row>, sqlx::Error>>,
+}
+
+/// An [`Arg`] that outlives its caller's borrow, for a write run by another task.
+#[derive(Debug)]
+enum OwnedArg {
+    Text(String),
+    OptText(Option<String>),
+    Bytes(Vec<u8>),
+    Int(i64),
+    OptInt(Option<i64>),
+    Bool(bool),
+}
+
+impl OwnedArg {
+    fn from(a: Arg<'_>) -> OwnedArg {
+        match a {
+            Arg::Text(t) => OwnedArg::Text(t.to_owned()),
+            Arg::OptText(t) => OwnedArg::OptText(t.map(str::to_owned)),
+            Arg::Bytes(b) => OwnedArg::Bytes(b.to_vec()),
+            Arg::Int(i) => OwnedArg::Int(i),
+            Arg::OptInt(i) => OwnedArg::OptInt(i),
+            Arg::Bool(b) => OwnedArg::Bool(b),
+        }
+    }
+
+    fn arg(&self) -> Arg<'_> {
+        match self {
+            OwnedArg::Text(t) => Arg::Text(t),
+            OwnedArg::OptText(t) => Arg::OptText(t.as_deref()),
+            OwnedArg::Bytes(b) => Arg::Bytes(b),
+            OwnedArg::Int(i) => Arg::Int(*i),
+            OwnedArg::OptInt(i) => Arg::OptInt(*i),
+            OwnedArg::Bool(b) => Arg::Bool(*b),
+        }
+    }
+}
+
+impl Pending {
+    async fn run<'c, E>(&self, on: E) -> Result<Vec<Row>, sqlx::Error>
+    where
+        E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
+    {
+        let args = self.args.iter().map(OwnedArg::arg).collect();
+        let rows = bind(sqlx::query(&self.sql), args).fetch_all(on).await?;
+        rows.iter().map(decode_row).collect()
+    }
+}
+
+impl GroupCommit {
+    async fn write(
+        &self,
+        pool: &SqlitePool,
+        stmt: &Stmt,
+        args: Vec<Arg<'_>>,
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        let (reply, mut answer) = oneshot::channel();
+        lock(&self.waiting).push(Pending {
+            sql: stmt.sql.clone(),
+            args: args.into_iter().map(OwnedArg::from).collect(),
+            reply,
+        });
+        loop {
+            let writer = tokio::select! {
+                biased;
+                done = &mut answer => return done.unwrap_or_else(|_| Err(lost_batch())),
+                writer = self.writer.clone().lock_owned() => writer,
+            };
+            let batch = std::mem::take(&mut *lock(&self.waiting));
+            if batch.is_empty() {
+                // An earlier writer took ours; its answer is on the way.
+                drop(writer);
+                continue;
+            }
+            // In a task of its own, holding the writer lock, so a caller that gives up
+            // mid-batch cancels neither the batch nor its neighbours' answers.
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                write_batch(&pool, batch).await;
+                drop(writer);
+            });
+        }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lost_batch() -> sqlx::Error {
+    sqlx::Error::Protocol("a group-commit batch ended without answering (its task panicked)".into())
+}
+
+/// Writes `batch` in one transaction and answers each write. If any write or the commit
+/// fails, the transaction is rolled back whole and every write runs again alone, so one
+/// write's failure is its own and no write takes effect twice.
+async fn write_batch(pool: &SqlitePool, batch: Vec<Pending>) {
+    if let [one] = &batch[..] {
+        let r = one.run(pool).await;
+        let one = batch.into_iter().next().expect("one write");
+        let _ = one.reply.send(r);
+        return;
+    }
+    let together = async {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut answers = Vec::with_capacity(batch.len());
+        for p in &batch {
+            answers.push(p.run(&mut *tx).await?);
+        }
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(answers)
+    };
+    match together.await {
+        Ok(answers) => {
+            for (p, rows) in batch.into_iter().zip(answers) {
+                let _ = p.reply.send(Ok(rows));
+            }
+        }
+        // Dropping the transaction rolled it back: nothing of the batch took effect.
+        Err(_) => {
+            for p in batch {
+                let r = p.run(pool).await;
+                let _ = p.reply.send(r);
+            }
+        }
+    }
 }
 
 /// The SQLite store.
@@ -66,9 +222,12 @@ impl Dialect for Sqlite {
         stmt: &Stmt,
         args: Vec<Arg<'_>>,
     ) -> Result<Vec<Row>, sqlx::Error> {
+        if let On::Hot = on {
+            return self.writes.write(&self.pool, stmt, args).await;
+        }
         let query = bind(sqlx::query(&stmt.sql), args);
         let rows = match on {
-            On::Pool | On::Hot => query.fetch_all(&self.pool).await?,
+            On::Hot | On::Pool => query.fetch_all(&self.pool).await?,
             On::Conn(conn) => query.fetch_all(conn).await?,
         };
         rows.iter().map(decode_row).collect()
@@ -176,7 +335,7 @@ async fn prepare(
     opts: &SqlOptions,
 ) -> Result<SqliteStore, IdemError> {
     if opts.migrate {
-        migrate(&Sqlite { pool: pool.clone() }, &table, MIGRATIONS)
+        migrate(&Sqlite::new(pool.clone()), &table, MIGRATIONS)
             .await
             .map_err(|e| {
                 open_error::<Sqlite>(
@@ -188,7 +347,7 @@ async fn prepare(
                 )
             })?;
     }
-    SqlStore::prepare(Sqlite { pool }, &table, &opts.key_mode).await
+    SqlStore::prepare(Sqlite::new(pool), &table, &opts.key_mode).await
 }
 
 /// SQLite's primary result codes (the low byte of the extended code) that a retry can

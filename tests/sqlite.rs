@@ -1,0 +1,90 @@
+//! What only the SQLite store does: group commit, where concurrent claims and records
+//! share one transaction and one write's failure stays its own.
+mod common;
+
+use common::Counter;
+use idem_runtime::{Idem, IdemError};
+
+/// Callers per round: enough that writes wait on each other and share transactions.
+const CALLERS: usize = 32;
+const ROUNDS: usize = 8;
+
+/// A key the database itself refuses (a trigger aborts its insert), written among
+/// concurrent neighbours round after round: the refused call fails alone and runs no
+/// body; every neighbour's body runs exactly once and its outcome is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_fails_alone_in_a_shared_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let idem = Idem::builder()
+        .replay_cache_bytes(0)
+        .sqlite(&url)
+        .await
+        .unwrap();
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query(
+        "CREATE TRIGGER poison BEFORE INSERT ON idem_operations \
+         WHEN NEW.key LIKE '%poison%' BEGIN SELECT RAISE(ABORT, 'poisoned key'); END",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let runs = Counter::default();
+    let poisoned_runs = Counter::default();
+    for round in 0..ROUNDS {
+        let mut calls = Vec::new();
+        for i in 0..CALLERS {
+            let idem = idem.clone();
+            let (runs, poisoned_runs) = (runs.clone(), poisoned_runs.clone());
+            let key = if i == CALLERS / 2 {
+                format!("poison-{round}")
+            } else {
+                format!("k-{round}-{i}")
+            };
+            calls.push(tokio::spawn(async move {
+                let poisoned = key.starts_with("poison");
+                let r = idem
+                    .operation("ship", &key)
+                    .run(|| async {
+                        if poisoned {
+                            poisoned_runs.hit();
+                        } else {
+                            runs.hit();
+                        }
+                        Ok::<_, IdemError>(i)
+                    })
+                    .await;
+                (poisoned, r)
+            }));
+        }
+        for c in calls {
+            match c.await.unwrap() {
+                (true, Err(IdemError::Store { .. })) => {}
+                (true, other) => panic!("the refused key answered {other:?}"),
+                (false, r) => {
+                    r.expect("a neighbour of the refused write failed");
+                }
+            }
+        }
+    }
+    assert_eq!(poisoned_runs.get(), 0, "a refused claim ran its body");
+    assert_eq!(runs.get(), ROUNDS * (CALLERS - 1));
+
+    // Every neighbour's outcome is recorded: a retry replays without running.
+    let replayed = Counter::default();
+    for round in 0..ROUNDS {
+        for i in (0..CALLERS).filter(|&i| i != CALLERS / 2) {
+            let got = idem
+                .operation("ship", &format!("k-{round}-{i}"))
+                .run(|| async {
+                    replayed.hit();
+                    Ok::<_, IdemError>(usize::MAX)
+                })
+                .await
+                .unwrap();
+            assert_eq!(got, i);
+        }
+    }
+    assert_eq!(replayed.get(), 0, "a recorded outcome was lost");
+}
