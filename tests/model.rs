@@ -366,6 +366,7 @@ enum Backend {
     Memory,
     SqliteFile,
     Redis,
+    MySql,
 }
 
 struct World {
@@ -375,6 +376,8 @@ struct World {
     _dir: Option<tempfile::TempDir>,
     /// The Redis key prefix of this run, deleted after it passes.
     redis_prefix: Option<String>,
+    /// The MySQL table of this run, dropped after it passes.
+    mysql_table: Option<String>,
 }
 
 async fn world(backend: Backend, seed: u64) -> World {
@@ -397,6 +400,7 @@ async fn world(backend: Backend, seed: u64) -> World {
             f
         });
     let mut redis_prefix = None;
+    let mut mysql_table = None;
     let (idem, dir) = match backend {
         Backend::Memory => (builder.memory(), None),
         Backend::Redis => {
@@ -409,6 +413,19 @@ async fn world(backend: Backend, seed: u64) -> World {
                 .expect("open the Redis store");
             (idem, None)
         }
+        #[cfg(feature = "mysql")]
+        Backend::MySql => {
+            let table = common::unique_table(&format!("model_{seed}"));
+            mysql_table = Some(table.clone());
+            let idem = builder
+                .table(table)
+                .mysql(&common::mysql_url())
+                .await
+                .expect("open the MySQL store");
+            (idem, None)
+        }
+        #[cfg(not(feature = "mysql"))]
+        Backend::MySql => unreachable!("built without the `mysql` feature"),
         Backend::SqliteFile => {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("sqlite://{}", dir.path().join("model.db").display());
@@ -422,6 +439,7 @@ async fn world(backend: Backend, seed: u64) -> World {
         model: Arc::default(),
         _dir: dir,
         redis_prefix,
+        mysql_table,
     }
 }
 
@@ -620,94 +638,95 @@ async fn run_seed(backend: Backend, seed: u64) {
     }
 
     let leases = std::mem::take(&mut *w.faulty.leases.lock().unwrap());
-    let m = w.model.lock().unwrap();
-    let mut violations = m.violations.clone();
-    violations.extend(
-        blocked
-            .into_iter()
-            .map(|b| format!("blocked past one lease: {b}")),
-    );
-    let mut ok_exec: HashMap<usize, usize> = HashMap::new();
-    for &(key, payload, exec) in &m.oks {
-        let e = &m.execs[exec];
-        if e.key != key || e.payload != payload || !e.body_ok {
-            violations.push(format!(
+    let violations = {
+        let m = w.model.lock().unwrap();
+        let mut violations = m.violations.clone();
+        violations.extend(
+            blocked
+                .into_iter()
+                .map(|b| format!("blocked past one lease: {b}")),
+        );
+        let mut ok_exec: HashMap<usize, usize> = HashMap::new();
+        for &(key, payload, exec) in &m.oks {
+            let e = &m.execs[exec];
+            if e.key != key || e.payload != payload || !e.body_ok {
+                violations.push(format!(
                 "key {key} payload {payload} was answered Ok with exec {exec}, which ran key {} \
                  payload {} (body ok: {})",
                 e.key, e.payload, e.body_ok
             ));
-        }
-        if let Some(&first) = ok_exec.get(&key) {
-            if first != exec {
-                violations.push(format!(
+            }
+            if let Some(&first) = ok_exec.get(&key) {
+                if first != exec {
+                    violations.push(format!(
                     "key {key} answered Ok with the outcomes of two executions ({first} and {exec})"
                 ));
+                }
+            } else {
+                ok_exec.insert(key, exec);
             }
-        } else {
-            ok_exec.insert(key, exec);
         }
-    }
-    for &x in &m.fenced {
-        let e = &m.execs[x];
-        let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
-        if e.stalled || reset {
-            continue;
-        }
-        match leases.taker(&e.op, e.epoch) {
-            Some(t) if leases.surely_live_at(&e.op, e.epoch, t) => violations.push(format!(
-                "exec {x} (key {}, epoch {}) was fenced by epoch {t}, claimed while its lease \
+        for &x in &m.fenced {
+            let e = &m.execs[x];
+            let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
+            if e.stalled || reset {
+                continue;
+            }
+            match leases.taker(&e.op, e.epoch) {
+                Some(t) if leases.surely_live_at(&e.op, e.epoch, t) => violations.push(format!(
+                    "exec {x} (key {}, epoch {}) was fenced by epoch {t}, claimed while its lease \
                  surely held",
-                e.key, e.epoch
-            )),
-            Some(_) => {}
-            None => violations.push(format!(
-                "exec {x} (key {}, epoch {}) was fenced though no later claim exists and no \
+                    e.key, e.epoch
+                )),
+                Some(_) => {}
+                None => violations.push(format!(
+                    "exec {x} (key {}, epoch {}) was fenced though no later claim exists and no \
                  operator touched it",
-                e.key, e.epoch
-            )),
+                    e.key, e.epoch
+                )),
+            }
         }
-    }
-    for &(key, epoch, generation) in &m.fenced_unrun {
-        let reset = *m.generation.get(&key).unwrap_or(&0) != generation;
-        if !reset && leases.taker(&op_id(&w.idem, key), epoch).is_none() {
-            violations.push(format!(
-                "a call at epoch {epoch} of key {key} was fenced before its body though no \
+        for &(key, epoch, generation) in &m.fenced_unrun {
+            let reset = *m.generation.get(&key).unwrap_or(&0) != generation;
+            if !reset && leases.taker(&op_id(&w.idem, key), epoch).is_none() {
+                violations.push(format!(
+                    "a call at epoch {epoch} of key {key} was fenced before its body though no \
                  later claim exists"
-            ));
+                ));
+            }
         }
-    }
-    for (x, why) in &m.unrecorded {
-        let e = &m.execs[*x];
-        let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
-        if e.stalled || reset {
-            continue;
-        }
-        // Faults are never injected twice in a row, so one retry would have recorded it:
-        // giving up without one is the defect, unless the lease was (nearly) gone.
-        let claimed = (e.op.clone(), e.epoch);
-        let attempts = leases.records.get(&claimed).map_or(&[][..], |v| &v[..]);
-        let Some(&first) = attempts.first() else {
-            continue;
-        };
-        let lease_left = leases
-            .extended
-            .get(&claimed)
-            .into_iter()
-            .flatten()
-            .filter(|(_, answered)| *answered < first)
-            .map(|(sent, _)| *sent + LEASE)
-            .max()
-            .is_some_and(|end| first + LEASE / 2 < end);
-        if attempts.len() < 2 && lease_left {
-            violations.push(format!(
-                "exec {x} (key {}, epoch {}) was reported Unrecorded after one attempt while \
+        for (x, why) in &m.unrecorded {
+            let e = &m.execs[*x];
+            let reset = *m.generation.get(&e.key).unwrap_or(&0) != e.generation;
+            if e.stalled || reset {
+                continue;
+            }
+            // Faults are never injected twice in a row, so one retry would have recorded it:
+            // giving up without one is the defect, unless the lease was (nearly) gone.
+            let claimed = (e.op.clone(), e.epoch);
+            let attempts = leases.records.get(&claimed).map_or(&[][..], |v| &v[..]);
+            let Some(&first) = attempts.first() else {
+                continue;
+            };
+            let lease_left = leases
+                .extended
+                .get(&claimed)
+                .into_iter()
+                .flatten()
+                .filter(|(_, answered)| *answered < first)
+                .map(|(sent, _)| *sent + LEASE)
+                .max()
+                .is_some_and(|end| first + LEASE / 2 < end);
+            if attempts.len() < 2 && lease_left {
+                violations.push(format!(
+                    "exec {x} (key {}, epoch {}) was reported Unrecorded after one attempt while \
                  its lease held ({why})",
-                e.key, e.epoch
-            ));
+                    e.key, e.epoch
+                ));
+            }
         }
-    }
-    // Released before the cleanup awaits.
-    drop(m);
+        violations
+    };
     assert!(
         violations.is_empty(),
         "model violations on {backend:?} with seed {seed} (rerun with IDEM_MODEL_SEED={seed}):\n{}",
@@ -715,6 +734,9 @@ async fn run_seed(backend: Backend, seed: u64) {
     );
     if let Some(prefix) = &w.redis_prefix {
         common::Cleanup::for_redis_prefix(prefix).run().await;
+    }
+    if let Some(table) = &w.mysql_table {
+        common::Cleanup::for_mysql_table(table).run().await;
     }
 }
 
@@ -747,6 +769,17 @@ async fn model_redis() {
     }
     for seed in seeds(4) {
         run_seed(Backend::Redis, seed).await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_mysql() {
+    if common::mysql_skip("model_mysql").is_some() {
+        return;
+    }
+    for seed in seeds(4) {
+        run_seed(Backend::MySql, seed).await;
     }
 }
 
