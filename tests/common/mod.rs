@@ -515,6 +515,33 @@ pub async fn contend_many_keys(idem: &Idem, keys: usize, callers: usize) -> usiz
     runs.get()
 }
 
+/// Two `idem-race-worker` processes racing in transactional mode on keys `0..keys`
+/// (see `tests/bin/race_worker.rs` for `url` and `namespace`); asserts both succeeded
+/// and returns how many bodies they ran in total.
+pub async fn race_two_processes(url: &str, namespace: &str, keys: u32) -> u32 {
+    let spawn = |worker: &str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-race-worker"))
+            .args([url, namespace, &keys.to_string(), worker])
+            .output()
+    };
+    let (a, b) = tokio::join!(spawn("a"), spawn("b"));
+    let mut ran = 0;
+    for out in [a.unwrap(), b.unwrap()] {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "worker failed: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ran += stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RAN="))
+            .and_then(|n| n.parse::<u32>().ok())
+            .expect("worker printed its count");
+    }
+    ran
+}
+
 /// Counts body executions.
 #[derive(Clone, Default)]
 pub struct Counter(Arc<AtomicUsize>);

@@ -1,9 +1,7 @@
-INSERT INTO {epoch_seq} (id) VALUES (NULL);
-DELETE FROM {epoch_seq} WHERE id = LAST_INSERT_ID();
 INSERT INTO {table} (scope, name, `key`, state, epoch, fingerprint, token, taken_over,
         lease_until_ms, created_ms, claimed_ms, expires_ms, outcome, outcome_is_err,
         outcome_version)
-    VALUES (:scope, :name, :key, 0, {next_epoch}, :fp, :token, 0, {now} + :lease_ms, {now},
+    VALUES (:scope, :name, :key, 0, 0, :fp, :token, 0, {now} + :lease_ms, {now},
         {now}, NULL, NULL, 0, 0)
     ON DUPLICATE KEY UPDATE
         token = IF({expired} OR {lapsed}, VALUES(token), token),
@@ -22,6 +20,12 @@ INSERT INTO {table} (scope, name, `key`, state, epoch, fingerprint, token, taken
         outcome_is_err = IF(token = VALUES(token) AND state = 1, 0, outcome_is_err),
         outcome_version = IF(token = VALUES(token) AND state = 1, 0, outcome_version),
         state = IF(token = VALUES(token), IF(state = 1 OR NOT :to_unknown, 0, 2), state);
+INSERT INTO {epoch_seq} (id)
+    SELECT NULL FROM {table}
+    WHERE scope = :scope AND name = :name AND `key` = :key AND token = :token AND epoch = 0;
+UPDATE {table} SET epoch = {next_epoch}
+    WHERE scope = :scope AND name = :name AND `key` = :key AND token = :token AND epoch = 0;
+DELETE FROM {epoch_seq} WHERE id = LAST_INSERT_ID();
 SELECT token = :token AS mine, state, epoch, fingerprint = :fp AS same_fingerprint, taken_over,
         GREATEST(0, lease_until_ms - {now}) AS retry_after_ms,
         IF(fingerprint = :fp, outcome, NULL) AS outcome, outcome_is_err, outcome_version

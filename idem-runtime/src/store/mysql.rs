@@ -13,10 +13,11 @@
 //! **The claim** is an upsert that decides, then a read of the row it decided, in one
 //! transaction: `INSERT ... ON DUPLICATE KEY UPDATE` inserts a fresh claim, or takes the
 //! existing row over when it is an expired COMPLETED record or a lapsed lease of the
-//! same fingerprint (with a new epoch), or leaves it as it is; the upsert holds the row's
-//! exclusive lock until commit, so the `SELECT ... FOR UPDATE` that follows reads exactly
-//! the row the upsert left, and `token = :token` tells "this statement claimed" from
-//! "someone else's record". Not one round trip (MySQL cannot return the row an upsert
+//! same fingerprint, or leaves it as it is; the upsert holds the row's exclusive lock
+//! until commit, so the `SELECT ... FOR UPDATE` that follows reads exactly the row the
+//! upsert left, and `token = :token` tells "this statement claimed" from "someone else's
+//! record". A claim the upsert made carries epoch 0 until the statements between give it
+//! the next epoch, drawn only then (a replay or an in-flight answer draws none). Not one round trip (MySQL cannot return the row an upsert
 //! wrote), but never a read followed by a write: the write decides, the read reports. A
 //! deadlock between two claims (InnoDB's gap locks on a key being deleted and inserted
 //! at once) rolls the transaction back whole, and the claim is issued again.
@@ -28,7 +29,8 @@
 //!
 //! **Epochs** come from an `AUTO_INCREMENT` counter table beside the operations table:
 //! each claim inserts a row, takes `LAST_INSERT_ID()` and deletes the row, so epochs
-//! never repeat for the table, whatever was released, resolved or purged.
+//! never repeat for the table, whatever was released, resolved or purged. (Transactional
+//! mode draws one per claim attempt: its statements cannot tell "I inserted" otherwise.)
 
 use std::str::FromStr;
 
@@ -350,5 +352,55 @@ pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
             err
         }
         None => sql_common::map_sqlx(e, |_| false, |_| false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contention_is_retryable_and_only_lost_connections_are_unreachable() {
+        for n in [ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, 1040, 1053, 2013] {
+            assert!(retryable_number(n), "{n}");
+        }
+        for n in [ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, 1040, 1062, 1406] {
+            assert!(!unreachable_number(n), "{n}");
+        }
+        for n in [1053, 1927, 2006, 2013] {
+            assert!(unreachable_number(n), "{n}");
+        }
+        // A duplicate key, data too long, a syntax error, a missing table: fail closed.
+        for n in [1062, 1406, 1064, 1146] {
+            assert!(!retryable_number(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn statements_split_and_bind_by_occurrence() {
+        let table = TableName::parse("ops", false).unwrap().backticked();
+        let claim = Stmt::render::<MySql>(MySql::sql("claim"), &table);
+        let parts = split(&claim.sql);
+        assert_eq!(parts.len(), 5, "{}", claim.sql);
+        assert!(is_select(parts[4]));
+        assert!(
+            claim.sql.contains("INSERT INTO `ops_epoch_seq`"),
+            "{}",
+            claim.sql
+        );
+        let named = [
+            ("scope", Arg::Text("s")),
+            ("name", Arg::Text("n")),
+            ("key", Arg::Text("k")),
+            ("fp", Arg::Bytes(&[0; 32])),
+            ("token", Arg::Int(1)),
+            ("lease_ms", Arg::Int(1)),
+            ("to_unknown", Arg::Bool(false)),
+        ];
+        let args = claim.args(&named).unwrap();
+        assert_eq!(args.len(), claim.sql.matches('?').count());
+        let ddl = table.render_ddl(sql_common::MYSQL_SCHEMA_SQL);
+        assert_eq!(split_script(&ddl).len(), 4, "{ddl}");
+        assert!(!ddl.contains("idem_operations"), "{ddl}");
     }
 }

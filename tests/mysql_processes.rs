@@ -1,0 +1,132 @@
+//! MySQL/MariaDB under real contention in transactional mode: two OS processes racing
+//! on the same keys, and a lock-wait timeout surfacing as a retryable store error.
+#![cfg(feature = "mysql")]
+mod common;
+use common::*;
+use idem_runtime::{Idem, IdemError, TxStep};
+use std::str::FromStr;
+
+/// A database of its own for `test`, and a pool on it; `None` (with one line saying
+/// why) when MySQL is unreachable outside CI.
+async fn database(test: &str) -> Option<(String, String, sqlx::MySqlPool)> {
+    mysql_skip(test).is_none().then_some(())?;
+    let admin = match sqlx::MySqlPool::connect(&mysql_url()).await {
+        Ok(p) => p,
+        Err(e) if !db_required() => {
+            skip(
+                test,
+                &format!("MySQL at {} refused the connection ({e})", mysql_url()),
+            );
+            return None;
+        }
+        Err(e) => panic!("MySQL required: {e}"),
+    };
+    let db = unique_table(test);
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&mysql_url())
+        .unwrap()
+        .database(&db);
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(8)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    // The URL of the same database, for the worker processes.
+    let base = mysql_url();
+    let url = match base.rsplit_once('/') {
+        Some((server, _)) if server.contains("//") && !server.ends_with('/') => {
+            format!("{server}/{db}")
+        }
+        _ => format!("{}/{db}", base.trim_end_matches('/')),
+    };
+    Some((db, url, pool))
+}
+
+async fn drop_database(pool: &sqlx::MySqlPool, db: &str) {
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db}"))
+        .execute(pool)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_race_on_the_same_keys() {
+    let Some((db, url, pool)) = database("mysql_two_processes").await else {
+        return;
+    };
+    sqlx::query("CREATE TABLE effects (`key` BIGINT PRIMARY KEY, worker TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Create idem's table before the race, so both workers race on claims, not DDL.
+    Idem::from_pool(pool.clone()).await.unwrap();
+    const KEYS: u32 = 1_000;
+    let ran = race_two_processes(&url, &db, KEYS).await;
+    assert_eq!(ran, KEYS, "each key's body ran once in total");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, i64::from(KEYS));
+    let completed: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_operations WHERE state = 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(completed, i64::from(KEYS));
+    drop_database(&pool, &db).await;
+}
+
+/// A duplicate that waits on the row lock past `innodb_lock_wait_timeout` (error 1205)
+/// gets a retryable `Store` error; after the first commits, the retry replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_wait_timeout_is_a_retryable_store_error() {
+    let Some((db, _url, pool)) = database("mysql_lock_wait").await else {
+        return;
+    };
+    let idem = Idem::from_pool(pool.clone()).await.unwrap();
+    let op = || idem.operation("book", "seat-1");
+    let mut first = pool.begin().await.unwrap();
+    let guard = match op()
+        .begin_tx::<_, u32, IdemError>(&mut first)
+        .await
+        .unwrap()
+    {
+        TxStep::Run(g) => g,
+        TxStep::Replay(_) => panic!("fresh key"),
+    };
+
+    let mut second = pool.begin().await.unwrap();
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+        .execute(&mut *second)
+        .await
+        .unwrap();
+    match op().begin_tx::<_, u32, IdemError>(&mut second).await {
+        Err(e @ IdemError::Store { .. }) => assert!(e.is_retryable(), "{e}"),
+        Err(e) => panic!("expected a retryable store error, got {e}"),
+        Ok(_) => panic!("expected a retryable store error, got a claim or a replay"),
+    }
+    second.rollback().await.unwrap();
+
+    assert_eq!(
+        guard
+            .finish(&mut first, Ok::<u32, IdemError>(7))
+            .await
+            .unwrap(),
+        7
+    );
+    first.commit().await.unwrap();
+    let mut again = pool.begin().await.unwrap();
+    match op()
+        .begin_tx::<_, u32, IdemError>(&mut again)
+        .await
+        .unwrap()
+    {
+        TxStep::Replay(out) => assert_eq!(out.unwrap(), 7),
+        TxStep::Run(_) => panic!("ran again after the first committed"),
+    }
+    again.rollback().await.unwrap();
+    drop_database(&pool, &db).await;
+}
