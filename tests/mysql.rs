@@ -1,5 +1,6 @@
-//! MySQL/MariaDB under real contention in transactional mode: two OS processes racing
-//! on the same keys, and a lock-wait timeout surfacing as a retryable store error.
+//! What is MySQL/MariaDB's own: two OS processes racing in transactional mode, a
+//! lock-wait timeout surfacing as a retryable store error, processes opening at once
+//! under the migrations' named lock, and the shipped schema without migrations.
 #![cfg(feature = "mysql")]
 mod common;
 use common::*;
@@ -128,5 +129,63 @@ async fn lock_wait_timeout_is_a_retryable_store_error() {
         TxStep::Run(_) => panic!("ran again after the first committed"),
     }
     again.rollback().await.unwrap();
+    drop_database(&pool, &db).await;
+}
+
+/// Six stores opening one fresh table at once: the named lock lets one migrate and the
+/// others find the work done, so every open succeeds and the migration is recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_opens_migrate_once() {
+    let Some((db, url, pool)) = database("mysql_opens").await else {
+        return;
+    };
+    let opens: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { Idem::builder().table("shared_ops").mysql(&url).await })
+        })
+        .collect();
+    for open in opens {
+        open.await.unwrap().expect("concurrent open");
+    }
+    let versions: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM idem_schema_migrations WHERE table_name = 'shared_ops'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(versions, 1);
+    drop_database(&pool, &db).await;
+}
+
+/// A table made by hand from `MYSQL_SCHEMA_SQL` works with `migrate(false)`; a missing
+/// one is a configuration error that names the schema constant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shipped_schema_works_without_migrate() {
+    let Some((db, _url, pool)) = database("mysql_schema").await else {
+        return;
+    };
+    match Idem::builder().migrate(false).pool(pool.clone()).await {
+        Err(IdemError::Config { message }) => {
+            assert!(message.contains("MYSQL_SCHEMA_SQL"), "{message}")
+        }
+        other => panic!("expected Config, got {:?}", other.err()),
+    }
+    sqlx::raw_sql(idem_runtime::schema::MYSQL_SCHEMA_SQL)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let idem = Idem::builder()
+        .migrate(false)
+        .pool(pool.clone())
+        .await
+        .unwrap();
+    let run = || {
+        idem.operation("charge", "o-1")
+            .run(|| async { Ok::<_, IdemError>(42u32) })
+    };
+    assert_eq!(run().await.unwrap(), 42);
+    assert_eq!(run().await.unwrap(), 42);
+    assert_eq!(idem.stats().await.unwrap().completed, 1);
     drop_database(&pool, &db).await;
 }
