@@ -189,3 +189,62 @@ async fn shipped_schema_works_without_migrate() {
     assert_eq!(idem.stats().await.unwrap().completed, 1);
     drop_database(&pool, &db).await;
 }
+
+/// Contention is not an outage: a leased call with `fail_open` whose claim keeps timing
+/// out on a row lock (error 1205) gets a retryable `Store` error and does not run its
+/// body while a transaction holds the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_does_not_run_on_a_lock_wait_timeout() {
+    let Some((db, url, pool)) = database("mysql_fail_open_lock").await else {
+        return;
+    };
+    let holder = Idem::from_pool(pool.clone()).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let TxStep::Run(guard) = holder
+        .operation("notify", "k")
+        .begin_tx::<_, u32, IdemError>(&mut tx)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key replayed");
+    };
+    // Another process whose lock waits give up after one second.
+    let impatient = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&url)
+        .await
+        .unwrap();
+    let other = Idem::builder()
+        .migrate(false)
+        .pool(impatient)
+        .await
+        .unwrap();
+    let mut ran = false;
+    let r = other
+        .operation("notify", "k")
+        .on_store_error(idem_runtime::OnStoreError::FailOpen)
+        .run(|| async {
+            ran = true;
+            Ok::<_, IdemError>(1u32)
+        })
+        .await;
+    match &r {
+        Err(e @ IdemError::Store { .. }) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("expected a retryable store error, got {other:?}"),
+    }
+    assert!(
+        !ran,
+        "fail_open ran the body while a transaction held the claim"
+    );
+    drop(guard);
+    tx.rollback().await.unwrap();
+    drop_database(&pool, &db).await;
+}
