@@ -305,6 +305,8 @@ where
 }
 
 /// A row as the engine reads it, by each value's type as the database reports it.
+/// (MySQL decodes its own: its binary and character strings share wire types.)
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn decode_row<R: sqlx::Row>(row: &R) -> Result<Row, sqlx::Error>
 where
     usize: sqlx::ColumnIndex<R>,

@@ -7,7 +7,7 @@
 #[doc(hidden)]
 pub mod conformance;
 mod memory;
-#[cfg(all(test, any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
 mod test_support;
 pub(crate) mod wake;
 pub use memory::MemoryStore;
