@@ -67,3 +67,14 @@ async fn redis_store_conforms() {
     .await;
     common::Cleanup::for_redis_prefix(&prefix).run().await;
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_store_conforms() {
+    if common::mysql_skip("mysql_store_conforms").is_some() {
+        return;
+    }
+    let table = common::unique_table("conformance");
+    conform(async |b| b.table(&table).mysql(&common::mysql_url()).await.unwrap()).await;
+    common::Cleanup::for_mysql_table(&table).run().await;
+}

@@ -368,6 +368,8 @@ enum Backend {
     Redis,
     #[cfg(feature = "postgres")]
     Postgres,
+    #[cfg(feature = "mysql")]
+    MySql,
 }
 
 struct World {
@@ -420,6 +422,17 @@ async fn world(backend: Backend, seed: u64) -> World {
                 .postgres(&common::postgres_url())
                 .await
                 .expect("open the PostgreSQL store");
+            (idem, None)
+        }
+        #[cfg(feature = "mysql")]
+        Backend::MySql => {
+            let table = common::unique_table(&format!("model_{seed}"));
+            cleanup = Some(common::Cleanup::for_mysql_table(&table));
+            let idem = builder
+                .table(table)
+                .mysql(&common::mysql_url())
+                .await
+                .expect("open the MySQL store");
             (idem, None)
         }
         Backend::SqliteFile => {
@@ -774,6 +787,17 @@ async fn model_postgres() {
     }
     for seed in seeds(4) {
         run_seed(Backend::Postgres, seed).await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_mysql() {
+    if common::mysql_skip("model_mysql").is_some() {
+        return;
+    }
+    for seed in seeds(4) {
+        run_seed(Backend::MySql, seed).await;
     }
 }
 

@@ -91,31 +91,7 @@ async fn two_processes_race_on_the_same_keys() {
     // Create idem's table before the race, so both workers race on claims, not DDL.
     idem_on(&pool, &schema).await;
     const KEYS: u32 = 1_000;
-    let spawn = |worker: &str| {
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-race-worker"))
-            .args([
-                postgres_url(),
-                schema.clone(),
-                KEYS.to_string(),
-                worker.to_string(),
-            ])
-            .output()
-    };
-    let (a, b) = tokio::join!(spawn("a"), spawn("b"));
-    let mut ran = 0;
-    for out in [a.unwrap(), b.unwrap()] {
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "worker failed: {stdout} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        ran += stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("RAN="))
-            .and_then(|n| n.parse::<u32>().ok())
-            .expect("worker printed its count");
-    }
+    let ran = race_two_processes(&postgres_url(), &schema, KEYS).await;
     assert_eq!(ran, KEYS, "each key's body ran once in total");
     let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.effects"))
         .fetch_one(&pool)

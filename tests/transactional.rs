@@ -42,10 +42,16 @@ macro_rules! tx_suite {
                 sqlx::query_scalar(&format!("SELECT count(*) FROM {table}")).fetch_one(pool).await.unwrap()
             }
 
-            /// Drops what a PostgreSQL test made: the schema holding both tables.
+            /// Drops what a PostgreSQL or MySQL test made: the schema (database) holding
+            /// both tables. PostgreSQL needs `CASCADE`, MySQL refuses it.
             async fn drop_orders(pool: &sqlx::Pool<$db>, orders_table: &str) {
                 if let Some((schema, _)) = orders_table.split_once('.') {
-                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).execute(pool).await;
+                    for drop in ["DROP SCHEMA IF EXISTS {} CASCADE", "DROP SCHEMA IF EXISTS {}"] {
+                        let drop = drop.replace("{}", schema);
+                        if sqlx::query(&drop).execute(pool).await.is_ok() {
+                            break;
+                        }
+                    }
                 }
             }
 
@@ -342,3 +348,50 @@ async fn begin_pg(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postg
 
 #[cfg(feature = "postgres")]
 tx_suite!(postgres, sqlx::Postgres, "$1, $2", open_pg, begin_pg);
+
+/// A database of its own for each MySQL test, holding the business table and idem's
+/// (default name), reached through a pool whose connections use it.
+#[cfg(feature = "mysql")]
+async fn open_mysql(
+    test: &str,
+) -> Option<(sqlx::MySqlPool, Idem, String, Option<tempfile::TempDir>)> {
+    use std::str::FromStr;
+    mysql_skip(test).is_none().then_some(())?;
+    let admin = match sqlx::MySqlPool::connect(&mysql_url()).await {
+        Ok(p) => p,
+        Err(e) if !db_required() => {
+            skip(
+                test,
+                &format!("MySQL at {} refused the connection ({e})", mysql_url()),
+            );
+            return None;
+        }
+        Err(e) => panic!("MySQL required: {e}"),
+    };
+    let db = unique_table(test);
+    for stmt in [
+        format!("CREATE DATABASE {db}"),
+        format!("CREATE TABLE {db}.orders (id VARCHAR(64) PRIMARY KEY, qty BIGINT NOT NULL)"),
+    ] {
+        sqlx::query(&stmt).execute(&admin).await.unwrap();
+    }
+    admin.close().await;
+    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&mysql_url())
+        .unwrap()
+        .database(&db);
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(20)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    let idem = Idem::from_pool(pool.clone()).await.unwrap();
+    Some((pool, idem, format!("{db}.orders"), None))
+}
+
+#[cfg(feature = "mysql")]
+async fn begin_mysql(pool: &sqlx::MySqlPool) -> sqlx::Transaction<'static, sqlx::MySql> {
+    pool.begin().await.unwrap()
+}
+
+#[cfg(feature = "mysql")]
+tx_suite!(mysql, sqlx::MySql, "?, ?", open_mysql, begin_mysql);

@@ -6,6 +6,7 @@
 //! idem --url postgres://app@db/app list --state unknown --older-than 5m
 //! idem --url postgres://app@db/app show acme charge order-42
 //! idem --url postgres://app@db/app resolve acme charge order-42 --retry
+//! idem --url mysql://app@db/app stats
 //! ```
 
 use std::process::ExitCode;
@@ -30,7 +31,8 @@ Exit codes:
 #[derive(Parser, Debug)]
 #[command(name = "idem", version, after_help = EXIT_CODES)]
 struct Cli {
-    /// The store: `sqlite://PATH` or `postgres://USER@HOST[:PORT]/DB`.
+    /// The store: `sqlite://PATH`, `postgres://USER@HOST[:PORT]/DB` or
+    /// `mysql://USER@HOST[:PORT]/DB`.
     #[arg(long, env = "IDEM_URL", global = true)]
     url: Option<String>,
     /// The table the application configured with `IdemBuilder::table`.
@@ -142,6 +144,7 @@ enum StateArg {
 enum Dialect {
     Sqlite,
     Postgres,
+    Mysql,
 }
 
 /// A failure with its exit code.
@@ -193,6 +196,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         let sql = match dialect {
             Dialect::Sqlite => idem_runtime::schema::SQLITE_SCHEMA_SQL,
             Dialect::Postgres => idem_runtime::schema::POSTGRES_SCHEMA_SQL,
+            Dialect::Mysql => idem_runtime::schema::MYSQL_SCHEMA_SQL,
         };
         // Companion objects share the table's name as a prefix.
         print!("{}", sql.replace("idem_operations", &cli.table));
@@ -221,8 +225,8 @@ async fn open(cli: &Cli) -> Result<Idem, Failure> {
     let Some(url) = cli.url.as_deref() else {
         return Err(Failure {
             code: 2,
-            message: "no store given: pass --url sqlite://PATH or --url postgres://USER@HOST/DB \
-                      (or set IDEM_URL)"
+            message: "no store given: pass --url sqlite://PATH, --url postgres://USER@HOST/DB \
+                      or --url mysql://USER@HOST/DB (or set IDEM_URL)"
                 .into(),
         });
     };
@@ -245,12 +249,14 @@ async fn open(cli: &Cli) -> Result<Idem, Failure> {
         builder.sqlite(url).await
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         builder.postgres(url).await
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        builder.mysql(url).await
     } else {
         return Err(Failure {
             code: 2,
             message: format!(
-                "unsupported store URL `{url}`; expected sqlite://PATH or \
-                 postgres://USER@HOST[:PORT]/DB"
+                "unsupported store URL `{url}`; expected sqlite://PATH, \
+                 postgres://USER@HOST[:PORT]/DB or mysql://USER@HOST[:PORT]/DB"
             ),
         });
     };

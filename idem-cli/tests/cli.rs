@@ -296,9 +296,39 @@ async fn every_subcommand_on_postgres() {
         .unwrap();
 }
 
+#[tokio::test]
+async fn every_subcommand_on_mysql() {
+    let url = std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let table = format!("cli_{}", std::process::id());
+    let idem = match Idem::builder().table(&table).mysql(&url).await {
+        Ok(idem) => idem,
+        Err(e) if std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1") => {
+            panic!("MySQL is required (IDEM_REQUIRE_DB=1) but not reachable: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: MySQL not reachable at {url} ({e})");
+            return;
+        }
+    };
+    operator_flow(&url, &table, &idem).await;
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    sqlx::query(&format!(
+        "DROP TABLE `{table}`, `{table}_meta`, `{table}_epoch_seq`"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ?")
+        .bind(&table)
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
 #[test]
 fn bad_urls_and_arguments_say_what_to_do() {
-    let out = idem_cmd("mysql://x", "t", &["stats"]);
+    let out = idem_cmd("redis://x", "t", &["stats"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected sqlite://PATH"));
 
@@ -319,7 +349,11 @@ fn bad_urls_and_arguments_say_what_to_do() {
 
 #[test]
 fn schema_prints_the_ddl_for_a_table() {
-    for (dialect, needle) in [("sqlite", "CREATE TABLE"), ("postgres", "CREATE TABLE")] {
+    for (dialect, needle) in [
+        ("sqlite", "CREATE TABLE"),
+        ("postgres", "CREATE TABLE"),
+        ("mysql", "ENGINE = InnoDB"),
+    ] {
         let out = idem_cmd("unused://", "orders_idem", &["schema", dialect]);
         assert!(out.status.success());
         let sql = String::from_utf8_lossy(&out.stdout);

@@ -509,7 +509,7 @@ use proc_macro::TokenStream;
 /// # `tx = IDENT`
 ///
 /// Transactional mode: `IDENT` names a parameter `tx: &mut sqlx::Transaction<'_, DB>`
-/// (PostgreSQL or SQLite). The claim and the record run inside the caller's transaction,
+/// (PostgreSQL, MySQL/MariaDB or SQLite). The claim and the record run inside the caller's transaction,
 /// beside the body's own writes, and commit or roll back with them; the body runs in a
 /// savepoint, so a released `Err` leaves none of its writes. The row lock is the claim
 /// and rollback is the release, so `lease`, `in_flight`, `on_takeover` and

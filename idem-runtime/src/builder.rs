@@ -39,6 +39,15 @@ impl Idem {
         IdemBuilder::default().postgres(url).await
     }
 
+    /// The store on MySQL or MariaDB (`mysql://…`, InnoDB), with a sqlx pool. The claim
+    /// is an upsert that decides, read back in the same transaction; leases and expiry
+    /// use the database's clock. Migrations run on open. Transactional mode works on a
+    /// `sqlx::Transaction<'_, MySql>`.
+    #[cfg(feature = "mysql")]
+    pub async fn mysql(url: &str) -> Result<Idem, IdemError> {
+        IdemBuilder::default().mysql(url).await
+    }
+
     /// The store on Redis or Valkey (`redis://…`), keys under the prefix `idem`. Every
     /// state change is one Lua script; leases and expiry use the server's clock. See
     /// [`store::redis`](crate::store::redis) for the durability each server
@@ -48,8 +57,8 @@ impl Idem {
         IdemBuilder::default().redis(url).await
     }
 
-    /// A store on the application's own sqlx pool (`PgPool` or `SqlitePool`).
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    /// A store on the application's own sqlx pool (`PgPool`, `MySqlPool` or `SqlitePool`).
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub async fn from_pool<P: IntoStore>(pool: P) -> Result<Idem, IdemError> {
         IdemBuilder::default().pool(pool).await
     }
@@ -83,11 +92,20 @@ pub struct IdemBuilder {
     /// The secret keys and scopes are HMAC'd with, when they are stored hashed.
     pub(crate) hash_keys: Option<Secret>,
     pub(crate) log_keys_hashed: bool,
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) table: Option<String>,
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) migrate: bool,
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) max_connections: Option<u32>,
     pub(crate) layer: Option<StoreLayer>,
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -145,7 +163,9 @@ impl IdemBuilder {
     /// 16; size it to the number of concurrent callers), beside a small sqlx pool for
     /// everything else. Not used with [`IdemBuilder::pool`], whose pool is the
     /// application's.
-    #[cfg(feature = "postgres")]
+    ///
+    /// On MySQL, the size of the pool [`IdemBuilder::mysql`] opens (default 16).
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);
         self
@@ -268,7 +288,7 @@ impl IdemBuilder {
         Idem::new(store, sql, cfg, self.replay_cache_bytes)
     }
 
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub(crate) fn sql_options(&self) -> Result<crate::store::sql_common::SqlOptions, IdemError> {
         let mut opts = crate::store::sql_common::SqlOptions::default();
         if let Some(table) = &self.table {
@@ -306,6 +326,13 @@ impl IdemBuilder {
         Ok(self.sql_store(crate::store::SqlStores::postgres(store)))
     }
 
+    /// The MySQL or MariaDB store; see [`Idem::mysql`].
+    #[cfg(feature = "mysql")]
+    pub async fn mysql(self, url: &str) -> Result<Idem, IdemError> {
+        let store = Arc::new(crate::store::mysql::open(url, &self.sql_options()?).await?);
+        Ok(self.sql_store(crate::store::SqlStores::mysql(store)))
+    }
+
     /// The Redis or Valkey store; see [`Idem::redis`].
     #[cfg(feature = "redis")]
     pub async fn redis(self, url: &str) -> Result<Idem, IdemError> {
@@ -331,7 +358,7 @@ impl IdemBuilder {
     }
 
     /// A store on the application's own sqlx pool; see [`Idem::from_pool`].
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub async fn pool<P: IntoStore>(self, pool: P) -> Result<Idem, IdemError> {
         let opts = self.sql_options()?;
         let tx = match pool.into_pool() {
@@ -343,12 +370,16 @@ impl IdemBuilder {
             Pool::Postgres(p) => crate::store::SqlStores::postgres(Arc::new(
                 crate::store::postgres::from_pool(p, &opts).await?,
             )),
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => crate::store::SqlStores::mysql(Arc::new(
+                crate::store::mysql::from_pool(p, &opts).await?,
+            )),
         };
         Ok(self.sql_store(tx))
     }
 
     /// An `Idem` over the one SQL store in `tx`, reachable by transactional mode too.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     fn sql_store(self, tx: crate::store::SqlStores) -> Idem {
         let store: Arc<dyn Store> = match &tx {
             #[cfg(feature = "sqlite")]
@@ -359,31 +390,35 @@ impl IdemBuilder {
             crate::store::SqlStores {
                 postgres: Some(s), ..
             } => s.clone(),
+            #[cfg(feature = "mysql")]
+            crate::store::SqlStores { mysql: Some(s), .. } => s.clone(),
             _ => unreachable!("one SQL store is set"),
         };
         self.finish(store, tx)
     }
 }
 
-/// A sqlx pool idem can keep its records in: `PgPool` or `SqlitePool`.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+/// A sqlx pool idem can keep its records in: `PgPool`, `MySqlPool` or `SqlitePool`.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub trait IntoStore: sealed::Sealed {
     #[doc(hidden)]
     fn into_pool(self) -> Pool;
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod sealed {
     pub trait Sealed {}
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[doc(hidden)]
 pub enum Pool {
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
 }
 
 #[cfg(feature = "sqlite")]
@@ -401,5 +436,14 @@ impl sealed::Sealed for sqlx::PgPool {}
 impl IntoStore for sqlx::PgPool {
     fn into_pool(self) -> Pool {
         Pool::Postgres(self)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl sealed::Sealed for sqlx::MySqlPool {}
+#[cfg(feature = "mysql")]
+impl IntoStore for sqlx::MySqlPool {
+    fn into_pool(self) -> Pool {
+        Pool::MySql(self)
     }
 }

@@ -243,7 +243,10 @@ impl Idem {
         &self.inner.renewer
     }
 
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn sql_stores(&self) -> &crate::store::SqlStores {
         &self.inner.tx
     }

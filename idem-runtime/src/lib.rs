@@ -75,7 +75,7 @@ mod tx;
 pub use idem_macros::idempotent;
 
 pub use builder::{DEFAULT_MAX_OUTCOME_BYTES, IdemBuilder};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use builder::{IntoStore, Pool};
 pub use context::{CallInfo, Current, current, observe, try_current};
 pub use error::{BoxError, IdemError};
@@ -93,8 +93,10 @@ pub use tx::{TxConnection, TxGuard, TxStep};
 
 /// The SQL idem runs on open, for teams that apply DDL themselves
 /// ([`IdemBuilder::migrate`]`(false)`), with the default table name.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub mod schema {
+    #[cfg(feature = "mysql")]
+    pub use crate::store::sql_common::MYSQL_SCHEMA_SQL;
     #[cfg(feature = "postgres")]
     pub use crate::store::sql_common::POSTGRES_SCHEMA_SQL;
     #[cfg(feature = "sqlite")]

@@ -477,7 +477,7 @@ impl<P, U> Operation<P, U> {
 }
 
 /// What transactional mode reads of an operation.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl<P, U> Operation<P, U> {
     pub(crate) fn retain_for(&self) -> Duration {
         self.retain

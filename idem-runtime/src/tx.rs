@@ -12,27 +12,27 @@ use serde::de::DeserializeOwned;
 use crate::error::IdemError;
 use crate::op::{ErrorPolicy, Operation, Upgrade};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use crate::error::StoreError;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use crate::op::Encoded;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use crate::store::StoredOutcome;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 use crate::store::sql_common::TxClaim;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 const SAVEPOINT: &str = "SAVEPOINT idem_body";
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_body";
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 const ROLLBACK_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 /// Taken after the claim, before the body: rolling back to it undoes the body's writes
 /// and keeps the claim, so an error can still be recorded after the body's own SQL
 /// failed (which aborts a PostgreSQL transaction).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 const RUN_SAVEPOINT: &str = "SAVEPOINT idem_run";
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 const ROLLBACK_RUN: &str = "ROLLBACK TO SAVEPOINT idem_run";
 
 /// What [`Operation::begin_tx`] decided.
@@ -43,11 +43,12 @@ pub enum TxStep<T, E, G> {
     Run(G),
 }
 
-/// A transaction idem can claim in: `sqlx::Transaction` on PostgreSQL or SQLite.
+/// A transaction idem can claim in: `sqlx::Transaction` on PostgreSQL, MySQL/MariaDB or
+/// SQLite.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can claim in",
-    label = "the `tx` parameter must be `&mut sqlx::Transaction<'_, Postgres>` or `&mut sqlx::Transaction<'_, Sqlite>`",
-    note = "enable the `postgres` or `sqlite` feature of idem-runtime for the matching transaction type"
+    label = "the `tx` parameter must be `&mut sqlx::Transaction<'_, Postgres>`, `&mut sqlx::Transaction<'_, MySql>` or `&mut sqlx::Transaction<'_, Sqlite>`",
+    note = "enable the `postgres`, `mysql` or `sqlite` feature of idem-runtime for the matching transaction type"
 )]
 pub trait TxConnection: sealed::Sealed + Send {
     #[doc(hidden)]
@@ -65,8 +66,10 @@ pub enum Conn<'a> {
     Sqlite(&'a mut sqlx::SqliteConnection),
     #[cfg(feature = "postgres")]
     Postgres(&'a mut sqlx::PgConnection),
+    #[cfg(feature = "mysql")]
+    MySql(&'a mut sqlx::MySqlConnection),
     /// Without a SQL store there is no transaction type, so no value of this.
-    #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+    #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
     None(
         std::convert::Infallible,
         std::marker::PhantomData<&'a mut ()>,
@@ -91,7 +94,16 @@ impl TxConnection for sqlx::Transaction<'_, sqlx::Postgres> {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "mysql")]
+impl sealed::Sealed for sqlx::Transaction<'_, sqlx::MySql> {}
+#[cfg(feature = "mysql")]
+impl TxConnection for sqlx::Transaction<'_, sqlx::MySql> {
+    fn idem_conn(&mut self) -> Conn<'_> {
+        Conn::MySql(&mut *self)
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl Conn<'_> {
     async fn exec(&mut self, sql: &'static str) -> Result<(), StoreError> {
         match self {
@@ -107,6 +119,8 @@ impl Conn<'_> {
                 .await
                 .map(drop)
                 .map_err(crate::store::postgres::map_err),
+            #[cfg(feature = "mysql")]
+            Conn::MySql(c) => crate::store::mysql::exec_text(c, sql).await,
         }
     }
 
@@ -122,6 +136,8 @@ impl Conn<'_> {
             Conn::Sqlite(c) => sqlite(idem)?.tx_claim(c, id, fp, lease).await,
             #[cfg(feature = "postgres")]
             Conn::Postgres(c) => postgres(idem)?.tx_claim(c, id, fp, lease).await,
+            #[cfg(feature = "mysql")]
+            Conn::MySql(c) => mysql(idem)?.tx_claim(c, id, fp, lease).await,
         };
         claimed.map_err(store_err("claim"))
     }
@@ -138,6 +154,8 @@ impl Conn<'_> {
             Conn::Sqlite(c) => sqlite(idem)?.tx_record(c, id, outcome, retain).await,
             #[cfg(feature = "postgres")]
             Conn::Postgres(c) => postgres(idem)?.tx_record(c, id, outcome, retain).await,
+            #[cfg(feature = "mysql")]
+            Conn::MySql(c) => mysql(idem)?.tx_record(c, id, outcome, retain).await,
         };
         recorded.map_err(store_err("record"))
     }
@@ -159,16 +177,18 @@ impl Conn<'_> {
             Conn::Sqlite(_) => sqlite(idem).map(drop),
             #[cfg(feature = "postgres")]
             Conn::Postgres(_) => postgres(idem).map(drop),
+            #[cfg(feature = "mysql")]
+            Conn::MySql(_) => mysql(idem).map(drop),
         }
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 fn wrong_store() -> IdemError {
     IdemError::Config {
         message: "transactional mode (`tx = ...`) needs an idem store on the same kind of \
                   database as the transaction: open the `Idem` with `Idem::postgres`, \
-                  `Idem::sqlite` or `Idem::from_pool` on that database"
+                  `Idem::mysql`, `Idem::sqlite` or `Idem::from_pool` on that database"
             .into(),
     }
 }
@@ -186,11 +206,19 @@ fn postgres(idem: &crate::Idem) -> Result<&crate::store::postgres::PgStore, Idem
         .ok_or_else(wrong_store)
 }
 
+#[cfg(feature = "mysql")]
+fn mysql(idem: &crate::Idem) -> Result<&crate::store::mysql::MySqlStore, IdemError> {
+    idem.sql_stores().mysql.as_deref().ok_or_else(wrong_store)
+}
+
 /// The claim this transaction holds; [`finish`](TxGuard::finish) records the outcome.
 #[must_use = "call `finish` with the body's result, or the claim is recorded as nothing"]
 pub struct TxGuard<P, U> {
     op: Operation<P, U>,
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     epoch: u64,
 }
 
@@ -202,7 +230,7 @@ impl<P, U> TxGuard<P, U> {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 fn store_err(during: &'static str) -> impl Fn(StoreError) -> IdemError {
     move |e| IdemError::store(during, e)
 }
@@ -228,11 +256,11 @@ impl<P, U> Operation<P, U> {
         P: ErrorPolicy<E>,
         U: Upgrade<T>,
     {
-        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+        #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
         match tx.idem_conn() {
             Conn::None(never, _) => match never {},
         }
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
         {
             let mut this = self;
             this.take_invalid()?;
@@ -289,14 +317,14 @@ impl<P, U> TxGuard<P, U> {
         E: From<IdemError>,
         P: ErrorPolicy<E>,
     {
-        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+        #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
         {
             let _ = (self.op, out);
             match tx.idem_conn() {
                 Conn::None(never, _) => match never {},
             }
         }
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
         {
             let (op, epoch) = (self.op, self.epoch);
             let mut conn = tx.idem_conn();

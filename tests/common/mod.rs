@@ -21,6 +21,7 @@ pub enum Backend {
     Sqlite,
     Postgres,
     Redis,
+    MySql,
 }
 
 enum Target {
@@ -28,6 +29,7 @@ enum Target {
     Sqlite(String),
     Postgres { url: String, table: String },
     Redis { url: String, prefix: String },
+    MySql { url: String, table: String },
 }
 
 pub fn redis_url() -> String {
@@ -155,6 +157,74 @@ pub fn postgres_reachable() -> bool {
     })
 }
 
+pub fn mysql_url() -> String {
+    std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// Whether anything listens at the MySQL URL's host and port, asked once per test binary
+/// with a short timeout.
+pub fn mysql_reachable() -> bool {
+    static UP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UP.get_or_init(|| {
+        #[cfg(feature = "mysql")]
+        {
+            use std::net::ToSocketAddrs;
+            let Ok(opts) =
+                <sqlx::mysql::MySqlConnectOptions as std::str::FromStr>::from_str(&mysql_url())
+            else {
+                return false;
+            };
+            let addrs = (opts.get_host(), opts.get_port()).to_socket_addrs();
+            addrs.is_ok_and(|mut addrs| {
+                addrs.any(|a| {
+                    std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2))
+                        .is_ok()
+                })
+            })
+        }
+        #[cfg(not(feature = "mysql"))]
+        false
+    })
+}
+
+/// The skip for MySQL/MariaDB tests outside CI; `None` when they should run.
+pub fn mysql_skip(test: &str) -> Option<()> {
+    if db_required() || mysql_reachable() {
+        return None;
+    }
+    skip(
+        test,
+        &format!(
+            "MySQL not reachable at {}; set IDEM_MYSQL_URL, or IDEM_REQUIRE_DB=1 to fail instead",
+            mysql_url()
+        ),
+    );
+    Some(())
+}
+
+/// Drops a MySQL idem table a test made (with its epoch counter and meta table) and
+/// forgets its migrations.
+#[cfg(feature = "mysql")]
+pub async fn drop_mysql_table(url: &str, table: &str) {
+    let Ok(pool) = sqlx::MySqlPool::connect(url).await else {
+        return;
+    };
+    for t in [
+        table.to_owned(),
+        format!("{table}_meta"),
+        format!("{table}_epoch_seq"),
+    ] {
+        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS `{t}`"))
+            .execute(&pool)
+            .await;
+    }
+    let _ = sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ?")
+        .bind(table)
+        .execute(&pool)
+        .await;
+    pool.close().await;
+}
+
 /// Says, in one line that the test harness does not capture, that `test` is skipped.
 pub fn skip(test: &str, why: &str) {
     use std::io::Write;
@@ -207,6 +277,9 @@ impl Ctx {
         if backend == Backend::Redis && redis_skip(test).is_some() {
             return None;
         }
+        if backend == Backend::MySql && mysql_skip(test).is_some() {
+            return None;
+        }
         let (target, dir) = match backend {
             Backend::Memory => (Target::Memory, None),
             Backend::Sqlite => {
@@ -225,6 +298,13 @@ impl Ctx {
                 Target::Redis {
                     url: redis_url(),
                     prefix: unique_prefix(test),
+                },
+                None,
+            ),
+            Backend::MySql => (
+                Target::MySql {
+                    url: mysql_url(),
+                    table: unique_table(test),
                 },
                 None,
             ),
@@ -257,6 +337,13 @@ impl Ctx {
                 );
                 None
             }
+            Err(e) if backend == Backend::MySql && !db_required() => {
+                skip(
+                    test,
+                    &format!("MySQL at {} refused the connection ({e})", mysql_url()),
+                );
+                None
+            }
             Err(e) => panic!("cannot open {backend:?} store for {test}: {e}"),
         }
     }
@@ -280,6 +367,12 @@ impl Ctx {
                 message: "built without the `postgres` feature".into(),
             }),
             Target::Redis { url, prefix } => b.key_prefix(prefix.clone()).redis(url).await,
+            #[cfg(feature = "mysql")]
+            Target::MySql { url, table } => b.table(table.clone()).mysql(url).await,
+            #[cfg(not(feature = "mysql"))]
+            Target::MySql { .. } => Err(IdemError::Config {
+                message: "built without the `mysql` feature".into(),
+            }),
         }
     }
 
@@ -292,14 +385,23 @@ impl Ctx {
 
 /// What a test leaves behind on PostgreSQL or Redis, dropped after it passes (a failed
 /// test's table or keys stay for inspection).
-pub struct Cleanup(Option<(String, String)>, Option<(String, String)>);
+pub struct Cleanup(
+    Option<(String, String)>,
+    Option<(String, String)>,
+    Option<(String, String)>,
+);
 
 impl Ctx {
     pub fn cleanup(&self) -> Cleanup {
         match &self.target {
-            Target::Postgres { url, table } => Cleanup(Some((url.clone(), table.clone())), None),
-            Target::Redis { url, prefix } => Cleanup(None, Some((url.clone(), prefix.clone()))),
-            _ => Cleanup(None, None),
+            Target::Postgres { url, table } => {
+                Cleanup(Some((url.clone(), table.clone())), None, None)
+            }
+            Target::Redis { url, prefix } => {
+                Cleanup(None, Some((url.clone(), prefix.clone())), None)
+            }
+            Target::MySql { url, table } => Cleanup(None, None, Some((url.clone(), table.clone()))),
+            _ => Cleanup(None, None, None),
         }
     }
 }
@@ -307,17 +409,26 @@ impl Ctx {
 impl Cleanup {
     /// The cleanup of a PostgreSQL table a test opened itself.
     pub fn for_table(table: &str) -> Cleanup {
-        Cleanup(Some((postgres_url(), table.to_owned())), None)
+        Cleanup(Some((postgres_url(), table.to_owned())), None, None)
+    }
+
+    /// The cleanup of a MySQL table a test opened itself.
+    pub fn for_mysql_table(table: &str) -> Cleanup {
+        Cleanup(None, None, Some((mysql_url(), table.to_owned())))
     }
 
     /// The cleanup of Redis keys under a prefix a test used itself.
     pub fn for_redis_prefix(prefix: &str) -> Cleanup {
-        Cleanup(None, Some((redis_url(), prefix.to_owned())))
+        Cleanup(None, Some((redis_url(), prefix.to_owned())), None)
     }
 
     pub async fn run(self) {
         if let Some((url, prefix)) = &self.1 {
             delete_redis_prefix(url, prefix).await;
+        }
+        #[cfg(feature = "mysql")]
+        if let Some((url, table)) = &self.2 {
+            drop_mysql_table(url, table).await;
         }
         #[cfg(feature = "postgres")]
         if let Some((url, table)) = self.0
@@ -414,6 +525,33 @@ pub async fn contend_many_keys(idem: &Idem, keys: usize, callers: usize) -> usiz
     runs.get()
 }
 
+/// Two `idem-race-worker` processes racing in transactional mode on keys `0..keys`
+/// (see `tests/bin/race_worker.rs` for `url` and `namespace`); asserts both succeeded
+/// and returns how many bodies they ran in total.
+pub async fn race_two_processes(url: &str, namespace: &str, keys: u32) -> u32 {
+    let spawn = |worker: &str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-race-worker"))
+            .args([url, namespace, &keys.to_string(), worker])
+            .output()
+    };
+    let (a, b) = tokio::join!(spawn("a"), spawn("b"));
+    let mut ran = 0;
+    for out in [a.unwrap(), b.unwrap()] {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "worker failed: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ran += stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RAN="))
+            .and_then(|n| n.parse::<u32>().ok())
+            .expect("worker printed its count");
+    }
+    ran
+}
+
 /// Counts body executions.
 #[derive(Clone, Default)]
 pub struct Counter(Arc<AtomicUsize>);
@@ -446,7 +584,7 @@ impl From<IdemError> for AppError {
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         // The one list of backends every behaviour test runs on.
-        suite!(@backends [memory Memory, sqlite Sqlite, postgres Postgres, redis Redis] ($($name),*));
+        suite!(@backends [memory Memory, sqlite Sqlite, postgres Postgres, redis Redis, mysql MySql] ($($name),*));
     };
     (@backends [$($module:ident $backend:ident),*] $names:tt) => {
         $(suite!(@one $module $backend $names);)*

@@ -170,12 +170,22 @@ impl Stmt {
                 .unwrap_or(PARAM_ORDER.len())
         };
         params.sort_by_key(rank);
+        if !D::NUMBERED_PLACEHOLDERS {
+            params = spans
+                .iter()
+                .map(|&(start, end)| text[start + 1..end].to_owned())
+                .collect();
+        }
         let mut sql = String::with_capacity(text.len());
         let mut at = 0;
-        for (start, end) in spans {
+        for (n, (start, end)) in spans.into_iter().enumerate() {
             sql.push_str(&text[at..start]);
             let name = &text[start + 1..end];
-            let pos = params.iter().position(|p| p == name).expect("collected");
+            let pos = if D::NUMBERED_PLACEHOLDERS {
+                params.iter().position(|p| p == name).expect("collected")
+            } else {
+                n
+            };
             sql.push_str(&D::placeholder(pos + 1));
             at = end;
         }
@@ -224,6 +234,9 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     /// How often the claim may be issued before giving up: more than once only where
     /// the database's snapshot rules can make it return no row.
     const CLAIM_ATTEMPTS: usize = 1;
+    /// Whether placeholders carry their position (`$1`, `?1`), so a parameter used twice
+    /// is bound once; MySQL's `?` binds by occurrence, each use bound again.
+    const NUMBERED_PLACEHOLDERS: bool = true;
 
     /// The statement template `name` (`sql/<dialect>/<name>.sql`).
     fn sql(name: &str) -> &'static str;
@@ -292,6 +305,8 @@ where
 }
 
 /// A row as the engine reads it, by each value's type as the database reports it.
+/// (MySQL decodes its own: its binary and character strings share wire types.)
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn decode_row<R: sqlx::Row>(row: &R) -> Result<Row, sqlx::Error>
 where
     usize: sqlx::ColumnIndex<R>,

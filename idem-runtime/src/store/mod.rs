@@ -12,8 +12,10 @@ mod test_support;
 pub(crate) mod wake;
 pub use memory::MemoryStore;
 pub use wake::WakeHub;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod engine;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
@@ -31,7 +33,7 @@ pub mod bench {
         Ok(Stmt::render::<super::postgres::Pg>(super::postgres::Pg::sql(name), &table).sql)
     }
 }
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql_common;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
@@ -466,6 +468,8 @@ pub(crate) struct SqlStores {
     pub(crate) sqlite: Option<std::sync::Arc<sqlite::SqliteStore>>,
     #[cfg(feature = "postgres")]
     pub(crate) postgres: Option<std::sync::Arc<postgres::PgStore>>,
+    #[cfg(feature = "mysql")]
+    pub(crate) mysql: Option<std::sync::Arc<mysql::MySqlStore>>,
 }
 
 // The other backend's field exists only with its feature.
@@ -483,6 +487,14 @@ impl SqlStores {
     pub(crate) fn postgres(store: std::sync::Arc<postgres::PgStore>) -> Self {
         SqlStores {
             postgres: Some(store),
+            ..Default::default()
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(store: std::sync::Arc<mysql::MySqlStore>) -> Self {
+        SqlStores {
+            mysql: Some(store),
             ..Default::default()
         }
     }

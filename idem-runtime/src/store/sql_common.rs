@@ -26,6 +26,18 @@ pub const POSTGRES_SCHEMA_SQL: &str = concat!(
     include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
 );
 
+/// The operations table, its epoch counter and meta table as idem creates them on
+/// MySQL or MariaDB, with the default table name.
+///
+/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+#[cfg(feature = "mysql")]
+pub const MYSQL_SCHEMA_SQL: &str =
+    include_str!("../../migrations/mysql/0001_create_operations.sql");
+
+/// MySQL's migrations, in order: (version, DDL in the default table name).
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str)] = &[(1, MYSQL_SCHEMA_SQL)];
+
 /// SQLite's migrations, in order: (version, DDL in the default table name).
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
@@ -137,6 +149,8 @@ impl Default for SqlOptions {
 pub(crate) struct TableName {
     schema: Option<String>,
     table: String,
+    /// The identifier quote: `"` (standard SQL), or MySQL's backtick.
+    quote: char,
 }
 
 impl TableName {
@@ -172,7 +186,14 @@ impl TableName {
         Ok(TableName {
             schema: schema.map(str::to_owned),
             table: table.to_owned(),
+            quote: '"',
         })
+    }
+
+    /// The same name, quoted with backticks as MySQL does without `ANSI_QUOTES`.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn backticked(self) -> TableName {
+        TableName { quote: '`', ..self }
     }
 
     /// The schema, if the name was qualified.
@@ -192,16 +213,17 @@ impl TableName {
 
     /// Another relation in the same schema, as SQL (idem's bookkeeping table).
     pub(crate) fn sibling(&self, name: &str) -> String {
+        let q = self.quote;
         match &self.schema {
-            Some(schema) => format!("\"{schema}\".\"{name}\""),
-            None => format!("\"{name}\""),
+            Some(schema) => format!("{q}{schema}{q}.{q}{name}{q}"),
+            None => format!("{q}{name}{q}"),
         }
     }
 
     /// The name of one of this table's indexes, as SQL (unqualified: an index lives in
     /// its table's schema). Cut to fit PostgreSQL's limit without losing the suffix.
     fn index(&self, suffix: &str) -> String {
-        format!("\"{}\"", self.suffixed(suffix))
+        format!("{q}{}{q}", self.suffixed(suffix), q = self.quote)
     }
 
     /// The table's name with `suffix`, cut to fit PostgreSQL's limit without losing it.
@@ -593,8 +615,42 @@ pub(crate) fn map_sqlx(
     err
 }
 
+/// A fresh token per claim attempt: distinct within the process (a bijective mix of a
+/// counter), and unpredictable across processes (seeded from the OS-keyed `RandomState`,
+/// the process id and the start time). The current process id is mixed into every
+/// token, so a forked child, which inherits the seed and the counter, draws another
+/// stream. Only equality with the row's token matters.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn claim_token() -> i64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    // SplitMix64: a bijection of seed + n·γ, so no two attempts of this process collide.
+    let pid = u64::from(std::process::id()).wrapping_mul(0xd6e8_feb8_6659_fd93);
+    let mut z = (seed ^ pid).wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    i64::from_ne_bytes((z ^ (z >> 31)).to_ne_bytes())
+}
+
 /// `user:password@` in a database URL replaced by `user:***@`, for error messages.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();

@@ -5,12 +5,9 @@
 //! (`unixepoch('subsec')`, fixed for the whole statement), never from the application.
 //! SQLite has one writer, so the claim's upsert never races: it is issued once.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::Executor;
 use sqlx::sqlite::{
@@ -254,7 +251,7 @@ impl Dialect for Sqlite {
     }
 
     fn claim_token(&self) -> Option<i64> {
-        Some(claim_token())
+        Some(sql_common::claim_token())
     }
 }
 
@@ -367,33 +364,6 @@ fn unreachable_code(code: &str) -> bool {
 /// Maps a driver error to a [`StoreError`], retryable when a retry can clear it.
 pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
     Sqlite::map_err(e)
-}
-
-/// A fresh token per claim attempt: distinct within the process (a bijective mix of a
-/// counter), and unpredictable across processes (seeded from the OS-keyed `RandomState`,
-/// the process id and the start time). The current process id is mixed into every
-/// token, so a forked child, which inherits the seed and the counter, draws another
-/// stream. Only equality with the row's token matters.
-fn claim_token() -> i64 {
-    static SEED: OnceLock<u64> = OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let seed = *SEED.get_or_init(|| {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_u128(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        h.finish()
-    });
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    // SplitMix64: a bijection of seed + n·γ, so no two attempts of this process collide.
-    let pid = u64::from(std::process::id()).wrapping_mul(0xd6e8_feb8_6659_fd93);
-    let mut z = (seed ^ pid).wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    i64::from_ne_bytes((z ^ (z >> 31)).to_ne_bytes())
 }
 
 #[cfg(test)]
@@ -685,7 +655,8 @@ mod tests {
 
     #[test]
     fn tokens_do_not_repeat() {
-        let tokens: std::collections::HashSet<i64> = (0..10_000).map(|_| claim_token()).collect();
+        let tokens: std::collections::HashSet<i64> =
+            (0..10_000).map(|_| sql_common::claim_token()).collect();
         assert_eq!(tokens.len(), 10_000);
     }
 

@@ -1,0 +1,1 @@
+SELECT version FROM {bookkeeping} WHERE table_name = :table_name

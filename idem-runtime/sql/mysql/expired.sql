@@ -1,0 +1,1 @@
+(state = 1 AND expires_ms <= VALUES(claimed_ms))

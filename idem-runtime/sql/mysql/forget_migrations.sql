@@ -1,0 +1,1 @@
+DELETE FROM {bookkeeping} WHERE table_name = :table_name

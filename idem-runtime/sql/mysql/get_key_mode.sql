@@ -1,0 +1,1 @@
+SELECT key_mode FROM {meta} WHERE id = 0

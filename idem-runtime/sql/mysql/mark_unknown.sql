@@ -1,0 +1,2 @@
+UPDATE {table} SET state = 2
+    WHERE scope = :scope AND name = :name AND `key` = :key AND epoch = :epoch AND state = 0

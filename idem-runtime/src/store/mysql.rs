@@ -1,0 +1,406 @@
+//! The MySQL / MariaDB dialect: one InnoDB table, leases by the database's clock.
+//!
+//! Times are unix milliseconds from `UTC_TIMESTAMP(3)`, which MySQL fixes for the whole
+//! statement and which no session time zone or daylight-saving change can shift.
+//!
+//! MySQL has no `RETURNING` on an upsert, so a statement file may hold several
+//! statements, one per line-ending `;`, run in order on one connection: inside their
+//! own transaction on the store's pool, or inside the caller's transaction in
+//! transactional mode. The last one is the result: its rows if it is a `SELECT`, else a
+//! row `held` with the number of rows it matched (sqlx sets `CLIENT_FOUND_ROWS`, so an
+//! update that rewrites a value with itself still counts).
+//!
+//! **The claim** is an upsert that decides, then a read of the row it decided, in one
+//! transaction: `INSERT ... ON DUPLICATE KEY UPDATE` inserts a fresh claim, or takes the
+//! existing row over when it is an expired COMPLETED record or a lapsed lease of the
+//! same fingerprint, or leaves it as it is; the upsert holds the row's exclusive lock
+//! until commit, so the `SELECT ... FOR UPDATE` that follows reads exactly the row the
+//! upsert left, and `token = :token` tells "this statement claimed" from "someone else's
+//! record". A claim the upsert made carries epoch 0 until the statements between give it
+//! the next epoch, drawn only then (a replay or an in-flight answer draws none). Not one round trip (MySQL cannot return the row an upsert
+//! wrote), but never a read followed by a write: the write decides, the read reports. A
+//! deadlock between two claims (InnoDB's gap locks on a key being deleted and inserted
+//! at once) rolls the transaction back whole, and the claim is issued again.
+//!
+//! The upsert's assignments are evaluated left to right, as MySQL and MariaDB do by
+//! default: `token` first (the decision), `state` last, so every assignment between
+//! judges the row as it was. MariaDB's `SIMULTANEOUS_ASSIGNMENT` SQL mode changes that
+//! and is refused at open.
+//!
+//! **Epochs** come from an `AUTO_INCREMENT` counter table beside the operations table:
+//! each claim inserts a row, takes `LAST_INSERT_ID()` and deletes the row, so epochs
+//! never repeat for the table, whatever was released, resolved or purged. (Transactional
+//! mode draws one per claim attempt: its statements cannot tell "I inserted" otherwise.)
+
+use std::str::FromStr;
+
+use sqlx::Executor;
+use sqlx::mysql::{
+    MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions, MySqlRow,
+};
+
+use super::engine::statements;
+use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, bind, migrate, open_error};
+use super::sql_common::{self, SqlOptions, TableName, redact_url};
+use crate::error::{IdemError, StoreError};
+
+use sql_common::MYSQL_MIGRATIONS as MIGRATIONS;
+
+/// The store's clock in unix milliseconds, fixed for the whole statement.
+const NOW_MS: &str = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(3)) DIV 1000)";
+
+/// The named lock that serializes idem's migrations across processes.
+const MIGRATION_LOCK: &str = "idem_migrations";
+
+/// How long an open waits for another process's migrations, in seconds.
+const MIGRATION_LOCK_WAIT_S: i64 = 60;
+
+/// Connections `Idem::mysql` opens, unless the builder says otherwise.
+const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+
+/// The MySQL dialect: a pool over one database.
+#[derive(Debug)]
+pub(crate) struct MySql {
+    pub(crate) pool: MySqlPool,
+}
+
+/// The MySQL store.
+pub(crate) type MySqlStore = SqlStore<MySql>;
+
+#[async_trait::async_trait]
+impl Dialect for MySql {
+    type Db = sqlx::MySql;
+    type Conn = MySqlConnection;
+    const NOW: &'static str = NOW_MS;
+    const NEXT_EPOCH: &'static str = "LAST_INSERT_ID()";
+    const SCHEMA: &'static str = "MYSQL_SCHEMA_SQL";
+    // Deadlocks and lock-wait timeouts between claims on one key roll the claim's own
+    // transaction back, so issuing it again is safe.
+    const CLAIM_ATTEMPTS: usize = 8;
+    const NUMBERED_PLACEHOLDERS: bool = false;
+
+    statements!("mysql");
+
+    fn placeholder(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn map_err(e: sqlx::Error) -> StoreError {
+        map_err(e)
+    }
+
+    fn is_conflict(e: &sqlx::Error) -> bool {
+        error_number(e).is_some_and(|n| matches!(n, ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT))
+    }
+
+    async fn fetch(
+        &self,
+        on: On<'_, MySqlConnection>,
+        stmt: &Stmt,
+        args: Vec<Arg<'_>>,
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        let parts = split(&stmt.sql);
+        match on {
+            On::Conn(conn) => run(conn, &parts, args).await,
+            On::Pool | On::Hot if parts.len() == 1 => {
+                let mut conn = self.pool.acquire().await?;
+                run(&mut conn, &parts, args).await
+            }
+            On::Pool | On::Hot => {
+                let mut tx = self.pool.begin().await?;
+                let rows = run(&mut tx, &parts, args).await?;
+                tx.commit().await?;
+                Ok(rows)
+            }
+        }
+    }
+
+    /// A named lock (`GET_LOCK`), held by the migration's own connection: processes
+    /// opening at once migrate one after another. DDL commits implicitly on MySQL, so the
+    /// lock, not the transaction, is what serializes them; the connection is closed
+    /// afterwards instead of returned to the pool, which releases the lock.
+    async fn begin_migrations(
+        &self,
+        _: &TableName,
+    ) -> Result<sqlx::Transaction<'static, sqlx::MySql>, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        conn.close_on_drop();
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(MIGRATION_LOCK)
+            .bind(MIGRATION_LOCK_WAIT_S)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(sqlx::Error::Protocol(format!(
+                "another process held the lock `{MIGRATION_LOCK}` for {MIGRATION_LOCK_WAIT_S}s \
+                 while migrating idem tables"
+            )));
+        }
+        sqlx::Transaction::begin(conn, None).await
+    }
+
+    async fn run_script(&self, conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
+        for part in split_script(sql) {
+            conn.execute(sqlx::raw_sql(part)).await?;
+        }
+        Ok(())
+    }
+
+    async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error> {
+        let done = bind(sqlx::query(&stmt.sql), args)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn claim_token(&self) -> Option<i64> {
+        Some(sql_common::claim_token())
+    }
+}
+
+/// Runs `sql` over the text protocol (MySQL does not prepare savepoint statements), as
+/// a boxed future so callers' futures stay `Send` whatever the connection's lifetime.
+pub(crate) fn exec_text<'c>(
+    conn: &'c mut MySqlConnection,
+    sql: &'static str,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send + 'c>> {
+    Box::pin(async move {
+        conn.execute(sqlx::raw_sql(sql))
+            .await
+            .map(drop)
+            .map_err(map_err)
+    })
+}
+
+/// A statement file's statements: split at each line-ending `;`.
+fn split(sql: &str) -> Vec<&str> {
+    sql.split(";\n")
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// A DDL script's statements, without those that are only comments.
+fn split_script(sql: &str) -> Vec<&str> {
+    split(sql.trim_end().trim_end_matches(';'))
+        .into_iter()
+        .filter(|part| {
+            part.lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--"))
+        })
+        .collect()
+}
+
+/// Runs `parts` in order on `conn`, each taking as many of `args` as it has `?`s; the last
+/// one's rows, or its matched-row count as `held`.
+async fn run(
+    conn: &mut MySqlConnection,
+    parts: &[&str],
+    args: Vec<Arg<'_>>,
+) -> Result<Vec<Row>, sqlx::Error> {
+    let mut args = args.into_iter();
+    let mut out = Vec::new();
+    for part in parts {
+        let n = part.matches('?').count();
+        let query = bind(sqlx::query(part), args.by_ref().take(n).collect());
+        out = if is_select(part) {
+            let rows = query.fetch_all(&mut *conn).await?;
+            rows.iter().map(decode).collect::<Result<_, _>>()?
+        } else {
+            let done = query.execute(&mut *conn).await?;
+            let held = i64::try_from(done.rows_affected()).unwrap_or(i64::MAX);
+            vec![Row(vec![("held".to_owned(), Val::Int(held))])]
+        };
+    }
+    Ok(out)
+}
+
+fn is_select(sql: &str) -> bool {
+    sql.get(..6)
+        .is_some_and(|s| s.eq_ignore_ascii_case("select"))
+}
+
+/// A row as the engine reads it: integers of any width (and MySQL's booleans, which are
+/// integers), binary strings as bytes, character strings as text.
+fn decode(row: &MySqlRow) -> Result<Row, sqlx::Error> {
+    use sqlx::{Column, Row as _, TypeInfo, ValueRef};
+    let mut out = Vec::with_capacity(row.len());
+    for (i, col) in row.columns().iter().enumerate() {
+        let raw = row.try_get_raw(i)?;
+        let kind = raw.type_info().name().to_owned();
+        let val = if raw.is_null() {
+            Val::Null
+        } else if kind.contains("INT") || kind == "BOOLEAN" {
+            match row.try_get::<i64, _>(i) {
+                Ok(n) => Val::Int(n),
+                Err(_) => match row.try_get::<u64, _>(i) {
+                    Ok(n) => Val::Int(i64::try_from(n).unwrap_or(i64::MAX)),
+                    Err(_) => Val::Bool(row.try_get(i)?),
+                },
+            }
+        } else if kind.contains("BINARY") || kind.contains("BLOB") {
+            Val::Bytes(row.try_get(i)?)
+        } else {
+            Val::Text(row.try_get(i)?)
+        };
+        out.push((col.name().to_owned(), val));
+    }
+    Ok(Row(out))
+}
+
+/// Connects to `url` and opens the idem table there, creating it unless `opts.migrate`
+/// is false.
+pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, IdemError> {
+    let table = TableName::parse(&opts.table, false)?.backticked();
+    let shown = redact_url(url);
+    let connect = MySqlConnectOptions::from_str(url).map_err(|e| IdemError::Config {
+        message: format!(
+            "invalid MySQL URL `{shown}`: {e}; expected `mysql://user:password@host:port/database`"
+        ),
+    })?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
+        .connect_with(connect)
+        .await
+        .map_err(|e| {
+            let e = map_err(e);
+            IdemError::store(
+                "connecting to MySQL",
+                StoreError::new(
+                    e.retryable,
+                    format!(
+                        "cannot connect to MySQL at `{shown}`: {}; check the server is up and \
+                         the URL's host, port, user and database",
+                        e.source
+                    ),
+                ),
+            )
+        })?;
+    prepare(pool, table, opts).await
+}
+
+/// Uses an application's pool; creates the idem table unless `opts.migrate` is false.
+pub(crate) async fn from_pool(pool: MySqlPool, opts: &SqlOptions) -> Result<MySqlStore, IdemError> {
+    let table = TableName::parse(&opts.table, false)?.backticked();
+    prepare(pool, table, opts).await
+}
+
+async fn prepare(
+    pool: MySqlPool,
+    table: TableName,
+    opts: &SqlOptions,
+) -> Result<MySqlStore, IdemError> {
+    let mode: Option<String> = sqlx::query_scalar("SELECT CAST(@@SESSION.sql_mode AS CHAR)")
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| open_error::<MySql>(e, "cannot read the SQL mode".to_owned()))?;
+    if mode.is_some_and(|m| m.to_ascii_uppercase().contains("SIMULTANEOUS_ASSIGNMENT")) {
+        return Err(IdemError::Config {
+            message: "the MySQL session runs with `SIMULTANEOUS_ASSIGNMENT`, under which \
+                      idem's claim cannot decide in one upsert; remove it from `sql_mode`"
+                .to_owned(),
+        });
+    }
+    if opts.migrate {
+        let migrator = MySql { pool: pool.clone() };
+        migrate(&migrator, &table, MIGRATIONS).await.map_err(|e| {
+            open_error::<MySql>(
+                e,
+                format!(
+                    "cannot create the idem table `{table}`; grant CREATE on the database, or \
+                     create it yourself with `MYSQL_SCHEMA_SQL` and disable migrate"
+                ),
+            )
+        })?;
+    }
+    SqlStore::prepare(MySql { pool }, &table, &opts.key_mode).await
+}
+
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+/// The server's error number, for a database error.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// Error numbers a retry can clear: lock-wait timeout, deadlock, too many connections,
+/// and the server going away.
+fn retryable_number(n: u16) -> bool {
+    matches!(n, ER_LOCK_WAIT_TIMEOUT | ER_LOCK_DEADLOCK | 1040) || unreachable_number(n)
+}
+
+/// Error numbers that mean the server cannot be reached: shutting down (1053), the
+/// connection killed (1927), network read and write failures (1158-1161), and the
+/// client's "can't connect", "server has gone away" and "lost connection" (2002, 2003,
+/// 2006, 2013). Not contention, refusals or constraints.
+fn unreachable_number(n: u16) -> bool {
+    matches!(n, 1053 | 1927 | 1158..=1161 | 2002 | 2003 | 2006 | 2013)
+}
+
+/// Maps a driver error to a [`StoreError`], retryable when a retry can clear it.
+pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
+    match error_number(&e) {
+        Some(n) => {
+            let mut err = StoreError::new(retryable_number(n), e);
+            err.unreachable = unreachable_number(n);
+            err
+        }
+        None => sql_common::map_sqlx(e, |_| false, |_| false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contention_is_retryable_and_only_lost_connections_are_unreachable() {
+        for n in [ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, 1040, 1053, 2013] {
+            assert!(retryable_number(n), "{n}");
+        }
+        for n in [ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, 1040, 1062, 1406] {
+            assert!(!unreachable_number(n), "{n}");
+        }
+        for n in [1053, 1927, 2006, 2013] {
+            assert!(unreachable_number(n), "{n}");
+        }
+        // A duplicate key, data too long, a syntax error, a missing table: fail closed.
+        for n in [1062, 1406, 1064, 1146] {
+            assert!(!retryable_number(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn statements_split_and_bind_by_occurrence() {
+        let table = TableName::parse("ops", false).unwrap().backticked();
+        let claim = Stmt::render::<MySql>(MySql::sql("claim"), &table);
+        let parts = split(&claim.sql);
+        assert_eq!(parts.len(), 5, "{}", claim.sql);
+        assert!(is_select(parts[4]));
+        assert!(
+            claim.sql.contains("INSERT INTO `ops_epoch_seq`"),
+            "{}",
+            claim.sql
+        );
+        let named = [
+            ("scope", Arg::Text("s")),
+            ("name", Arg::Text("n")),
+            ("key", Arg::Text("k")),
+            ("fp", Arg::Bytes(&[0; 32])),
+            ("token", Arg::Int(1)),
+            ("lease_ms", Arg::Int(1)),
+            ("to_unknown", Arg::Bool(false)),
+        ];
+        let args = claim.args(&named).unwrap();
+        assert_eq!(args.len(), claim.sql.matches('?').count());
+        let ddl = table.render_ddl(sql_common::MYSQL_SCHEMA_SQL);
+        assert_eq!(split_script(&ddl).len(), 4, "{ddl}");
+        assert!(!ddl.contains("idem_operations"), "{ddl}");
+    }
+}

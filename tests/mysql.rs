@@ -1,0 +1,250 @@
+//! What is MySQL/MariaDB's own: two OS processes racing in transactional mode, a
+//! lock-wait timeout surfacing as a retryable store error, processes opening at once
+//! under the migrations' named lock, and the shipped schema without migrations.
+#![cfg(feature = "mysql")]
+mod common;
+use common::*;
+use idem_runtime::{Idem, IdemError, TxStep};
+use std::str::FromStr;
+
+/// A database of its own for `test`, and a pool on it; `None` (with one line saying
+/// why) when MySQL is unreachable outside CI.
+async fn database(test: &str) -> Option<(String, String, sqlx::MySqlPool)> {
+    mysql_skip(test).is_none().then_some(())?;
+    let admin = match sqlx::MySqlPool::connect(&mysql_url()).await {
+        Ok(p) => p,
+        Err(e) if !db_required() => {
+            skip(
+                test,
+                &format!("MySQL at {} refused the connection ({e})", mysql_url()),
+            );
+            return None;
+        }
+        Err(e) => panic!("MySQL required: {e}"),
+    };
+    let db = unique_table(test);
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&mysql_url())
+        .unwrap()
+        .database(&db);
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(8)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    // The URL of the same database, for the worker processes.
+    let base = mysql_url();
+    let url = match base.rsplit_once('/') {
+        Some((server, _)) if server.contains("//") && !server.ends_with('/') => {
+            format!("{server}/{db}")
+        }
+        _ => format!("{}/{db}", base.trim_end_matches('/')),
+    };
+    Some((db, url, pool))
+}
+
+async fn drop_database(pool: &sqlx::MySqlPool, db: &str) {
+    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db}"))
+        .execute(pool)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_race_on_the_same_keys() {
+    let Some((db, url, pool)) = database("mysql_two_processes").await else {
+        return;
+    };
+    sqlx::query("CREATE TABLE effects (`key` BIGINT PRIMARY KEY, worker TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Create idem's table before the race, so both workers race on claims, not DDL.
+    Idem::from_pool(pool.clone()).await.unwrap();
+    const KEYS: u32 = 1_000;
+    let ran = race_two_processes(&url, &db, KEYS).await;
+    assert_eq!(ran, KEYS, "each key's body ran once in total");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, i64::from(KEYS));
+    let completed: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_operations WHERE state = 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(completed, i64::from(KEYS));
+    drop_database(&pool, &db).await;
+}
+
+/// A duplicate that waits on the row lock past `innodb_lock_wait_timeout` (error 1205)
+/// gets a retryable `Store` error; after the first commits, the retry replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_wait_timeout_is_a_retryable_store_error() {
+    let Some((db, _url, pool)) = database("mysql_lock_wait").await else {
+        return;
+    };
+    let idem = Idem::from_pool(pool.clone()).await.unwrap();
+    let op = || idem.operation("book", "seat-1");
+    let mut first = pool.begin().await.unwrap();
+    let guard = match op()
+        .begin_tx::<_, u32, IdemError>(&mut first)
+        .await
+        .unwrap()
+    {
+        TxStep::Run(g) => g,
+        TxStep::Replay(_) => panic!("fresh key"),
+    };
+
+    let mut second = pool.begin().await.unwrap();
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+        .execute(&mut *second)
+        .await
+        .unwrap();
+    match op().begin_tx::<_, u32, IdemError>(&mut second).await {
+        Err(e @ IdemError::Store { .. }) => assert!(e.is_retryable(), "{e}"),
+        Err(e) => panic!("expected a retryable store error, got {e}"),
+        Ok(_) => panic!("expected a retryable store error, got a claim or a replay"),
+    }
+    second.rollback().await.unwrap();
+
+    assert_eq!(
+        guard
+            .finish(&mut first, Ok::<u32, IdemError>(7))
+            .await
+            .unwrap(),
+        7
+    );
+    first.commit().await.unwrap();
+    let mut again = pool.begin().await.unwrap();
+    match op()
+        .begin_tx::<_, u32, IdemError>(&mut again)
+        .await
+        .unwrap()
+    {
+        TxStep::Replay(out) => assert_eq!(out.unwrap(), 7),
+        TxStep::Run(_) => panic!("ran again after the first committed"),
+    }
+    again.rollback().await.unwrap();
+    drop_database(&pool, &db).await;
+}
+
+/// Six stores opening one fresh table at once: the named lock lets one migrate and the
+/// others find the work done, so every open succeeds and the migration is recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_opens_migrate_once() {
+    let Some((db, url, pool)) = database("mysql_opens").await else {
+        return;
+    };
+    let opens: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { Idem::builder().table("shared_ops").mysql(&url).await })
+        })
+        .collect();
+    for open in opens {
+        open.await.unwrap().expect("concurrent open");
+    }
+    let versions: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM idem_schema_migrations WHERE table_name = 'shared_ops'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(versions, 1);
+    drop_database(&pool, &db).await;
+}
+
+/// A table made by hand from `MYSQL_SCHEMA_SQL` works with `migrate(false)`; a missing
+/// one is a configuration error that names the schema constant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shipped_schema_works_without_migrate() {
+    let Some((db, _url, pool)) = database("mysql_schema").await else {
+        return;
+    };
+    match Idem::builder().migrate(false).pool(pool.clone()).await {
+        Err(IdemError::Config { message }) => {
+            assert!(message.contains("MYSQL_SCHEMA_SQL"), "{message}")
+        }
+        other => panic!("expected Config, got {:?}", other.err()),
+    }
+    sqlx::raw_sql(idem_runtime::schema::MYSQL_SCHEMA_SQL)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let idem = Idem::builder()
+        .migrate(false)
+        .pool(pool.clone())
+        .await
+        .unwrap();
+    let run = || {
+        idem.operation("charge", "o-1")
+            .run(|| async { Ok::<_, IdemError>(42u32) })
+    };
+    assert_eq!(run().await.unwrap(), 42);
+    assert_eq!(run().await.unwrap(), 42);
+    assert_eq!(idem.stats().await.unwrap().completed, 1);
+    drop_database(&pool, &db).await;
+}
+
+/// Contention is not an outage: a leased call with `fail_open` whose claim keeps timing
+/// out on a row lock (error 1205) gets a retryable `Store` error and does not run its
+/// body while a transaction holds the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_does_not_run_on_a_lock_wait_timeout() {
+    let Some((db, url, pool)) = database("mysql_fail_open_lock").await else {
+        return;
+    };
+    let holder = Idem::from_pool(pool.clone()).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let TxStep::Run(guard) = holder
+        .operation("notify", "k")
+        .begin_tx::<_, u32, IdemError>(&mut tx)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key replayed");
+    };
+    // Another process whose lock waits give up after one second.
+    let impatient = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&url)
+        .await
+        .unwrap();
+    let other = Idem::builder()
+        .migrate(false)
+        .pool(impatient)
+        .await
+        .unwrap();
+    let mut ran = false;
+    let r = other
+        .operation("notify", "k")
+        .on_store_error(idem_runtime::OnStoreError::FailOpen)
+        .run(|| async {
+            ran = true;
+            Ok::<_, IdemError>(1u32)
+        })
+        .await;
+    match &r {
+        Err(e @ IdemError::Store { .. }) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("expected a retryable store error, got {other:?}"),
+    }
+    assert!(
+        !ran,
+        "fail_open ran the body while a transaction held the claim"
+    );
+    drop(guard);
+    tx.rollback().await.unwrap();
+    drop_database(&pool, &db).await;
+}
