@@ -215,8 +215,9 @@ async fn many_live_bodies_are_renewed_from_one_schedule() {
     let mut calls = Vec::new();
     for i in 0..16u64 {
         let idem = idem.clone();
-        // Leases of 300 to 600 ms, so due times interleave in the schedule.
-        let lease = Duration::from_millis(300 + 20 * i);
+        // Leases of 1 to 1.75 s, so due times interleave in the schedule; long enough
+        // that a loaded machine's scheduling delays cannot lapse one between renewals.
+        let lease = Duration::from_millis(1000 + 50 * i);
         calls.push(tokio::spawn(async move {
             slow_body_beside_a_duplicate(&idem, &format!("r-{i}"), lease).await
         }));
@@ -239,7 +240,7 @@ fn a_call_on_another_runtime_is_renewed_there() {
     idle.block_on(slow_body_beside_a_duplicate(
         &idem,
         "first",
-        Duration::from_millis(60),
+        Duration::from_millis(500),
     ));
     let busy = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -249,7 +250,7 @@ fn a_call_on_another_runtime_is_renewed_there() {
     let runs = busy.block_on(slow_body_beside_a_duplicate(
         &idem,
         "second",
-        Duration::from_millis(300),
+        Duration::from_secs(1),
     ));
     assert_eq!(runs, 1, "the claim lapsed: nothing renewed it");
     drop(idle);
@@ -268,7 +269,7 @@ fn calls_on_a_later_runtime_are_renewed() {
         let runs = rt.block_on(slow_body_beside_a_duplicate(
             &idem,
             &format!("round-{round}"),
-            Duration::from_millis(300),
+            Duration::from_secs(1),
         ));
         assert_eq!(runs, 1, "round {round}: the claim lapsed");
     }
