@@ -126,6 +126,16 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// Whether anything accepts a TCP connection at `host:port` within two seconds.
+pub fn listens(host: &str, port: u16) -> bool {
+    use std::net::ToSocketAddrs;
+    (host, port).to_socket_addrs().is_ok_and(|mut addrs| {
+        addrs.any(|a| {
+            std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok()
+        })
+    })
+}
+
 pub fn db_required() -> bool {
     std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1")
 }
@@ -138,19 +148,12 @@ pub fn postgres_reachable() -> bool {
     *UP.get_or_init(|| {
         #[cfg(feature = "postgres")]
         {
-            use std::net::ToSocketAddrs;
             let Ok(opts) =
                 <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&postgres_url())
             else {
                 return false;
             };
-            let addrs = (opts.get_host(), opts.get_port()).to_socket_addrs();
-            addrs.is_ok_and(|mut addrs| {
-                addrs.any(|a| {
-                    std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2))
-                        .is_ok()
-                })
-            })
+            listens(opts.get_host(), opts.get_port())
         }
         #[cfg(not(feature = "postgres"))]
         false
@@ -168,19 +171,12 @@ pub fn mysql_reachable() -> bool {
     *UP.get_or_init(|| {
         #[cfg(feature = "mysql")]
         {
-            use std::net::ToSocketAddrs;
             let Ok(opts) =
                 <sqlx::mysql::MySqlConnectOptions as std::str::FromStr>::from_str(&mysql_url())
             else {
                 return false;
             };
-            let addrs = (opts.get_host(), opts.get_port()).to_socket_addrs();
-            addrs.is_ok_and(|mut addrs| {
-                addrs.any(|a| {
-                    std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2))
-                        .is_ok()
-                })
-            })
+            listens(opts.get_host(), opts.get_port())
         }
         #[cfg(not(feature = "mysql"))]
         false
