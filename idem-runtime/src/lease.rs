@@ -199,14 +199,9 @@ impl Renewer {
         }
         let slot = st.next_slot;
         st.next_slot += 1;
-        let due = Instant::now() + claim.every();
-        st.claims.insert(slot, (claim, Some(due)));
-        let earliest = st.due.first().is_none_or(|&(t, _)| due < t);
-        st.due.insert((due, slot));
+        st.claims.insert(slot, (claim, None));
         drop(st);
-        if earliest {
-            self.wake.notify_one();
-        }
+        self.file(slot);
         Renewal::Shared(self.clone(), slot)
     }
 
@@ -218,8 +213,9 @@ impl Renewer {
         }
     }
 
-    /// Files `slot` again, `every` after its last renewal ended.
-    fn refile(&self, slot: u64) {
+    /// Files `slot` for its next renewal, `every` from now (its claim, or the end of its
+    /// last renewal), waking the task when it is the earliest due.
+    fn file(&self, slot: u64) {
         let mut st = lock(&self.state);
         let Some((claim, due)) = st.claims.get_mut(&slot) else {
             return;
@@ -263,7 +259,7 @@ async fn run(me: Weak<Renewer>, wake: Arc<Notify>, store: Arc<dyn Store>) {
                     let alive = claim.renew(&*store).await;
                     if let Some(renewer) = me.upgrade() {
                         if alive {
-                            renewer.refile(slot);
+                            renewer.file(slot);
                         } else {
                             renewer.remove(slot);
                         }

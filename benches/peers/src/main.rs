@@ -91,8 +91,8 @@ struct Args {
     /// Only measure the systems whose name is this (e.g. `idem`, `idempotent`).
     #[arg(long)]
     only: Option<String>,
-    /// Only run this many idem memory-store calls on one thread (fresh, then as many
-    /// replays), for a profiler: `valgrind --tool=callgrind ... --profile 20000`.
+    /// Only run this many fresh idem memory-store calls on one thread, for a profiler:
+    /// `valgrind --tool=callgrind ... --profile 20000`.
     #[arg(long)]
     profile: Option<u64>,
 }
@@ -448,11 +448,8 @@ fn main() -> Res<()> {
             .build()?;
         return rt.block_on(async {
             let idem = Idem::memory();
-            for round in 0..1 {
-                for k in 0..n {
-                    idem_call(&idem, k).await?;
-                }
-                eprintln!("round {round} done");
+            for k in 0..n {
+                idem_call(&idem, k).await?;
             }
             Ok(())
         });

@@ -107,10 +107,17 @@ impl Pending {
     where
         E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
     {
-        let args = self.args.iter().map(OwnedArg::arg).collect();
-        let rows = bind(sqlx::query(&self.sql), args).fetch_all(on).await?;
-        rows.iter().map(decode_row).collect()
+        rows(on, &self.sql, self.args.iter().map(OwnedArg::arg).collect()).await
     }
+}
+
+/// Runs one statement on `on` and reads its rows.
+async fn rows<'c, E>(on: E, sql: &str, args: Vec<Arg<'_>>) -> Result<Vec<Row>, sqlx::Error>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
+{
+    let rows = bind(sqlx::query(sql), args).fetch_all(on).await?;
+    rows.iter().map(decode_row).collect()
 }
 
 impl GroupCommit {
@@ -161,34 +168,28 @@ fn lost_batch() -> sqlx::Error {
 /// fails, the transaction is rolled back whole and every write runs again alone, so one
 /// write's failure is its own and no write takes effect twice.
 async fn write_batch(pool: &SqlitePool, batch: Vec<Pending>) {
-    if let [one] = &batch[..] {
-        let r = one.run(pool).await;
-        let one = batch.into_iter().next().expect("one write");
-        let _ = one.reply.send(r);
-        return;
-    }
-    let together = async {
-        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut answers = Vec::with_capacity(batch.len());
-        for p in &batch {
-            answers.push(p.run(&mut *tx).await?);
-        }
-        tx.commit().await?;
-        Ok::<_, sqlx::Error>(answers)
-    };
-    match together.await {
-        Ok(answers) => {
+    if batch.len() > 1 {
+        let together = async {
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            let mut answers = Vec::with_capacity(batch.len());
+            for p in &batch {
+                answers.push(p.run(&mut *tx).await?);
+            }
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(answers)
+        };
+        if let Ok(answers) = together.await {
             for (p, rows) in batch.into_iter().zip(answers) {
                 let _ = p.reply.send(Ok(rows));
             }
+            return;
         }
         // Dropping the transaction rolled it back: nothing of the batch took effect.
-        Err(_) => {
-            for p in batch {
-                let r = p.run(pool).await;
-                let _ = p.reply.send(r);
-            }
-        }
+    }
+    // A lone write, or a failed batch's writes, each alone.
+    for p in batch {
+        let r = p.run(pool).await;
+        let _ = p.reply.send(r);
     }
 }
 
@@ -219,15 +220,11 @@ impl Dialect for Sqlite {
         stmt: &Stmt,
         args: Vec<Arg<'_>>,
     ) -> Result<Vec<Row>, sqlx::Error> {
-        if let On::Hot = on {
-            return self.writes.write(&self.pool, stmt, args).await;
+        match on {
+            On::Hot => self.writes.write(&self.pool, stmt, args).await,
+            On::Pool => rows(&self.pool, &stmt.sql, args).await,
+            On::Conn(conn) => rows(conn, &stmt.sql, args).await,
         }
-        let query = bind(sqlx::query(&stmt.sql), args);
-        let rows = match on {
-            On::Hot | On::Pool => query.fetch_all(&self.pool).await?,
-            On::Conn(conn) => query.fetch_all(conn).await?,
-        };
-        rows.iter().map(decode_row).collect()
     }
 
     /// `BEGIN IMMEDIATE` takes the write lock at once: processes opening the same file
