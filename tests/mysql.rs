@@ -1,6 +1,7 @@
 //! What is MySQL/MariaDB's own: two OS processes racing in transactional mode, a
 //! lock-wait timeout surfacing as a retryable store error, processes opening at once
-//! under the migrations' named lock, and the shipped schema without migrations.
+//! under the migrations' named lock, the shipped schema without migrations, and a
+//! replay that reads past a held row lock.
 #![cfg(feature = "mysql")]
 mod common;
 use common::*;
@@ -129,6 +130,64 @@ async fn lock_wait_timeout_is_a_retryable_store_error() {
         TxStep::Run(_) => panic!("ran again after the first committed"),
     }
     again.rollback().await.unwrap();
+    drop_database(&pool, &db).await;
+}
+
+/// Once replays come in, a replay is one plain read that neither takes nor waits for the
+/// record's row lock: with another transaction holding that lock, a retry of a completed
+/// call replays. A claim that wrote would wait for the lock and fail (this pool's
+/// sessions give up on a lock after one second). The replay cache is off, so every
+/// replay reaches MySQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_reads_past_a_held_row_lock() {
+    use sqlx::Executor;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let Some((db, _url, pool)) = database("mysql_replay_lock").await else {
+        return;
+    };
+    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&mysql_url())
+        .unwrap()
+        .database(&db);
+    let impatient = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET SESSION innodb_lock_wait_timeout = 1")
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect_with(opts)
+        .await
+        .unwrap();
+    let idem = Idem::builder()
+        .replay_cache_bytes(0)
+        .pool(impatient)
+        .await
+        .unwrap();
+    let runs = AtomicU32::new(0);
+    let charge = || {
+        idem.operation("charge", "c-1").run(|| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<u32, IdemError>(7)
+        })
+    };
+    assert_eq!(charge().await.unwrap(), 7);
+    // A first replay, decided by the claim: the store reads first only after replays.
+    assert_eq!(charge().await.unwrap(), 7);
+
+    let mut holder = pool.begin().await.unwrap();
+    let locked = sqlx::query("SELECT state FROM idem_operations FOR UPDATE")
+        .fetch_all(&mut *holder)
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 1);
+    match charge().await {
+        Ok(out) => assert_eq!(out, 7),
+        Err(e) => panic!("the replay waited for the row lock: {e}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
+    holder.rollback().await.unwrap();
     drop_database(&pool, &db).await;
 }
 

@@ -193,6 +193,13 @@ impl Stmt {
         Stmt { sql, params }
     }
 
+    /// The parameters' names in positional order (per placeholder where the dialect's
+    /// placeholders are not numbered).
+    #[cfg(feature = "mysql")]
+    pub(crate) fn param_names(&self) -> &[String] {
+        &self.params
+    }
+
     /// The arguments in this statement's positional order, from named ones.
     pub(crate) fn args<'a>(&self, named: &[(&str, Arg<'a>)]) -> Result<Vec<Arg<'a>>, StoreError> {
         self.params
@@ -231,6 +238,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     const NEXT_EPOCH: &'static str;
     /// The name of the shipped schema's constant in `idem_runtime::schema`.
     const SCHEMA: &'static str;
+    /// Whether the replay read (`peek.sql`) runs only while replays are recent, not on
+    /// every call: where it is a round trip of its own, a fresh call would pay it for
+    /// nothing (see [`ReplayGate`]).
+    const PEEK_WHILE_REPLAYING: bool = false;
     /// How often the claim may be issued before giving up: more than once only where
     /// the database's snapshot rules can make it return no row.
     const CLAIM_ATTEMPTS: usize = 1;
@@ -445,6 +456,37 @@ const PURGE_BATCH: i64 = 1000;
 pub(crate) struct SqlStore<D: Dialect> {
     pub(crate) dialect: D,
     sql: Statements,
+    gate: ReplayGate,
+}
+
+/// Whether replays were seen lately, for dialects that read before claiming only then.
+///
+/// A score: each replay adds [`ReplayGate::STEP`] (up to [`ReplayGate::CAP`]), each fresh
+/// claim takes one away, and the read runs while it is above zero. Traffic of fresh
+/// calls keeps it shut, so they pay no extra round trip; a retry storm opens it at its
+/// first replay, so the rest are answered by a read that takes no lock. A replay while
+/// it is shut is still a replay: the claim decides it, one transaction dearer.
+#[derive(Debug, Default)]
+pub(crate) struct ReplayGate(std::sync::atomic::AtomicU32);
+
+impl ReplayGate {
+    const STEP: u32 = 8;
+    const CAP: u32 = 64;
+
+    fn open(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    fn saw(&self, replay: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
+            Some(if replay {
+                (n + Self::STEP).min(Self::CAP)
+            } else {
+                n.saturating_sub(1)
+            })
+        });
+    }
 }
 
 fn id_args(id: &OperationId) -> [(&'static str, Arg<'_>); 3] {
@@ -503,6 +545,7 @@ impl<D: Dialect> SqlStore<D> {
         Ok(SqlStore {
             sql: Statements::new::<D>(table),
             dialect,
+            gate: ReplayGate::default(),
         })
     }
 
@@ -698,7 +741,13 @@ impl<D: Dialect> Store for SqlStore<D> {
                 continue;
             };
             match decide(claim_row(row)?)? {
-                Decision::Claim(claim) => return Ok(claim),
+                Decision::Claim(claim) => {
+                    if D::PEEK_WHILE_REPLAYING {
+                        self.gate
+                            .saw(matches!(claim, Claim::Completed(_) | Claim::Mismatch));
+                    }
+                    return Ok(claim);
+                }
                 Decision::Reissue => {
                     tracing::trace!("claim read a superseded row; issuing it again");
                 }
@@ -722,12 +771,18 @@ impl<D: Dialect> Store for SqlStore<D> {
         let Some(peek) = &self.sql.peek else {
             return Ok(None);
         };
+        if D::PEEK_WHILE_REPLAYING && !self.gate.open() {
+            return Ok(None);
+        }
         let mut named = id_args(id).to_vec();
         named.push(("fp", Arg::Bytes(fingerprint)));
         let rows = self.rows(On::Pool, peek, &named).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
+        if D::PEEK_WHILE_REPLAYING {
+            self.gate.saw(true);
+        }
         if !row.flag("same_fingerprint")? {
             return Ok(Some(Err(Mismatched)));
         }
@@ -978,5 +1033,40 @@ impl<D: Dialect> SqlStore<D> {
         } else {
             Fence::Held
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReplayGate;
+
+    #[test]
+    fn the_replay_gate_opens_on_a_replay_and_shuts_after_fresh_claims() {
+        let gate = ReplayGate::default();
+        assert!(!gate.open(), "fresh traffic reads nothing first");
+        gate.saw(true);
+        for _ in 1..ReplayGate::STEP {
+            gate.saw(false);
+            assert!(gate.open());
+        }
+        gate.saw(false);
+        assert!(
+            !gate.open(),
+            "shut after as many fresh claims as one replay's step"
+        );
+        gate.saw(false);
+        assert!(!gate.open(), "the score does not go below zero");
+        for _ in 0..100 {
+            gate.saw(true);
+        }
+        for _ in 0..ReplayGate::CAP - 1 {
+            gate.saw(false);
+        }
+        assert!(gate.open());
+        gate.saw(false);
+        assert!(
+            !gate.open(),
+            "a long storm keeps it open no longer than the cap"
+        );
     }
 }

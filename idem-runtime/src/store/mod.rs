@@ -22,11 +22,26 @@ pub(crate) mod postgres;
 pub mod redis;
 
 /// What the benches read of the stores. Not a stable API.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[doc(hidden)]
 pub mod bench {
+    /// The MySQL statement file `name` (`sql/mysql/<name>.sql`) rendered for `table`,
+    /// exactly as the store issues it: each statement with `?` placeholders, and the
+    /// names of the parameters those placeholders take, in order.
+    #[cfg(feature = "mysql")]
+    pub fn mysql_statements(
+        name: &str,
+        table: &str,
+    ) -> Result<Vec<(String, Vec<String>)>, crate::IdemError> {
+        use super::engine::{Dialect, Stmt};
+        let table = super::sql_common::TableName::parse(table, false)?.backticked();
+        let stmt = Stmt::render::<super::mysql::MySql>(super::mysql::MySql::sql(name), &table);
+        Ok(super::mysql::parts_with_params(&stmt))
+    }
+
     /// The PostgreSQL statement `name` (`sql/postgres/<name>.sql`) rendered for `table`,
     /// exactly as the store issues it.
+    #[cfg(feature = "postgres")]
     pub fn postgres_statement(name: &str, table: &str) -> Result<String, crate::IdemError> {
         use super::engine::{Dialect, Stmt};
         let table = super::sql_common::TableName::parse(table, true)?;

@@ -27,6 +27,15 @@
 //! judges the row as it was. MariaDB's `SIMULTANEOUS_ASSIGNMENT` SQL mode changes that
 //! and is refused at open.
 //!
+//! **A replay** can be answered before any of that by one plain read (`peek.sql`): a
+//! COMPLETED, unexpired record is final until it expires, so a consistent read that
+//! finds one answers with its outcome (or a mismatch) in one round trip, taking no lock
+//! and writing no row. The read is a round trip a fresh call would pay for nothing, so
+//! the store issues it only while it has seen replays lately (a score each replay raises
+//! and each fresh claim lowers): a burst of retries is served by reads, a stream of new
+//! calls goes straight to the claim. A replay the read does not answer is decided by
+//! the claim's transaction, as every call is.
+//!
 //! **Epochs** come from an `AUTO_INCREMENT` counter table beside the operations table:
 //! each claim inserts a row, takes `LAST_INSERT_ID()` and deletes the row, so epochs
 //! never repeat for the table, whatever was released, resolved or purged. (Transactional
@@ -77,9 +86,12 @@ impl Dialect for MySql {
     // Deadlocks and lock-wait timeouts between claims on one key roll the claim's own
     // transaction back, so issuing it again is safe.
     const CLAIM_ATTEMPTS: usize = 8;
+    // The read is a round trip (and a pool acquire) of its own before the claim's
+    // transaction: worth it while retries come in, not on every fresh call.
+    const PEEK_WHILE_REPLAYING: bool = true;
     const NUMBERED_PLACEHOLDERS: bool = false;
 
-    statements!("mysql");
+    statements!("mysql", "peek");
 
     fn placeholder(_: usize) -> String {
         "?".to_owned()
@@ -177,6 +189,18 @@ fn split(sql: &str) -> Vec<&str> {
     sql.split(";\n")
         .map(str::trim)
         .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// Each of `stmt`'s statements with the names its `?`s bind, in order (for the bench).
+pub(crate) fn parts_with_params(stmt: &Stmt) -> Vec<(String, Vec<String>)> {
+    let mut names = stmt.param_names().iter();
+    split(&stmt.sql)
+        .into_iter()
+        .map(|part| {
+            let n = part.matches('?').count();
+            (part.to_owned(), names.by_ref().take(n).cloned().collect())
+        })
         .collect()
 }
 
