@@ -76,6 +76,7 @@ impl Templates {
                 .expect("idem's statements render for the bench's table")
         };
         Sql {
+            peek: r("peek"),
             claim: r("claim"),
             record: r("record"),
             tx_claim: r("tx_claim"),
@@ -87,6 +88,7 @@ impl Templates {
 /// The store's statements for one table.
 #[derive(Clone)]
 struct Sql {
+    peek: String,
     claim: String,
     record: String,
     tx_claim: String,
@@ -469,12 +471,16 @@ impl Subject {
         Ok(())
     }
 
-    /// What idem does for a replay, minus idem: the claim, which finds the outcome.
+    /// What idem does for a replay once replays come in, minus idem: the read of a
+    /// completed record.
     async fn replay(&self, sql: &Sql, key: &str, conn: &mut Option<&mut PgConnection>) -> Res<()> {
         let id = operation_id(key);
-        let row = self.fetch(Subject::claim(sql, &id), conn).await?;
-        check(!row.try_get::<bool, _>("mine")?, "a replay claimed")?;
-        check(row.try_get::<i16, _>("state")? == 1, "not completed")?;
+        let peek = sqlx::query(&sql.peek)
+            .bind(&id.scope)
+            .bind(&id.name)
+            .bind(&id.key)
+            .bind(&FINGERPRINT[..]);
+        let row = self.fetch(peek, conn).await?;
         check(row.try_get::<bool, _>("same_fingerprint")?, "mismatch")?;
         let outcome: Vec<u8> = row.try_get("outcome")?;
         check(
@@ -925,22 +931,27 @@ impl Floor<'_> {
     }
 }
 
-/// idem's own claim and record as a pgbench script: the same statements, with pgbench
-/// variables for the parameters (typed, as sqlx binds them) and `\gset` to carry the epoch.
+/// idem's own statements as a pgbench script (the claim and the record; for replays, the
+/// read of the completed record): the same statements, with pgbench variables for the
+/// parameters (typed, as sqlx binds them) and `\gset` to carry the epoch.
 fn idem_sql_script(sql: &Sql, replay: bool) -> String {
-    let claim = [
+    let vars = [
         ("$1", ":scope::text"),
         ("$2", ":name::text"),
         ("$3", ":k::text"),
         ("$4", ":fp::bytea"),
         ("$5", ":lease"),
         ("$6", ":unknown::boolean"),
-    ]
-    .iter()
-    .fold(sql.claim.clone(), |s, (p, v)| s.replace(p, v));
+    ];
     if replay {
-        return format!("\\set k random(1, {REPLAY_KEYS})\n{claim};\n");
+        let peek = vars
+            .iter()
+            .fold(sql.peek.clone(), |s, (p, v)| s.replace(p, v));
+        return format!("\\set k random(1, {REPLAY_KEYS})\n{peek};\n");
     }
+    let claim = vars
+        .iter()
+        .fold(sql.claim.clone(), |s, (p, v)| s.replace(p, v));
     let record = [
         ("$1", ":scope::text"),
         ("$2", ":name::text"),
@@ -1037,6 +1048,7 @@ fn describe(sql: &str, names: &[(&str, &str)], known: &[(&str, &Sql)]) -> String
     for (table, statements) in known {
         let rename = |s: &str| s.replace(&quoted(table), "T");
         for (name, text) in [
+            ("PEEK", &statements.peek),
             ("CLAIM", &statements.claim),
             ("RECORD", &statements.record),
             ("TX_CLAIM", &statements.tx_claim),

@@ -183,3 +183,64 @@ async fn replay_neither_locks_nor_writes_the_row() {
     assert_eq!(before, after, "a replay touched the row");
     drop_schema(&pool, &schema).await;
 }
+
+/// Once replays come in, a replay is answered by a read-only statement: with the
+/// store's role stripped of `INSERT` and `UPDATE` on the table, retries still replay
+/// (the claim statement, an upsert, would be refused by the permission check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_of_replays_is_answered_by_reads() {
+    use std::str::FromStr;
+    let Some(pool) = pool("replay_reads", 4).await else {
+        return;
+    };
+    let schema = schema(&pool, "replay_reads").await;
+    let table = format!("{schema}.idem_operations");
+    drop(idem_on(&pool, &schema).await);
+    let role = format!("{schema}_reader");
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA {schema} TO {role}"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"),
+        format!("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let as_role = sqlx::postgres::PgConnectOptions::from_str(&postgres_url())
+        .unwrap()
+        .username(&role);
+    let role_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(as_role)
+        .await
+        .unwrap();
+    let idem = Idem::builder()
+        .table(table.clone())
+        .migrate(false)
+        .replay_cache_bytes(0)
+        .pool(role_pool.clone())
+        .await
+        .unwrap();
+    let call = || {
+        idem.operation("quote", "q-1")
+            .run(|| async { Ok::<_, IdemError>(42u32) })
+    };
+    assert_eq!(call().await.unwrap(), 42);
+    // The first replay is decided by the claim; it tells the store replays are coming.
+    assert_eq!(call().await.unwrap(), 42);
+    sqlx::query(&format!("REVOKE INSERT, UPDATE ON {table} FROM {role}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        match call().await {
+            Ok(out) => assert_eq!(out, 42),
+            Err(e) => panic!("a replay needed more than a read: {e}"),
+        }
+    }
+    drop(idem);
+    role_pool.close().await;
+    drop_schema(&pool, &schema).await;
+    for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+}

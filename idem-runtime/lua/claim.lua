@@ -3,12 +3,18 @@
 local fp, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local now = now_ms()
 
-local function acquire(takeover)
-  -- The counter outlives the record, so this epoch is above every earlier one.
+-- `replace`: an expired record is there to be replaced.
+local function acquire(takeover, replace)
+  -- The counter outlives the record, so this epoch is above every earlier one. A
+  -- counter INCR just made has no expiry to remove.
   local epoch = redis.call('INCR', CTR)
-  redis.call('PERSIST', CTR)
-  if takeover == 0 then
+  if epoch > 1 then
+    redis.call('PERSIST', CTR)
+  end
+  if replace then
     redis.call('DEL', REC)
+  end
+  if takeover == 0 then
     redis.call('HSET', REC, 's', 0, 'e', epoch, 'fp', fp, 'lu', now + lease, 'ca', now,
       'sc', ARGV[4], 'nm', ARGV[5], 'k', ARGV[6])
   else
@@ -20,12 +26,12 @@ end
 -- One read serves every answer, the replay's outcome included.
 local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'err', 'v', 'body')
 if not r[1] then
-  return acquire(0)
+  return acquire(0, false)
 end
 local state, epoch = r[1], tonumber(r[2])
 if state == '1' and tonumber(r[5]) <= now then
   -- Past retention: absent, whatever fingerprint it had.
-  return acquire(0)
+  return acquire(0, true)
 end
 if r[3] ~= fp then
   return {'mismatch'}
@@ -41,8 +47,8 @@ if lease_until > now then
   return {'inflight', lease_until - now}
 end
 if mode == 'unknown' then
-  wake()
+  wake(redis.call('HMGET', REC, 's', 'e', 'w', 'sc', 'nm', 'k'))
   redis.call('HSET', REC, 's', 2)
   return {'unknown', epoch, 1}
 end
-return acquire(1)
+return acquire(1, false)

@@ -1,6 +1,7 @@
 -- ARGV: epoch. Moves an IN_PROGRESS record held at epoch to UNKNOWN.
-if held_state(ARGV[1]) == '0' then
-  wake()
+local state, r = held_state(ARGV[1])
+if state == '0' then
+  wake(r)
   redis.call('HSET', REC, 's', 2)
   return 1
 end

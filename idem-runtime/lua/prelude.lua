@@ -15,36 +15,37 @@ local function now_ms()
 end
 
 -- The record's state ('0' in progress, '1' completed, '2' unknown) if it exists and is
--- held at `epoch` (compared as the decimal string), else nil.
+-- held at `epoch` (compared as the decimal string), else nil; and the fields `wake`
+-- reads, so a write that wakes reads the record once.
 local function held_state(epoch)
-  local r = redis.call('HMGET', REC, 's', 'e')
+  local r = redis.call('HMGET', REC, 's', 'e', 'w', 'sc', 'nm', 'k')
   if r[1] and r[2] == epoch then
-    return r[1]
+    return r[1], r
   end
-  return nil
+  return nil, r
 end
 
 -- Tells waiting processes that the operation moved on, if any announced a wait: on
 -- the channel `<prefix>:wake`, the operation as `<len>:<scope><len>:<name><key>`.
-local function wake()
-  local r = redis.call('HMGET', REC, 'w', 'sc', 'nm', 'k')
-  if r[1] and r[2] then
+-- `r` is the record's fields as `held_state` read them.
+local function wake(r)
+  if r[3] and r[4] then
     local channel = string.sub(REC, 1, #REC - 37) .. ':wake'
-    redis.call('PUBLISH', channel, #r[2] .. ':' .. r[2] .. #r[3] .. ':' .. r[3] .. r[4])
+    redis.call('PUBLISH', channel, #r[4] .. ':' .. r[4] .. #r[5] .. ':' .. r[5] .. r[6])
   end
 end
 
 -- Completes the record with an outcome kept for `retain` ms.
-local function complete(now, is_err, version, body, retain)
-  wake()
+local function complete(r, now, is_err, version, body, retain)
+  wake(r)
   redis.call('HSET', REC, 's', 1, 'err', is_err, 'v', version, 'body', body, 'xa', now + retain)
   redis.call('PEXPIRE', REC, retain + GRACE_MS)
   redis.call('PEXPIRE', CTR, retain + GRACE_MS + KEEP_MS)
 end
 
 -- Removes the record; its counter stays KEEP_MS longer.
-local function remove()
-  wake()
+local function remove(r)
+  wake(r)
   redis.call('DEL', REC)
   redis.call('PEXPIRE', CTR, KEEP_MS)
 end

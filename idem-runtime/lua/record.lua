@@ -1,8 +1,8 @@
 -- ARGV: epoch, is_err (0/1), version, body, retain ms. Fenced on an IN_PROGRESS
 -- record at epoch; the same record retried after a lost reply holds.
-local state = held_state(ARGV[1])
+local state, r = held_state(ARGV[1])
 if state == '0' then
-  complete(now_ms(), ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
+  complete(r, now_ms(), ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
   return 1
 end
 if state == '1' then

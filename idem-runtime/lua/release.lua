@@ -1,6 +1,7 @@
 -- ARGV: epoch. Removes an IN_PROGRESS record held at epoch.
-if held_state(ARGV[1]) == '0' then
-  remove()
+local state, r = held_state(ARGV[1])
+if state == '0' then
+  remove(r)
   return 1
 end
 return 0

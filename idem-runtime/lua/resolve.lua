@@ -1,12 +1,12 @@
 -- ARGV: epoch, 'retry' | 'complete', is_err, version, body, retain ms. Settles an
 -- UNKNOWN or IN_PROGRESS record held at epoch.
-local state = held_state(ARGV[1])
+local state, r = held_state(ARGV[1])
 if state ~= '0' and state ~= '2' then
   return 0
 end
 if ARGV[2] == 'retry' then
-  remove()
+  remove(r)
 else
-  complete(now_ms(), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]))
+  complete(r, now_ms(), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]))
 end
 return 1

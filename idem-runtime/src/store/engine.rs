@@ -242,6 +242,9 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     /// every call: where it is a round trip of its own, a fresh call would pay it for
     /// nothing (see [`ReplayGate`]).
     const PEEK_WHILE_REPLAYING: bool = false;
+    /// Whether the replay read runs on the claims' connections ([`On::Hot`]) rather than
+    /// the pool: where those are the dialect's fastest path, not a single writer.
+    const PEEK_ON_HOT: bool = false;
     /// How often the claim may be issued before giving up: more than once only where
     /// the database's snapshot rules can make it return no row.
     const CLAIM_ATTEMPTS: usize = 1;
@@ -776,7 +779,8 @@ impl<D: Dialect> Store for SqlStore<D> {
         }
         let mut named = id_args(id).to_vec();
         named.push(("fp", Arg::Bytes(fingerprint)));
-        let rows = self.rows(On::Pool, peek, &named).await?;
+        let on = if D::PEEK_ON_HOT { On::Hot } else { On::Pool };
+        let rows = self.rows(on, peek, &named).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
