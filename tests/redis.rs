@@ -336,8 +336,9 @@ impl OwnServer {
         panic!("redis-server did not listen on port {port}");
     }
 
-    /// Scripts the server ran since the last call (and resets the counters).
-    async fn scripts_run(&self) -> u64 {
+    /// The commands the server ran since the last call, by name (and resets the
+    /// counters): `(scripts, HMGETs)`.
+    async fn commands_run(&self) -> (u64, u64) {
         let client = redis::Client::open(self.url.as_str()).unwrap();
         let mut c = client.get_multiplexed_async_connection().await.unwrap();
         let stats: String = redis::cmd("INFO")
@@ -350,26 +351,35 @@ impl OwnServer {
             .query_async(&mut c)
             .await
             .unwrap();
-        stats
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_eval"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
+        let calls = |prefix: &str| -> u64 {
+            stats
+                .lines()
+                .filter(|l| l.starts_with(prefix))
+                .filter_map(|l| {
+                    l.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum()
+        };
+        (calls("cmdstat_eval"), calls("cmdstat_hmget:"))
+    }
+
+    /// Scripts the server ran since the last call (and resets the counters).
+    async fn scripts_run(&self) -> u64 {
+        self.commands_run().await.0
     }
 }
 
 /// A fresh call is two round trips (the claim script, the record script) and a replay
-/// one: the claim script itself decides fresh, replay, in flight and mismatch.
+/// one: the claim script itself decides fresh, replay, in flight and mismatch. Once
+/// replays come in, a replay is no script at all: one `HMGET` (with `TIME`, pipelined).
 #[tokio::test]
-async fn a_fresh_call_is_two_scripts_and_a_replay_one() {
-    let Some(server) = OwnServer::start("a_fresh_call_is_two_scripts_and_a_replay_one").await
+async fn scripts_per_fresh_call_replay_and_run_of_replays() {
+    let Some(server) = OwnServer::start("scripts_per_fresh_call_replay_and_run_of_replays").await
     else {
         return;
     };
@@ -389,7 +399,6 @@ async fn a_fresh_call_is_two_scripts_and_a_replay_one() {
     };
     // Loads the scripts, so the counts below are the steady state.
     call("warm").await;
-    call("warm").await;
     server.scripts_run().await;
 
     assert_eq!(call("k").await, 7);
@@ -399,5 +408,49 @@ async fn a_fresh_call_is_two_scripts_and_a_replay_one() {
         "a fresh call: claim and record"
     );
     assert_eq!(call("k").await, 7);
-    assert_eq!(server.scripts_run().await, 1, "a replay: the claim alone");
+    assert_eq!(
+        server.commands_run().await,
+        (1, 1),
+        "a replay after fresh calls: the claim alone (its own HMGET inside)"
+    );
+    for _ in 0..5 {
+        assert_eq!(call("k").await, 7);
+    }
+    assert_eq!(
+        server.commands_run().await,
+        (0, 5),
+        "a run of replays: one HMGET each, no script"
+    );
+    let mismatch = idem
+        .operation("send", "k")
+        .fingerprint(&1u8)
+        .run(|| async { Ok::<_, IdemError>(8u32) })
+        .await;
+    assert!(
+        matches!(mismatch, Err(IdemError::Mismatch { .. })),
+        "{mismatch:?}"
+    );
+    assert_eq!(server.commands_run().await, (0, 1), "a mismatch read too");
+
+    // A record past its retention (Redis keeps it a while longer) is no replay for the
+    // read either: the claim takes it over and the body runs again.
+    let runs = std::sync::atomic::AtomicU32::new(0);
+    let brief = || {
+        idem.operation("send", "brief")
+            .retain(Duration::from_millis(300))
+            .run(|| async {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, IdemError>(9u32)
+            })
+    };
+    assert_eq!(brief().await.unwrap(), 9);
+    assert_eq!(brief().await.unwrap(), 9);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(brief().await.unwrap(), 9);
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "an expired record replayed"
+    );
 }

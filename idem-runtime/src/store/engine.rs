@@ -15,7 +15,7 @@ use super::sql_common::{
 };
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    State, Stats, Store, StoredOutcome, Takeover,
+    ReplayGate, State, Stats, Store, StoredOutcome, Takeover,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -240,7 +240,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     const SCHEMA: &'static str;
     /// Whether the replay read (`peek.sql`) runs only while replays are recent, not on
     /// every call: where it is a round trip of its own, a fresh call would pay it for
-    /// nothing (see [`ReplayGate`]).
+    /// nothing (see [`ReplayGate`](super::ReplayGate)).
     const PEEK_WHILE_REPLAYING: bool = false;
     /// Whether the replay read runs on the claims' connections ([`On::Hot`]) rather than
     /// the pool: where those are the dialect's fastest path, not a single writer.
@@ -460,36 +460,6 @@ pub(crate) struct SqlStore<D: Dialect> {
     pub(crate) dialect: D,
     sql: Statements,
     gate: ReplayGate,
-}
-
-/// Whether replays were seen lately, for dialects that read before claiming only then.
-///
-/// A score: each replay adds [`ReplayGate::STEP`] (up to [`ReplayGate::CAP`]), each fresh
-/// claim takes one away, and the read runs while it is above zero. Traffic of fresh
-/// calls keeps it shut, so they pay no extra round trip; a retry storm opens it at its
-/// first replay, so the rest are answered by a read that takes no lock. A replay while
-/// it is shut is still a replay: the claim decides it, one transaction dearer.
-#[derive(Debug, Default)]
-pub(crate) struct ReplayGate(std::sync::atomic::AtomicU32);
-
-impl ReplayGate {
-    const STEP: u32 = 8;
-    const CAP: u32 = 64;
-
-    fn open(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) > 0
-    }
-
-    fn saw(&self, replay: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
-            Some(if replay {
-                (n + Self::STEP).min(Self::CAP)
-            } else {
-                n.saturating_sub(1)
-            })
-        });
-    }
 }
 
 fn id_args(id: &OperationId) -> [(&'static str, Arg<'_>); 3] {
@@ -1037,40 +1007,5 @@ impl<D: Dialect> SqlStore<D> {
         } else {
             Fence::Held
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ReplayGate;
-
-    #[test]
-    fn the_replay_gate_opens_on_a_replay_and_shuts_after_fresh_claims() {
-        let gate = ReplayGate::default();
-        assert!(!gate.open(), "fresh traffic reads nothing first");
-        gate.saw(true);
-        for _ in 1..ReplayGate::STEP {
-            gate.saw(false);
-            assert!(gate.open());
-        }
-        gate.saw(false);
-        assert!(
-            !gate.open(),
-            "shut after as many fresh claims as one replay's step"
-        );
-        gate.saw(false);
-        assert!(!gate.open(), "the score does not go below zero");
-        for _ in 0..100 {
-            gate.saw(true);
-        }
-        for _ in 0..ReplayGate::CAP - 1 {
-            gate.saw(false);
-        }
-        assert!(gate.open());
-        gate.saw(false);
-        assert!(
-            !gate.open(),
-            "a long storm keeps it open no longer than the cap"
-        );
     }
 }

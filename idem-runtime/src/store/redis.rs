@@ -69,8 +69,8 @@ use ::redis::{RedisError, Script, ScriptInvocation, Value};
 use std::sync::Arc;
 
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
-    Store, StoredOutcome, Takeover, WakeHub,
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
+    ReplayGate, State, Stats, Store, StoredOutcome, Takeover, WakeHub,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -142,6 +142,8 @@ pub struct RedisStore {
     pubsub: ::redis::Client,
     /// The task relaying wake-ups to this process's waiters, ended with the store.
     listener: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// Whether replays came in lately, so a replay is worth reading before the claim.
+    gate: ReplayGate,
 }
 
 impl Drop for RedisStore {
@@ -205,6 +207,7 @@ impl RedisStore {
             scripts: Scripts::new(),
             pubsub: client,
             listener: Default::default(),
+            gate: ReplayGate::default(),
         })
     }
 
@@ -239,6 +242,7 @@ impl RedisStore {
             scripts: Scripts::new(),
             pubsub,
             listener: Default::default(),
+            gate: ReplayGate::default(),
         })
     }
 
@@ -593,6 +597,61 @@ impl RedisStore {
 
 #[async_trait::async_trait]
 impl Store for RedisStore {
+    /// While replays come in, a pipeline of two plain commands, `HMGET` of the record and
+    /// `TIME`, instead of the claim's script: far less work for the server. Not atomic,
+    /// and it need not be: `TIME` runs after the read, so a record whose retention
+    /// deadline is past that time was unexpired when it was read. On a cluster, `TIME`
+    /// could reach another node and its clock, so the claim decides there.
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        let Conn::Single(conn) = &self.conn else {
+            return Ok(None);
+        };
+        if !self.gate.open() {
+            return Ok(None);
+        }
+        let (rec, _) = self.keys(id);
+        let (fields, (secs, micros)): (Vec<Option<Vec<u8>>>, (u64, u64)) = ::redis::pipe()
+            .cmd("HMGET")
+            .arg(&rec)
+            .arg(&["s", "xa", "fp", "err", "v", "body"])
+            .cmd("TIME")
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(store_error)?;
+        let now = secs * 1000 + micros / 1000;
+        let number = |f: &Option<Vec<u8>>| {
+            f.as_deref()
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .and_then(|t| t.parse::<u64>().ok())
+        };
+        let [state, expires, fp, is_err, version, body] = &fields[..] else {
+            return Err(protocol(format!("HMGET answered {fields:?}")));
+        };
+        if state.as_deref() != Some(b"1") || number(expires).is_none_or(|xa| xa <= now) {
+            return Ok(None);
+        }
+        self.gate.saw(true);
+        if fp.as_deref() != Some(&fingerprint[..]) {
+            return Ok(Some(Err(Mismatched)));
+        }
+        let (Some(is_err), Some(version), Some(body)) = (number(is_err), number(version), body)
+        else {
+            return Err(protocol(format!(
+                "a completed record lacks its outcome: {fields:?}"
+            )));
+        };
+        Ok(Some(Ok(StoredOutcome {
+            is_err: is_err == 1,
+            version: u32::try_from(version)
+                .map_err(|_| protocol(format!("outcome version {version}")))?,
+            body: body.clone(),
+        })))
+    }
+
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let mode: &[u8] = match req.on_takeover {
             Takeover::Rerun => b"rerun",
@@ -619,7 +678,7 @@ impl Store for RedisStore {
         };
         let tag = parts.first().and_then(text).ok_or_else(bad)?;
         let n = |i: usize| parts.get(i).and_then(int).ok_or_else(bad);
-        Ok(match tag.as_str() {
+        let claim = match tag.as_str() {
             "acquired" => Claim::Acquired {
                 epoch: n(1)? as u64,
                 takeover: n(2)? == 1,
@@ -638,7 +697,10 @@ impl Store for RedisStore {
                 now: n(2)? == 1,
             },
             _ => return Err(bad()),
-        })
+        };
+        self.gate
+            .saw(matches!(claim, Claim::Completed(_) | Claim::Mismatch));
+        Ok(claim)
     }
 
     async fn record(
