@@ -37,6 +37,13 @@
 //! wakes its waiters at once. Unflagged records publish nothing. A wake-up lost to a
 //! dropped subscription costs one poll interval.
 //!
+//! # Replays
+//!
+//! After replays were seen lately (see [`Store::peek_completed`]), a replay on a
+//! standalone server is first tried as `HMGET` and `TIME` pipelined, two plain commands
+//! in one round trip, far lighter for the server than a script; what that read does not
+//! answer goes on to the claim script.
+//!
 //! # Listing and stats
 //!
 //! [`Store::stats`], [`Store::list`] and [`Store::purge_expired`] walk the record keys
