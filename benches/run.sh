@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every benchmark, each beside its baseline in the same run, into one report:
+#
+#   bash benches/run.sh           # the README's figures, about 20 minutes on 2 cores
+#   bash benches/run.sh --short   # every bench once, briefly: a few minutes, noisier
+#
+# Starts the local services that are down (127.0.0.1 only) and writes the report to
+# target/bench-report.md as well as to the terminal.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source .ci/services.sh
+
+peer_args=()
+if [ "${1:-}" = "--short" ]; then
+    export IDEM_BENCH_SECS=0.5 IDEM_BENCH_ROUNDS=1 IDEM_BENCH_PGBENCH_SECS=1
+    export IDEM_BENCH_LIVE=100000 IDEM_BENCH_EXPIRED=10000
+    peer_args=(--secs 0.5 --rounds 1 --records 20000)
+elif [ -n "${1:-}" ]; then
+    echo "usage: bash benches/run.sh [--short]" >&2
+    exit 2
+fi
+
+report=target/bench-report.md
+mkdir -p target
+: >"$report"
+section() { # title, then the command whose output goes under it
+    local title=$1
+    shift
+    printf '\n# %s\n\n`%s`\n\n' "$title" "$*" | tee -a "$report"
+    "$@" 2>&1 | grep -v '^ *\(Compiling\|Finished\|Running\)' | tee -a "$report"
+}
+
+# Client and server share 2 cores: the peer bench pins itself to core 0 and its Redis
+# to core 1; the database benches leave scheduling to the kernel.
+pin=()
+if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+    pin=(taskset -c 0)
+fi
+
+cargo build --release --benches --quiet
+cargo build --release --quiet --manifest-path benches/peers/Cargo.toml
+section "PostgreSQL: idem, the same SQL via sqlx, the pgbench floor" \
+    env IDEM_BENCH_NO_PING=1 cargo bench --quiet --bench pg
+section "PostgreSQL: idem's own connections against sqlx's pools" \
+    cargo bench --quiet --bench pg_pools
+section "MariaDB: idem and the same statements via sqlx" \
+    env IDEM_BENCH_NO_PING=1 cargo bench --quiet --bench mysql
+section "PostgreSQL purge" cargo bench --quiet --bench purge
+section "Beside the idempotent crate and redis-benchmark; SQLite group commit" \
+    "${pin[@]}" benches/peers/target/release/idem-peer-bench "${peer_args[@]}"
+echo "report: $report"
