@@ -1,7 +1,8 @@
 //! Purge on PostgreSQL beside 10⁶ live records: a reaper tick with nothing expired, and
 //! a backlog of 10⁵ expired records, with idem's statement and, side by side in the same
-//! run, the statement it replaced (expiry compared with `clock_timestamp()`, volatile,
-//! so the planner cannot use the expiry index).
+//! run, the two it replaced (the rows chosen by primary key; before that, expiry also
+//! compared with `clock_timestamp()`, volatile, so the planner could not use the expiry
+//! index).
 //!
 //! `cargo bench --bench purge` (PostgreSQL at `IDEM_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`; `IDEM_BENCH_LIVE` and
@@ -13,29 +14,9 @@ use idem_runtime::Idem;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn env_or(name: &str, default: i64) -> i64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-async fn fill(pool: &sqlx::PgPool, table: &str, from: i64, n: i64, expires: &str) -> Res<()> {
-    sqlx::query(&format!(
-        "INSERT INTO {table} (scope, name, key, state, epoch, fingerprint, lease_until, \
-         created_at, claimed_at, expires_at, outcome) \
-         SELECT '', 'bench', 'k' || g, 1, g, '\\x00'::bytea, now(), now(), now(), {expires}, \
-         '\\x00'::bytea FROM generate_series($1::bigint, $2::bigint) g"
-    ))
-    .bind(from)
-    .bind(from + n - 1)
-    .execute(pool)
-    .await?;
-    sqlx::query(&format!("ANALYZE {table}"))
-        .execute(pool)
-        .await?;
-    Ok(())
-}
+#[path = "support/fill.rs"]
+mod fill;
+use fill::{env_or, fill};
 
 /// idem's earlier statements, in the same batches: the rows chosen by primary key
 /// (`KEYED`), and before that, with the volatile clock as well (`VOLATILE`).
