@@ -39,10 +39,10 @@
 //!
 //! # Replays
 //!
-//! After replays were seen lately (see [`Store::peek_completed`]), a replay on a
-//! standalone server is first tried as `HMGET` and `TIME` pipelined, two plain commands
-//! in one round trip, far lighter for the server than a script; what that read does not
-//! answer goes on to the claim script.
+//! After replays were seen lately (see [`Store::peek_completed`]), a replay is first
+//! tried as plain commands in one round trip (`HMGET` and `TIME` on a standalone server;
+//! `HMGET`, `PTTL` and `HMGET` on the record's node of a cluster), far lighter for the
+//! server than a script; what that read does not answer goes on to the claim script.
 //!
 //! # Listing and stats
 //!
@@ -90,6 +90,9 @@ const MAX_RETAIN_MS: u128 = 100 * 365 * 86_400_000;
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keys asked for per `SCAN` step.
 const SCAN_COUNT: u32 = 1000;
+/// How long Redis keeps a completed record past its retention (the prelude's
+/// `GRACE_MS`).
+const GRACE_MS: i64 = 300_000;
 
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
 
@@ -604,41 +607,70 @@ impl RedisStore {
 
 #[async_trait::async_trait]
 impl Store for RedisStore {
-    /// While replays come in, a pipeline of two plain commands, `HMGET` of the record and
-    /// `TIME`, instead of the claim's script: far less work for the server. Not atomic,
-    /// and it need not be: `TIME` runs after the read, so a record whose retention
-    /// deadline is past that time was unexpired when it was read. On a cluster, `TIME`
-    /// could reach another node and its clock, so the claim decides there.
+    /// While replays come in, a pipeline of plain commands instead of the claim's script:
+    /// far less work for the server. It answers only for a COMPLETED record it knows was
+    /// within its retention when read; anything else goes on to the claim.
+    ///
+    /// - Standalone: `HMGET`, then `TIME`. Not atomic, and it need not be: `TIME` runs
+    ///   after the read, so a retention deadline past that time was not reached when the
+    ///   record was read.
+    /// - Cluster: `TIME` could reach another node and its clock, so the record's own TTL
+    ///   stands in for it: `HMGET`, `PTTL`, `HMGET` on the record's node. A completed
+    ///   record's TTL ends `GRACE_MS` after its retention, so a TTL above that (by a
+    ///   millisecond's rounding) means the retention had not ended; the two reads agreeing
+    ///   on state, epoch and deadline mean the TTL was that record's (a new claim always
+    ///   takes a new epoch).
     async fn peek_completed(
         &self,
         id: &OperationId,
         fingerprint: &[u8; 32],
     ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-        let Conn::Single(conn) = &self.conn else {
-            return Ok(None);
-        };
         if !self.gate.open() {
             return Ok(None);
         }
         let (rec, _) = self.keys(id);
-        let (fields, (secs, micros)): (Vec<Option<Vec<u8>>>, (u64, u64)) = ::redis::pipe()
-            .cmd("HMGET")
-            .arg(&rec)
-            .arg(&["s", "xa", "fp", "err", "v", "body"])
-            .cmd("TIME")
-            .query_async(&mut conn.clone())
-            .await
-            .map_err(store_error)?;
-        let now = secs * 1000 + micros / 1000;
+        let read = ["s", "xa", "e", "fp", "err", "v", "body"];
         let number = |f: &Option<Vec<u8>>| {
             f.as_deref()
                 .and_then(|b| std::str::from_utf8(b).ok())
-                .and_then(|t| t.parse::<u64>().ok())
+                .and_then(|t| t.parse::<i64>().ok())
         };
-        let [state, expires, fp, is_err, version, body] = &fields[..] else {
+        type Fields = Vec<Option<Vec<u8>>>;
+        let (fields, alive) = match &self.conn {
+            Conn::Single(conn) => {
+                let (fields, (secs, micros)): (Fields, (i64, i64)) = ::redis::pipe()
+                    .cmd("HMGET")
+                    .arg(&rec)
+                    .arg(&read)
+                    .cmd("TIME")
+                    .query_async(&mut conn.clone())
+                    .await
+                    .map_err(store_error)?;
+                let now = secs * 1000 + micros / 1000;
+                let alive = fields.get(1).and_then(number).is_some_and(|xa| xa > now);
+                (fields, alive)
+            }
+            Conn::Cluster { conn, .. } => {
+                let (fields, ttl, again): (Fields, i64, Fields) = ::redis::pipe()
+                    .cmd("HMGET")
+                    .arg(&rec)
+                    .arg(&read)
+                    .cmd("PTTL")
+                    .arg(&rec)
+                    .cmd("HMGET")
+                    .arg(&rec)
+                    .arg(&read[..3])
+                    .query_async(&mut conn.clone())
+                    .await
+                    .map_err(store_error)?;
+                let alive = fields.get(..3) == Some(&again[..]) && ttl > GRACE_MS + 1;
+                (fields, alive)
+            }
+        };
+        let [state, _, _, fp, is_err, version, body] = &fields[..] else {
             return Err(protocol(format!("HMGET answered {fields:?}")));
         };
-        if state.as_deref() != Some(b"1") || number(expires).is_none_or(|xa| xa <= now) {
+        if state.as_deref() != Some(b"1") || !alive {
             return Ok(None);
         }
         self.gate.saw(true);
@@ -883,5 +915,14 @@ impl Store for RedisStore {
         if let Some(old) = listener.replace(task.abort_handle()) {
             old.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_grace_period_is_the_scripts_own() {
+        let line = format!("local GRACE_MS = {}\n", super::GRACE_MS);
+        assert!(super::PRELUDE.contains(&line), "the prelude lacks {line:?}");
     }
 }
