@@ -17,7 +17,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[path = "support/fill.rs"]
 mod fill;
-use fill::{env_or, fill};
+use fill::{drop_idem_table, env_or, fill};
 
 const CALLERS: u64 = 16;
 /// Keys each size's replays cycle over at most (recorded by that size's fresh calls).
@@ -80,14 +80,7 @@ async fn main() -> Res<()> {
         .await?;
     let pool = sqlx::PgPool::connect(&url).await?;
     let result = run(&idem, &pool, &table, secs, max).await;
-    for t in [table.clone(), format!("{table}_meta")] {
-        sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
-            .execute(&pool)
-            .await?;
-    }
-    sqlx::query(&format!("DROP SEQUENCE IF EXISTS {table}_epoch_seq"))
-        .execute(&pool)
-        .await?;
+    drop_idem_table(&pool, &table).await?;
     result
 }
 

@@ -16,7 +16,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[path = "support/fill.rs"]
 mod fill;
-use fill::{env_or, fill};
+use fill::{drop_idem_table, env_or, fill};
 
 /// idem's earlier statements, in the same batches: the rows chosen by primary key
 /// (`KEYED`), and before that, with the volatile clock as well (`VOLATILE`).
@@ -58,14 +58,7 @@ async fn main() -> Res<()> {
     let idem = Idem::builder().table(&table).postgres(&url).await?;
     let pool = sqlx::PgPool::connect(&url).await?;
     let result = run(&idem, &pool, &table, live, expired).await;
-    for t in [table.clone(), format!("{table}_meta")] {
-        sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
-            .execute(&pool)
-            .await?;
-    }
-    sqlx::query(&format!("DROP SEQUENCE IF EXISTS {table}_epoch_seq"))
-        .execute(&pool)
-        .await?;
+    drop_idem_table(&pool, &table).await?;
     result
 }
 

@@ -339,33 +339,15 @@ impl OwnServer {
     /// The commands the server ran since the last call, by name (and resets the
     /// counters): `(scripts, HMGETs)`.
     async fn commands_run(&self) -> (u64, u64) {
-        let client = redis::Client::open(self.url.as_str()).unwrap();
-        let mut c = client.get_multiplexed_async_connection().await.unwrap();
-        let stats: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let calls = |prefix: &str| -> u64 {
-            stats
-                .lines()
-                .filter(|l| l.starts_with(prefix))
-                .filter_map(|l| {
-                    l.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
+        let calls = common::redis_command_calls(&self.url).await;
+        let sum = |wanted: fn(&str) -> bool| -> u64 {
+            calls
+                .iter()
+                .filter(|(n, _)| wanted(n))
+                .map(|(_, c)| c)
                 .sum()
         };
-        (calls("cmdstat_eval"), calls("cmdstat_hmget:"))
+        (sum(|n| n.starts_with("eval")), sum(|n| n == "hmget"))
     }
 
     /// Scripts the server ran since the last call (and resets the counters).

@@ -140,28 +140,10 @@ impl Cluster {
     async fn commands_run(&self) -> (u64, u64) {
         let (mut scripts, mut ttls) = (0, 0);
         for url in self.urls() {
-            let client = redis::Client::open(url).unwrap();
-            let mut c = client.get_multiplexed_async_connection().await.unwrap();
-            let stats: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            for line in stats.lines() {
-                let calls = line
-                    .split("calls=")
-                    .nth(1)
-                    .and_then(|r| r.split(',').next())
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or(0);
-                if line.starts_with("cmdstat_eval") {
+            for (name, calls) in common::redis_command_calls(&url).await {
+                if name.starts_with("eval") {
                     scripts += calls;
-                } else if line.starts_with("cmdstat_pttl:") {
+                } else if name == "pttl" {
                     ttls += calls;
                 }
             }

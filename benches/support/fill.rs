@@ -1,4 +1,5 @@
-//! Filling an idem table on PostgreSQL with completed records, for the benches.
+//! Filling an idem table on PostgreSQL with completed records, and dropping it, for the
+//! benches.
 
 /// The integer in the environment variable `name`, or `default`.
 pub fn env_or(name: &str, default: i64) -> i64 {
@@ -28,6 +29,22 @@ pub async fn fill(
     .execute(pool)
     .await?;
     sqlx::query(&format!("ANALYZE {table}"))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Drops `table` and the relations idem made beside it.
+pub async fn drop_idem_table(
+    pool: &sqlx::PgPool,
+    table: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for t in [table.to_owned(), format!("{table}_meta")] {
+        sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
+            .execute(pool)
+            .await?;
+    }
+    sqlx::query(&format!("DROP SEQUENCE IF EXISTS {table}_epoch_seq"))
         .execute(pool)
         .await?;
     Ok(())

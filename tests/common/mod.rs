@@ -90,6 +90,36 @@ pub fn unique_prefix(test: &str) -> String {
     format!("idem-test:{}", unique_table(test))
 }
 
+/// The calls of each command the Redis server at `url` ran since the last reset, as
+/// `(name, calls)` (`eval`, `evalsha`, `hmget`, ...); resets the counters.
+pub async fn redis_command_calls(url: &str) -> Vec<(String, u64)> {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
 /// Deletes every key under `prefix` (records and epoch counters) on the server at `url`.
 pub async fn delete_redis_prefix(url: &str, prefix: &str) {
     let Ok(client) = redis::Client::open(url) else {
