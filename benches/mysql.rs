@@ -149,7 +149,7 @@ impl Subject {
                 if *reads == Reads::Always || (*reads == Reads::Replays && replaying) {
                     let (sql, names) = &peek[0];
                     let peeked = values.bind(sql, names)?.fetch_optional(&self.pool).await?;
-                    if let Phase::Replay { .. } = phase {
+                    if replaying {
                         let row = peeked.ok_or("a replay found no completed record")?;
                         check(row.try_get::<i64, _>("same_fingerprint")? == 1, "mismatch")?;
                         return check_outcome(&row);
@@ -158,7 +158,7 @@ impl Subject {
                 }
                 let row = self.claim(claim, &values).await?;
                 let mine = row.try_get::<i64, _>("mine")? != 0;
-                if let Phase::Replay { .. } = phase {
+                if replaying {
                     check(!mine, "a replay claimed")?;
                     check(row.try_get::<i64, _>("state")? == 1, "not completed")?;
                     return check_outcome(&row);
@@ -225,32 +225,13 @@ async fn drive(subject: &Arc<Subject>, phase: Phase, concurrency: usize, d: Dura
 /// them.
 async fn prepare_replays(subject: &Arc<Subject>) -> Res<Phase> {
     let from = subject.seq.fetch_add(REPLAY_KEYS, Ordering::Relaxed);
-    let fill = Arc::new(Subject {
-        side: match &subject.side {
-            Side::Idem(idem) => Side::Idem(idem.clone()),
-            Side::Sqlx {
-                reads,
-                peek,
-                claim,
-                record,
-            } => Side::Sqlx {
-                reads: *reads,
-                peek: peek.clone(),
-                claim: claim.clone(),
-                record: record.clone(),
-            },
-        },
-        pool: subject.pool.clone(),
-        seq: AtomicU64::new(from),
-        tokens: AtomicI64::new(subject.tokens.fetch_add(1 << 40, Ordering::Relaxed)),
-    });
     let tasks: Vec<_> = (0..POOL as u64)
         .map(|t| {
-            let fill = fill.clone();
+            let subject = subject.clone();
             tokio::spawn(async move {
                 let mut i = t;
                 while i < REPLAY_KEYS {
-                    fill.call(Phase::Fresh, from + i).await?;
+                    subject.call(Phase::Fresh, from + i).await?;
                     i += POOL as u64;
                 }
                 Ok::<_, Box<dyn Error + Send + Sync>>(())
