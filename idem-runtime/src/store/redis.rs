@@ -630,15 +630,9 @@ impl Store for RedisStore {
         }
         let (rec, _) = self.keys(id);
         let read = ["s", "xa", "e", "fp", "err", "v", "body"];
-        let number = |f: &Option<Vec<u8>>| {
-            f.as_deref()
-                .and_then(|b| std::str::from_utf8(b).ok())
-                .and_then(|t| t.parse::<i64>().ok())
-        };
-        type Fields = Vec<Option<Vec<u8>>>;
         let (fields, alive) = match &self.conn {
             Conn::Single(conn) => {
-                let (fields, (secs, micros)): (Fields, (i64, i64)) = ::redis::pipe()
+                let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = ::redis::pipe()
                     .cmd("HMGET")
                     .arg(&rec)
                     .arg(&read)
@@ -647,11 +641,11 @@ impl Store for RedisStore {
                     .await
                     .map_err(store_error)?;
                 let now = secs * 1000 + micros / 1000;
-                let alive = fields.get(1).and_then(number).is_some_and(|xa| xa > now);
+                let alive = fields.get(1).and_then(int).is_some_and(|xa| xa > now);
                 (fields, alive)
             }
             Conn::Cluster { conn, .. } => {
-                let (fields, ttl, again): (Fields, i64, Fields) = ::redis::pipe()
+                let (fields, ttl, again): (Vec<Value>, i64, Vec<Value>) = ::redis::pipe()
                     .cmd("HMGET")
                     .arg(&rec)
                     .arg(&read)
@@ -670,14 +664,14 @@ impl Store for RedisStore {
         let [state, _, _, fp, is_err, version, body] = &fields[..] else {
             return Err(protocol(format!("HMGET answered {fields:?}")));
         };
-        if state.as_deref() != Some(b"1") || !alive {
+        if int(state) != Some(1) || !alive {
             return Ok(None);
         }
         self.gate.saw(true);
-        if fp.as_deref() != Some(&fingerprint[..]) {
+        if bytes(fp).as_deref() != Some(&fingerprint[..]) {
             return Ok(Some(Err(Mismatched)));
         }
-        let (Some(is_err), Some(version), Some(body)) = (number(is_err), number(version), body)
+        let (Some(is_err), Some(version), Some(body)) = (int(is_err), int(version), bytes(body))
         else {
             return Err(protocol(format!(
                 "a completed record lacks its outcome: {fields:?}"
@@ -687,7 +681,7 @@ impl Store for RedisStore {
             is_err: is_err == 1,
             version: u32::try_from(version)
                 .map_err(|_| protocol(format!("outcome version {version}")))?,
-            body: body.clone(),
+            body,
         })))
     }
 
