@@ -12,6 +12,20 @@ mod test_support;
 pub(crate) mod wake;
 pub use memory::MemoryStore;
 pub use wake::WakeHub;
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
+mod gate;
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
+pub(crate) use gate::ReplayGate;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod engine;
 #[cfg(feature = "mysql")]
@@ -417,48 +431,6 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
-/// Whether replays were seen lately, for stores that read before claiming only then.
-///
-/// A score: each replay adds [`ReplayGate::STEP`] (up to [`ReplayGate::CAP`]), each fresh
-/// claim takes one away, and the read runs while it is above zero. Traffic of fresh
-/// calls keeps it shut, so they pay no extra round trip; a retry storm opens it at its
-/// first replay, so the rest are answered by a read that takes no lock. A replay while
-/// it is shut is still a replay: the claim decides it, one transaction dearer.
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "redis"
-))]
-#[derive(Debug, Default)]
-pub(crate) struct ReplayGate(std::sync::atomic::AtomicU32);
-
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "redis"
-))]
-impl ReplayGate {
-    const STEP: u32 = 8;
-    const CAP: u32 = 64;
-
-    pub(crate) fn open(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) > 0
-    }
-
-    pub(crate) fn saw(&self, replay: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
-            Some(if replay {
-                (n + Self::STEP).min(Self::CAP)
-            } else {
-                n.saturating_sub(1)
-            })
-        });
-    }
-}
-
 /// A completed record exists but is bound to another fingerprint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mismatched;
@@ -554,48 +526,5 @@ impl SqlStores {
             mysql: Some(store),
             ..Default::default()
         }
-    }
-}
-
-#[cfg(all(
-    test,
-    any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis"
-    )
-))]
-mod gate_tests {
-    use super::ReplayGate;
-
-    #[test]
-    fn the_replay_gate_opens_on_a_replay_and_shuts_after_fresh_claims() {
-        let gate = ReplayGate::default();
-        assert!(!gate.open(), "fresh traffic reads nothing first");
-        gate.saw(true);
-        for _ in 1..ReplayGate::STEP {
-            gate.saw(false);
-            assert!(gate.open());
-        }
-        gate.saw(false);
-        assert!(
-            !gate.open(),
-            "shut after as many fresh claims as one replay's step"
-        );
-        gate.saw(false);
-        assert!(!gate.open(), "the score does not go below zero");
-        for _ in 0..100 {
-            gate.saw(true);
-        }
-        for _ in 0..ReplayGate::CAP - 1 {
-            gate.saw(false);
-        }
-        assert!(gate.open());
-        gate.saw(false);
-        assert!(
-            !gate.open(),
-            "a long storm keeps it open no longer than the cap"
-        );
     }
 }
