@@ -242,3 +242,121 @@ async fn a_run_of_replays_is_answered_by_reads() {
         sqlx::query(&sql).execute(&pool).await.unwrap();
     }
 }
+
+/// Group commit: fresh calls on distinct keys arriving together share statements and
+/// transactions, their claims and then their records several rows to a transaction
+/// (rows one transaction wrote share its `xmin`), and each caller still gets its own
+/// outcome from its body's one run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_fresh_calls_share_transactions() {
+    use std::sync::Arc;
+    const CALLERS: usize = 64;
+    let Some(pool) = pool("group_commit", 16).await else {
+        return;
+    };
+    let schema = schema(&pool, "group_commit").await;
+    let table = format!("{schema}.idem_operations");
+    let idem = uncached(&pool, &table, true).await;
+    let runs = Counter::default();
+    // The bodies hold at `claimed` until every claim is in, then at `finish` until the
+    // claims' transactions have been counted.
+    let claimed = Arc::new(tokio::sync::Barrier::new(CALLERS + 1));
+    let finish = Arc::new(tokio::sync::Barrier::new(CALLERS + 1));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|i| {
+            let (idem, runs) = (idem.clone(), runs.clone());
+            let (claimed, finish) = (claimed.clone(), finish.clone());
+            tokio::spawn(async move {
+                idem.operation("ship", &i)
+                    .run(move || async move {
+                        runs.hit();
+                        claimed.wait().await;
+                        finish.wait().await;
+                        Ok::<_, IdemError>(i * 2)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let transactions = |state: i16| {
+        let sql = format!(
+            "SELECT count(*), count(DISTINCT xmin::text) FROM {table} WHERE state = {state}"
+        );
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (i64, i64)>(&sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    claimed.wait().await;
+    let (claims, claim_txns) = transactions(0).await;
+    assert_eq!(claims, CALLERS as i64);
+    assert!(
+        claim_txns < claims,
+        "{claims} claims took {claim_txns} transactions: none were gathered"
+    );
+    finish.wait().await;
+    for (i, caller) in callers.into_iter().enumerate() {
+        assert_eq!(caller.await.unwrap().unwrap(), i * 2);
+    }
+    let (records, record_txns) = transactions(1).await;
+    assert_eq!(records, CALLERS as i64);
+    assert!(
+        record_txns < records,
+        "{records} records took {record_txns} transactions: none were gathered"
+    );
+    assert_eq!(runs.get(), CALLERS);
+    drop(idem);
+    drop_schema(&pool, &schema).await;
+}
+
+/// Group commit: a claim the server refuses (PostgreSQL text cannot hold a NUL byte)
+/// fails alone. Its neighbours in the same batch are issued again one by one and
+/// succeed, each body run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_claim_fails_alone_in_its_batch() {
+    use std::sync::Arc;
+    const CALLERS: usize = 24;
+    let Some(pool) = pool("group_refusal", 16).await else {
+        return;
+    };
+    let schema = schema(&pool, "group_refusal").await;
+    let idem = uncached(&pool, &format!("{schema}.idem_operations"), true).await;
+    let runs = Counter::default();
+    for round in 0..10 {
+        let barrier = Arc::new(tokio::sync::Barrier::new(CALLERS));
+        let callers: Vec<_> = (0..CALLERS)
+            .map(|i| {
+                let (idem, runs, barrier) = (idem.clone(), runs.clone(), barrier.clone());
+                // The middle caller's key has a NUL byte.
+                let key = if i == CALLERS / 2 {
+                    format!("bad\0{round}")
+                } else {
+                    format!("{round}-{i}")
+                };
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    idem.operation("ship", &key)
+                        .run(move || async move {
+                            runs.hit();
+                            Ok::<_, IdemError>(i)
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for (i, caller) in callers.into_iter().enumerate() {
+            let got = caller.await.unwrap();
+            if i == CALLERS / 2 {
+                assert!(got.is_err(), "the NUL key was stored: {got:?}");
+            } else {
+                assert_eq!(got.unwrap(), i, "round {round}: a neighbour failed");
+            }
+        }
+    }
+    assert_eq!(runs.get(), 10 * (CALLERS - 1));
+    drop(idem);
+    drop_schema(&pool, &schema).await;
+}

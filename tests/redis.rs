@@ -33,6 +33,19 @@ async fn flagged(prefix: &str) -> bool {
     false
 }
 
+/// How many connections subscribe to `channel`.
+async fn subscribers(channel: &str) -> u64 {
+    let client = redis::Client::open(common::redis_url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let (_, n): (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    n
+}
+
 /// A waiter on another handle (another process, as far as the store knows) whose poll
 /// interval is an hour gets the outcome when the first handle records it: the record
 /// script published the wake-up and the waiter's handle relayed it.
@@ -72,6 +85,11 @@ async fn another_handle_wakes_waiters_through_pubsub() {
             .await
     });
     started_rx.await.unwrap();
+    // Both handles subscribe in the background when they open; a wake-up published
+    // before the waiter's handle has subscribed would be missed.
+    while subscribers(&format!("{prefix}:wake")).await < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let second = tokio::spawn(async move {
         waiter
             .operation("send", "w-1")

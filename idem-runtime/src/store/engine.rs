@@ -195,7 +195,7 @@ impl Stmt {
 
     /// The parameters' names in positional order (per placeholder where the dialect's
     /// placeholders are not numbered).
-    #[cfg(feature = "mysql")]
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
     pub(crate) fn param_names(&self) -> &[String] {
         &self.params
     }
@@ -223,6 +223,30 @@ pub(crate) enum On<'c, C> {
     Hot,
     /// The caller's transaction (transactional mode).
     Conn(&'c mut C),
+}
+
+/// A claim or a record, owned, for a dialect that gathers concurrent ones into one
+/// statement ([`Dialect::gathered`]).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Gathered {
+    /// The claim statement's parameters.
+    Claim {
+        id: OperationId,
+        fp: [u8; 32],
+        lease_ms: i64,
+        to_unknown: bool,
+    },
+    /// The record statement's parameters.
+    Record {
+        id: OperationId,
+        epoch: i64,
+        outcome: Vec<u8>,
+        is_err: bool,
+        version: i64,
+        retain_ms: i64,
+        payload: String,
+    },
 }
 
 /// What differs between SQL backends.
@@ -289,6 +313,17 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     /// Starts waking this process's waiters when other processes finish operations.
     fn attach_wakers(&self, hub: std::sync::Arc<crate::store::WakeHub>) {
         let _ = hub;
+    }
+    /// Whether claims and records go through [`Dialect::gathered`].
+    fn gathers(&self) -> bool {
+        false
+    }
+    /// Runs a claim or a record in one statement with those waiting beside it, and
+    /// returns the rows its own statement (`claim.sql`, `record.sql`) would have;
+    /// `None` where the dialect does not gather (the caller issues that statement).
+    async fn gathered(&self, op: Gathered) -> Option<Result<Vec<Row>, sqlx::Error>> {
+        let _ = op;
+        None
     }
 }
 
@@ -549,11 +584,7 @@ impl<D: Dialect> SqlStore<D> {
         named.push(("payload", Arg::Text(&payload)));
         named.extend_from_slice(extra);
         let rows = self.rows(On::Hot, stmt, &named).await?;
-        let mut held = 0;
-        for row in &rows {
-            held += row.int("held")?;
-        }
-        Ok(if held > 0 { Fence::Held } else { Fence::Lost })
+        fence(&rows)
     }
 
     async fn write_outcome(
@@ -567,6 +598,15 @@ impl<D: Dialect> SqlStore<D> {
         let extra = outcome_args(outcome, retain);
         self.fenced(stmt, id, epoch, &extra).await
     }
+}
+
+/// Held when the fenced write's rows report a row it changed.
+fn fence(rows: &[Row]) -> Result<Fence, StoreError> {
+    let mut held = 0;
+    for row in rows {
+        held += row.int("held")?;
+    }
+    Ok(if held > 0 { Fence::Held } else { Fence::Lost })
 }
 
 fn outcome_args(outcome: &StoredOutcome, retain: Duration) -> [(&'static str, Arg<'_>); 4] {
@@ -698,8 +738,25 @@ impl<D: Dialect> Store for SqlStore<D> {
             if let Some(token) = token {
                 named.push(("token", Arg::Int(token)));
             }
-            let args = self.sql.claim.args(&named)?;
-            let rows = match self.dialect.fetch(On::Hot, &self.sql.claim, args).await {
+            let gathered = if self.dialect.gathers() {
+                let op = Gathered::Claim {
+                    id: req.id.clone(),
+                    fp: req.fingerprint,
+                    lease_ms: millis(req.lease),
+                    to_unknown: req.on_takeover == Takeover::Unknown,
+                };
+                self.dialect.gathered(op).await
+            } else {
+                None
+            };
+            let rows = match gathered {
+                Some(rows) => rows,
+                None => {
+                    let args = self.sql.claim.args(&named)?;
+                    self.dialect.fetch(On::Hot, &self.sql.claim, args).await
+                }
+            };
+            let rows = match rows {
                 // Under SERIALIZABLE or REPEATABLE READ the snapshot race surfaces as a
                 // serialization failure; the statement is its own transaction, so
                 // issuing it again is safe.
@@ -775,6 +832,20 @@ impl<D: Dialect> Store for SqlStore<D> {
         outcome: &StoredOutcome,
         retain: Duration,
     ) -> Result<Fence, StoreError> {
+        if let (true, Some(sql_epoch)) = (self.dialect.gathers(), sql_epoch(epoch)) {
+            let op = Gathered::Record {
+                id: id.clone(),
+                epoch: sql_epoch,
+                outcome: outcome.body.to_vec(),
+                is_err: outcome.is_err,
+                version: i64::from(outcome.version),
+                retain_ms: millis(retain),
+                payload: wake_payload(id)?,
+            };
+            if let Some(rows) = self.dialect.gathered(op).await {
+                return fence(&rows.map_err(D::map_err)?);
+            }
+        }
         self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
             .await
     }

@@ -28,6 +28,8 @@ mod gate;
 pub(crate) use gate::ReplayGate;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod engine;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod group;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]

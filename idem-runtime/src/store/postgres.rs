@@ -19,8 +19,10 @@ use sqlx::postgres::{
 
 use super::OperationId;
 use super::engine::{
-    Arg, Dialect, On, Row, SqlStore, Stmt, bind, decode_row, migrate, open_error, statements,
+    Arg, Dialect, Gathered, On, Row, SqlStore, Stmt, bind, decode_row, migrate, open_error,
+    statements,
 };
+use super::group::Gather;
 use super::sql_common::{self, SqlOptions, TableName, redact_url};
 use crate::error::{IdemError, StoreError};
 use crate::store::WakeHub;
@@ -129,7 +131,9 @@ impl Conns {
 pub(crate) struct Pg {
     pub(crate) pool: PgPool,
     /// The claim's and the record's connections, when idem opened the database itself.
-    owned: Option<Conns>,
+    owned: Option<Arc<Conns>>,
+    /// Group commit of claims and records (none on the migrations' dialect).
+    group: Option<Arc<PgGroup>>,
     listener: Mutex<Option<AbortOnDrop>>,
 }
 
@@ -151,7 +155,13 @@ impl Dialect for Pg {
     const PEEK_WHILE_REPLAYING: bool = true;
     const PEEK_ON_HOT: bool = true;
 
-    statements!("postgres", "announce_wait", "peek");
+    statements!(
+        "postgres",
+        "announce_wait",
+        "peek",
+        "claim_batch",
+        "record_batch"
+    );
 
     fn placeholder(n: usize) -> String {
         format!("${n}")
@@ -172,12 +182,32 @@ impl Dialect for Pg {
         args: Vec<Arg<'_>>,
     ) -> Result<Vec<Row>, sqlx::Error> {
         let query = bind(sqlx::query(&stmt.sql), args);
-        let rows = match (on, &self.owned) {
-            (On::Hot, Some(conns)) => conns.fetch_all(query).await?,
-            (On::Pool | On::Hot, _) => query.fetch_all(&self.pool).await?,
-            (On::Conn(conn), _) => query.fetch_all(conn).await?,
+        let rows = match on {
+            On::Hot => hot(&self.pool, self.owned.as_deref(), query).await?,
+            On::Pool => query.fetch_all(&self.pool).await?,
+            On::Conn(conn) => query.fetch_all(conn).await?,
         };
         rows.iter().map(decode_row).collect()
+    }
+
+    fn gathers(&self) -> bool {
+        self.group.is_some()
+    }
+
+    async fn gathered(&self, op: Gathered) -> Option<Result<Vec<Row>, sqlx::Error>> {
+        let group = self.group.as_ref()?;
+        let gather = match &op {
+            Gathered::Claim { to_unknown, .. } => &group.claims[usize::from(*to_unknown)],
+            Gathered::Record { .. } => &group.records,
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let write = |batch| write_batch(group.clone(), batch);
+        let rows = gather.submit(Waiting { op, reply }, answer, write).await;
+        Some(rows.unwrap_or_else(|| {
+            Err(sqlx::Error::Protocol(
+                "a group-commit batch ended without answering (its task panicked)".into(),
+            ))
+        }))
     }
 
     /// An advisory lock: processes opening at once migrate one after another (even
@@ -226,6 +256,250 @@ impl Dialect for Pg {
     }
 }
 
+/// Runs a claim's or a record's statement on idem's own connections, or on the pool
+/// when it has none.
+async fn hot(
+    pool: &PgPool,
+    owned: Option<&Conns>,
+    query: Query<'_>,
+) -> Result<Vec<PgRow>, sqlx::Error> {
+    match owned {
+        Some(conns) => conns.fetch_all(query).await,
+        None => query.fetch_all(pool).await,
+    }
+}
+
+/// Batches of one kind in flight at once. One: while it waits for its commit, every
+/// caller arriving joins the next batch. Measured with the growth bench at 16 callers,
+/// one writer per kind ran fresh calls at 1.5–2.3× the rate of no gathering, and two or
+/// more ran below it (smaller batches, each paying its own commit).
+const GROUP_WRITERS: usize = 1;
+
+/// Group commit: concurrent claims (and concurrent records) are gathered into one
+/// statement over arrays (`claim_batch.sql`, `record_batch.sql`), one round trip and
+/// one commit for the lot, each row decided alone and answered to its caller. Claims
+/// gather by takeover policy, which the statement binds once.
+#[derive(Debug)]
+struct PgGroup {
+    pool: PgPool,
+    owned: Option<Arc<Conns>>,
+    claim: Stmt,
+    record: Stmt,
+    claim_batch: Stmt,
+    record_batch: Stmt,
+    /// Claims whose takeover reruns (`[0]`) or marks UNKNOWN (`[1]`).
+    claims: [Gather<Waiting>; 2],
+    records: Gather<Waiting>,
+}
+
+/// A claim or record waiting for its batch, and where its rows go.
+#[derive(Debug)]
+struct Waiting {
+    op: Gathered,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<Row>, sqlx::Error>>,
+}
+
+impl Waiting {
+    fn id(&self) -> &OperationId {
+        id_of(&self.op)
+    }
+}
+
+/// Writes a gathered batch, as many statements as it has repeats of one key (a statement
+/// may change a row once): the first of each key in the first, and so on. A statement of
+/// one is the plain one, which is lighter.
+async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
+    let mut rest = batch;
+    while !rest.is_empty() {
+        let mut seen = std::collections::HashSet::new();
+        let (now, later): (Vec<_>, Vec<_>) =
+            rest.into_iter().partition(|w| seen.insert(w.id().clone()));
+        rest = later;
+        if now.len() == 1 {
+            alone(&group, now).await;
+            continue;
+        }
+        let stmt = match now[0].op {
+            Gathered::Claim { .. } => &group.claim_batch,
+            Gathered::Record { .. } => &group.record_batch,
+        };
+        let query = bind_batch(stmt, &now);
+        match hot(&group.pool, group.owned.as_deref(), query).await {
+            Ok(rows) => answer(now, &rows),
+            // The server refused the statement, so none of it took effect: each is
+            // issued alone, and a refusal is its own caller's.
+            Err(sqlx::Error::Database(e)) => {
+                tracing::debug!(error = %e, "group commit refused; issuing each alone");
+                alone(&group, now).await;
+            }
+            // The batch may or may not have committed: each caller gets the error, as
+            // from its own statement.
+            Err(e) => {
+                for w in now {
+                    let _ = w.reply.send(Err(copy_error(&e)));
+                }
+            }
+        }
+    }
+}
+
+/// Issues each one's own statement (`claim.sql`, `record.sql`), one after another.
+async fn alone(group: &PgGroup, each: Vec<Waiting>) {
+    for w in each {
+        let (stmt, named) = match &w.op {
+            Gathered::Claim {
+                id: _,
+                fp,
+                lease_ms,
+                to_unknown,
+            } => (
+                &group.claim,
+                vec![
+                    ("fp", Arg::Bytes(fp)),
+                    ("lease_ms", Arg::Int(*lease_ms)),
+                    ("to_unknown", Arg::Bool(*to_unknown)),
+                ],
+            ),
+            Gathered::Record {
+                id: _,
+                epoch,
+                outcome,
+                is_err,
+                version,
+                retain_ms,
+                payload,
+            } => (
+                &group.record,
+                vec![
+                    ("epoch", Arg::Int(*epoch)),
+                    ("payload", Arg::Text(payload)),
+                    ("outcome", Arg::Bytes(outcome)),
+                    ("is_err", Arg::Bool(*is_err)),
+                    ("version", Arg::Int(*version)),
+                    ("retain_ms", Arg::Int(*retain_ms)),
+                ],
+            ),
+        };
+        let id = w.id();
+        let mut all = vec![
+            ("scope", Arg::Text(&id.scope)),
+            ("name", Arg::Text(&id.name)),
+            ("key", Arg::Text(&id.key)),
+        ];
+        all.extend(named);
+        let rows = match stmt.args(&all) {
+            Ok(args) => hot(
+                &group.pool,
+                group.owned.as_deref(),
+                bind(sqlx::query(&stmt.sql), args),
+            )
+            .await
+            .and_then(|rows| rows.iter().map(decode_row).collect()),
+            Err(e) => Err(sqlx::Error::Protocol(e.to_string())),
+        };
+        let _ = w.reply.send(rows);
+    }
+}
+
+/// Hands each caller the rows of its `ord` (1-based position in the batch).
+fn answer(batch: Vec<Waiting>, rows: &[PgRow]) {
+    let mut mine: Vec<Vec<Row>> = batch.iter().map(|_| Vec::new()).collect();
+    for row in rows {
+        let decoded =
+            sqlx::Row::try_get::<i64, _>(row, "ord").and_then(|ord| Ok((ord, decode_row(row)?)));
+        match decoded {
+            Ok((ord, row)) => {
+                if let Some(rows) = usize::try_from(ord - 1).ok().and_then(|i| mine.get_mut(i)) {
+                    rows.push(row);
+                }
+            }
+            Err(e) => {
+                for w in batch {
+                    let _ = w.reply.send(Err(copy_error(&e)));
+                }
+                return;
+            }
+        }
+    }
+    for (w, rows) in batch.into_iter().zip(mine) {
+        let _ = w.reply.send(Ok(rows));
+    }
+}
+
+/// Binds a batch's columns as arrays, by the statement's parameter names.
+fn bind_batch<'q>(stmt: &'q Stmt, batch: &[Waiting]) -> Query<'q> {
+    fn column<T>(batch: &[Waiting], f: impl Fn(&Gathered) -> Option<T>) -> Vec<T> {
+        batch.iter().filter_map(|w| f(&w.op)).collect()
+    }
+    let mut query = sqlx::query(&stmt.sql);
+    for name in stmt.param_names() {
+        query = match name.as_str() {
+            "scopes" => query.bind(column(batch, |op| Some(id_of(op).scope.clone()))),
+            "names" => query.bind(column(batch, |op| Some(id_of(op).name.clone()))),
+            "keys" => query.bind(column(batch, |op| Some(id_of(op).key.clone()))),
+            "fps" => query.bind(column(batch, |op| match op {
+                Gathered::Claim { fp, .. } => Some(fp.to_vec()),
+                Gathered::Record { .. } => None,
+            })),
+            "lease_mss" => query.bind(column(batch, |op| match op {
+                Gathered::Claim { lease_ms, .. } => Some(*lease_ms),
+                Gathered::Record { .. } => None,
+            })),
+            "to_unknown" => query.bind(matches!(
+                batch[0].op,
+                Gathered::Claim {
+                    to_unknown: true,
+                    ..
+                }
+            )),
+            "epochs" => query.bind(column(batch, |op| match op {
+                Gathered::Record { epoch, .. } => Some(*epoch),
+                Gathered::Claim { .. } => None,
+            })),
+            "outcomes" => query.bind(column(batch, |op| match op {
+                Gathered::Record { outcome, .. } => Some(outcome.clone()),
+                Gathered::Claim { .. } => None,
+            })),
+            "is_errs" => query.bind(column(batch, |op| match op {
+                Gathered::Record { is_err, .. } => Some(*is_err),
+                Gathered::Claim { .. } => None,
+            })),
+            "versions" => query.bind(column(batch, |op| match op {
+                Gathered::Record { version, .. } => Some(*version),
+                Gathered::Claim { .. } => None,
+            })),
+            "retain_mss" => query.bind(column(batch, |op| match op {
+                Gathered::Record { retain_ms, .. } => Some(*retain_ms),
+                Gathered::Claim { .. } => None,
+            })),
+            "payloads" => query.bind(column(batch, |op| match op {
+                Gathered::Record { payload, .. } => Some(payload.clone()),
+                Gathered::Claim { .. } => None,
+            })),
+            other => unreachable!("batch statements have no parameter `{other}`"),
+        };
+    }
+    query
+}
+
+fn id_of(op: &Gathered) -> &OperationId {
+    match op {
+        Gathered::Claim { id, .. } | Gathered::Record { id, .. } => id,
+    }
+}
+
+/// The same error for each caller of a failed batch (`sqlx::Error` is not `Clone`),
+/// keeping the kind that decides whether it is retryable.
+fn copy_error(e: &sqlx::Error) -> sqlx::Error {
+    match e {
+        sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+        sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
+        sqlx::Error::WorkerCrashed => sqlx::Error::WorkerCrashed,
+        other => sqlx::Error::Protocol(other.to_string()),
+    }
+}
+
 /// Connects to `url` and opens the idem table there, creating it unless `opts.migrate`
 /// is false.
 pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemError> {
@@ -267,10 +541,10 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
                 ),
             )
         })?;
-    let owned = Conns::new(
+    let owned = Arc::new(Conns::new(
         (*pool.connect_options()).clone(),
         opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
-    );
+    ));
     prepare(pool, Some(owned), table, opts).await
 }
 
@@ -282,7 +556,7 @@ pub(crate) async fn from_pool(pool: PgPool, opts: &SqlOptions) -> Result<PgStore
 
 async fn prepare(
     pool: PgPool,
-    owned: Option<Conns>,
+    owned: Option<Arc<Conns>>,
     table: TableName,
     opts: &SqlOptions,
 ) -> Result<PgStore, IdemError> {
@@ -290,6 +564,7 @@ async fn prepare(
         let migrator = Pg {
             pool: pool.clone(),
             owned: None,
+            group: None,
             listener: Mutex::new(None),
         };
         migrate(&migrator, &table, MIGRATIONS).await.map_err(|e| {
@@ -302,9 +577,20 @@ async fn prepare(
             )
         })?;
     }
+    let group = PgGroup {
+        pool: pool.clone(),
+        owned: owned.clone(),
+        claim: Stmt::render::<Pg>(Pg::sql("claim"), &table),
+        record: Stmt::render::<Pg>(Pg::sql("record"), &table),
+        claim_batch: Stmt::render::<Pg>(Pg::sql("claim_batch"), &table),
+        record_batch: Stmt::render::<Pg>(Pg::sql("record_batch"), &table),
+        claims: [Gather::new(GROUP_WRITERS), Gather::new(GROUP_WRITERS)],
+        records: Gather::new(GROUP_WRITERS),
+    };
     let dialect = Pg {
         pool,
         owned,
+        group: Some(Arc::new(group)),
         listener: Mutex::new(None),
     };
     SqlStore::prepare(dialect, &table, &opts.key_mode).await

@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 use super::engine::{
     Arg, Dialect, On, Row, SqlStore, Stmt, bind, decode_row, migrate, open_error, statements,
 };
+use super::group::Gather;
 use super::sql_common::{self, SqlOptions, TableName};
 use crate::error::{IdemError, StoreError};
 
@@ -43,21 +44,15 @@ impl Sqlite {
     fn new(pool: SqlitePool) -> Sqlite {
         Sqlite {
             pool,
-            writes: Arc::default(),
+            writes: Arc::new(Gather::new(1)),
         }
     }
 }
 
 /// Group commit: SQLite has one writer and every commit is an fsync, so concurrent
-/// claims and records wait for whichever caller writes next, which takes every write
-/// waiting at that moment into one transaction and answers each caller with its own
-/// rows. A lone write runs alone, as before; nothing waits on a timer.
-#[derive(Debug, Default)]
-struct GroupCommit {
-    waiting: std::sync::Mutex<Vec<Pending>>,
-    /// Held by the task writing a batch; FIFO, so no caller is starved.
-    writer: Arc<tokio::sync::Mutex<()>>,
-}
+/// claims and records are gathered (one batch at a time) into one transaction, each
+/// caller answered with its own rows. A lone write runs alone, as before.
+type GroupCommit = Gather<Pending>;
 
 /// A write waiting for its batch.
 #[derive(Debug)]
@@ -120,44 +115,24 @@ where
     rows.iter().map(decode_row).collect()
 }
 
-impl GroupCommit {
-    async fn write(
-        &self,
-        pool: &SqlitePool,
-        stmt: &Stmt,
-        args: Vec<Arg<'_>>,
-    ) -> Result<Vec<Row>, sqlx::Error> {
-        let (reply, mut answer) = oneshot::channel();
-        lock(&self.waiting).push(Pending {
-            sql: stmt.sql.clone(),
-            args: args.into_iter().map(OwnedArg::from).collect(),
-            reply,
-        });
-        loop {
-            let writer = tokio::select! {
-                biased;
-                done = &mut answer => return done.unwrap_or_else(|_| Err(lost_batch())),
-                writer = self.writer.clone().lock_owned() => writer,
-            };
-            let batch = std::mem::take(&mut *lock(&self.waiting));
-            if batch.is_empty() {
-                // An earlier writer took ours; its answer is on the way.
-                drop(writer);
-                continue;
-            }
-            // In a task of its own, holding the writer lock, so a caller that gives up
-            // mid-batch cancels neither the batch nor its neighbours' answers.
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                write_batch(&pool, batch).await;
-                drop(writer);
-            });
-        }
-    }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// Queues one write for the next batch and waits for its rows.
+async fn write(
+    writes: &GroupCommit,
+    pool: &SqlitePool,
+    stmt: &Stmt,
+    args: Vec<Arg<'_>>,
+) -> Result<Vec<Row>, sqlx::Error> {
+    let (reply, answer) = oneshot::channel();
+    let pending = Pending {
+        sql: stmt.sql.clone(),
+        args: args.into_iter().map(OwnedArg::from).collect(),
+        reply,
+    };
+    let batch = |batch| write_batch(pool.clone(), batch);
+    writes
+        .submit(pending, answer, batch)
+        .await
+        .unwrap_or_else(|| Err(lost_batch()))
 }
 
 fn lost_batch() -> sqlx::Error {
@@ -167,7 +142,7 @@ fn lost_batch() -> sqlx::Error {
 /// Writes `batch` in one transaction and answers each write. If any write or the commit
 /// fails, the transaction is rolled back whole and every write runs again alone, so one
 /// write's failure is its own and no write takes effect twice.
-async fn write_batch(pool: &SqlitePool, batch: Vec<Pending>) {
+async fn write_batch(pool: SqlitePool, batch: Vec<Pending>) {
     if batch.len() > 1 {
         let together = async {
             let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
@@ -188,7 +163,7 @@ async fn write_batch(pool: &SqlitePool, batch: Vec<Pending>) {
     }
     // A lone write, or a failed batch's writes, each alone.
     for p in batch {
-        let r = p.run(pool).await;
+        let r = p.run(&pool).await;
         let _ = p.reply.send(r);
     }
 }
@@ -221,7 +196,7 @@ impl Dialect for Sqlite {
         args: Vec<Arg<'_>>,
     ) -> Result<Vec<Row>, sqlx::Error> {
         match on {
-            On::Hot => self.writes.write(&self.pool, stmt, args).await,
+            On::Hot => write(&self.writes, &self.pool, stmt, args).await,
             On::Pool => rows(&self.pool, &stmt.sql, args).await,
             On::Conn(conn) => rows(conn, &stmt.sql, args).await,
         }
