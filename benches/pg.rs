@@ -81,6 +81,8 @@ impl Templates {
             record: r("record"),
             tx_claim: r("tx_claim"),
             tx_record: r("tx_record"),
+            claim_batch: r("claim_batch"),
+            record_batch: r("record_batch"),
         }
     }
 }
@@ -93,6 +95,8 @@ struct Sql {
     record: String,
     tx_claim: String,
     tx_record: String,
+    claim_batch: String,
+    record_batch: String,
 }
 
 struct Config {
@@ -242,7 +246,15 @@ enum Phase {
         keys: u64,
     },
     Tx,
+    /// Half replays of the keys `from..from + keys`, half fresh keys.
+    Mix {
+        from: u64,
+        keys: u64,
+    },
 }
+
+/// Where the mix's fresh keys start, past every key recorded to replay.
+const MIX_FRESH: u64 = 1 << 40;
 
 fn key(i: u64) -> String {
     format!("k{i}")
@@ -334,10 +346,12 @@ impl Subject {
     async fn call(&self, phase: Phase, i: u64, mut conn: Option<&mut PgConnection>) -> Res<()> {
         let key = match phase {
             Phase::Replay { from, keys } => key(from + i % keys),
+            Phase::Mix { from, keys } if i.is_multiple_of(2) => key(from + (i / 2) % keys),
+            Phase::Mix { .. } => key(MIX_FRESH + i),
             Phase::Fresh | Phase::Tx => key(i),
         };
         match (&self.side, phase) {
-            (Side::Idem(idem), Phase::Fresh | Phase::Replay { .. }) => {
+            (Side::Idem(idem), Phase::Fresh | Phase::Replay { .. } | Phase::Mix { .. }) => {
                 let got = idem
                     .operation(NAME, &key)
                     .run(|| async {
@@ -370,7 +384,10 @@ impl Subject {
                 Ok(())
             }
             (Side::Sqlx { sql, .. }, Phase::Fresh) => self.fresh(sql, &key, &mut conn).await,
-            (Side::Sqlx { sql, .. }, Phase::Replay { .. }) => {
+            (Side::Sqlx { sql, .. }, Phase::Mix { .. }) if !i.is_multiple_of(2) => {
+                self.fresh(sql, &key, &mut conn).await
+            }
+            (Side::Sqlx { sql, .. }, Phase::Replay { .. } | Phase::Mix { .. }) => {
                 self.replay(sql, &key, &mut conn).await
             }
             (Side::SqlxTx { sql, savepoint }, _) => self.tx(sql, *savepoint, &key).await,
@@ -988,12 +1005,15 @@ fn idem_sql_vars() -> Vec<String> {
 const FRESH: usize = 0;
 const REPLAY: usize = 1;
 const TX: usize = 2;
+/// No pgbench floor: the 50% duplicate mix.
+const MIX: usize = 3;
 
 /// One row of the report.
 struct Line {
     label: &'static str,
     concurrency: usize,
-    /// Which pgbench script is its floor: [`FRESH`], [`REPLAY`] or [`TX`].
+    /// Which pgbench script is its floor: [`FRESH`], [`REPLAY`] or [`TX`]; none for
+    /// [`MIX`].
     script: usize,
     /// Rounds of idem, of the baseline, then of the experiments.
     rounds: Vec<(&'static str, Vec<f64>)>,
@@ -1053,6 +1073,8 @@ fn describe(sql: &str, names: &[(&str, &str)], known: &[(&str, &Sql)]) -> String
             ("RECORD", &statements.record),
             ("TX_CLAIM", &statements.tx_claim),
             ("TX_RECORD", &statements.tx_record),
+            ("CLAIM_BATCH", &statements.claim_batch),
+            ("RECORD_BATCH", &statements.record_batch),
         ] {
             if rename(text) == sql {
                 return name.into();
@@ -1187,7 +1209,8 @@ impl Report<'_> {
             let (idem, base) = (show(i), show(b));
             println!("  {:<13} idem: {idem}", line.label);
             println!("  {:<13} sqlx: {base}", "");
-            if line.script != TX && idem != base {
+            // Under concurrency idem gathers claims and records into batch statements.
+            if line.script != TX && idem != base && !idem.contains("_BATCH") {
                 println!(
                     "  {:<13} WARNING: idem and the baseline executed different statements",
                     ""
@@ -1341,17 +1364,19 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
         .try_into()
         .map_err(|_| "two concurrency levels were counted")?;
     // In the order of the lines: fresh and replay counts share their tables.
-    let names = [0, 1, 0, 1, 2].map(|i| names[i].clone()).to_vec();
+    let names = [0, 1, 1, 0, 1, 1, 2].map(|i| names[i].clone()).to_vec();
 
     let mut lines = vec![
         Line::new("fresh c=1", 1, FRESH),
         Line::new("fresh c=16", 16, FRESH),
+        Line::new("fresh c=64", 64, FRESH),
         Line::new("replay c=1", 1, REPLAY),
         Line::new("replay c=16", 16, REPLAY),
+        Line::new("50% dup c=16", 16, MIX),
         Line::new("tx fresh c=16", 16, TX),
     ];
-    for (line, count) in lines.iter_mut().zip([f1, f16, r1, r16, tx_count]) {
-        line.count = Some(count);
+    for (at, count) in [(0, f1), (1, f16), (3, r1), (4, r16), (6, tx_count)] {
+        lines[at].count = Some(count);
     }
 
     // The floors, and pgbench through the proxy to count its statements.
@@ -1418,7 +1443,7 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
         floor_counts.push(floor.count(connect, floor_port, &floor_wire)?);
     }
     let run_floor = |line: &mut Line| -> Res<()> {
-        let Some(floor) = floors.get(line.script) else {
+        let Some(floor) = floors.get(line.script).filter(|_| line.script <= TX) else {
             return Ok(());
         };
         line.floor = Some(floor.tps(&cfg.url, line.concurrency, cfg.pgbench_secs)?);
@@ -1440,7 +1465,7 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
     } else {
         None
     };
-    for line in &mut lines[..2] {
+    for line in &mut lines[..3] {
         println!("{}...", line.label);
         let c = line.concurrency;
         let fresh = Phase::Fresh;
@@ -1500,7 +1525,7 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
         let b = Subject::sqlx(&templates, &base_pool, bt.clone(), &orders_base, true);
         subjects.push((SQLX_HELD, b, keys));
     }
-    for line in &mut lines[2..4] {
+    for line in &mut lines[3..5] {
         println!("{}...", line.label);
         let runs = || -> Vec<u64> {
             let runs = subjects.iter().map(|s| s.1.runs.load(Ordering::Relaxed));
@@ -1514,7 +1539,20 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
         run_floor(line)?;
     }
 
-    let line = &mut lines[4];
+    let line = &mut lines[5];
+    println!("{}...", line.label);
+    let mix = Phase::Mix {
+        from: 0,
+        keys: REPLAY_KEYS,
+    };
+    let mixed: Vec<Contender> = subjects
+        .iter()
+        .map(|(l, s, _)| (*l, s.clone(), mix))
+        .collect();
+    line.rounds = rounds(cfg, &mixed, line.concurrency).await?;
+    drop(mixed);
+
+    let line = &mut lines[6];
     println!("{}...", line.label);
     let tx = Phase::Tx;
     let it = tables.idem("tx");

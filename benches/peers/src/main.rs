@@ -22,7 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -36,16 +36,26 @@ use serde::{Deserialize, Serialize};
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 type Call = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = Res<()>> + Send>> + Send + Sync>;
 
-/// Counts live heap bytes, for memory per stored record.
+/// Counts live heap bytes, for memory per stored record, and their peak while asked.
 struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+static TRACK_PEAK: AtomicBool = AtomicBool::new(false);
+
+/// Raises the peak to `live` while a peak is being measured (one load otherwise).
+fn note(live: isize) {
+    if TRACK_PEAK.load(Ordering::Relaxed) {
+        PEAK.fetch_max(live, Ordering::Relaxed);
+    }
+}
 
 // SAFETY: every call is forwarded to the system allocator unchanged; the counter only
 // observes sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        let size = layout.size() as isize;
+        note(LIVE.fetch_add(size, Ordering::Relaxed) + size);
         // SAFETY: the caller's layout contract is passed on as is.
         unsafe { System.alloc(layout) }
     }
@@ -55,10 +65,8 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
+        let grow = new_size as isize - layout.size() as isize;
+        note(LIVE.fetch_add(grow, Ordering::Relaxed) + grow);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -296,6 +304,18 @@ async fn bytes_per_record(call: &Call, n: u64, base: u64) -> Res<f64> {
     Ok((after - before) as f64 / (n - half) as f64)
 }
 
+/// The peak of live heap above its level at the start, while `callers` tasks replay
+/// the recorded keys for `secs`: what the calls in flight hold, stored records apart.
+async fn replay_peak(call: &Call, callers: usize, secs: f64) -> Res<f64> {
+    let start = LIVE.load(Ordering::Relaxed);
+    PEAK.store(start, Ordering::Relaxed);
+    TRACK_PEAK.store(true, Ordering::Relaxed);
+    let done = rate(call, callers, secs, 0, Some(REPLAY_KEYS)).await;
+    TRACK_PEAK.store(false, Ordering::Relaxed);
+    done?;
+    Ok((PEAK.load(Ordering::Relaxed) - start) as f64)
+}
+
 /// The commands the server saw for 100 fresh calls and 100 replays of each library.
 async fn commands_per_op(url: &str) -> Res<()> {
     let client = redis::Client::open(url)?;
@@ -515,6 +535,16 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
         .enable_all()
         .build()?;
     let rows64 = multi.block_on(async { compare(&memory_systems(), &[64], args, base).await })?;
+    let peaks = multi.block_on(async {
+        let mut peaks = Vec::new();
+        for (name, call) in memory_systems() {
+            for k in 0..REPLAY_KEYS {
+                call(k).await?;
+            }
+            peaks.push((name, replay_peak(&call, 64, args.secs).await?));
+        }
+        Res::Ok(peaks)
+    })?;
     println!("| operation | ops/s |\n|---|---|");
     print(&rows1);
     print(&rows64);
@@ -525,6 +555,16 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
         let b = get(rows, &format!("idempotent {what} ×{c}"));
         println!("- {what} ×{c}: idem / idempotent = {:.2}", a / b);
     }
+    let [(_, idem_peak), (_, peer_peak)] = peaks[..] else {
+        return Err("a peak per system".into());
+    };
+    println!(
+        "- peak heap in flight, 64 tasks replaying: idem {:.1} KiB, idempotent {:.1} KiB \
+         (idem / idempotent = {:.2})",
+        idem_peak / 1024.0,
+        peer_peak / 1024.0,
+        idem_peak / peer_peak
+    );
 
     Ok(())
 }
