@@ -1,7 +1,7 @@
-//! How idem's connections affect throughput on PostgreSQL: the same calls through
-//! `Idem::postgres` (idem's own connections for claims and records) and through
-//! `Idem::from_pool` on an application's sqlx pool, with and without sqlx's ping on
-//! acquire, side by side in one run.
+//! How idem's connections and group commit affect throughput on PostgreSQL: the same
+//! calls through `Idem::postgres` (idem's own connections for claims and records) and
+//! through `Idem::from_pool` on an application's sqlx pool, with and without sqlx's ping
+//! on acquire, and with group commit on and off, side by side in one run.
 //!
 //! ```text
 //! cargo bench --bench pg_pools
@@ -9,7 +9,8 @@
 //!
 //! PostgreSQL at `IDEM_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
 //! `IDEM_BENCH_SECS` sets one measurement's length (default 2), `IDEM_BENCH_ROUNDS` the
-//! rounds (default 3; the median is reported). Tables are new and dropped at the end.
+//! rounds (default 3; the median is reported), `IDEM_BENCH_CALLERS` the concurrent
+//! callers (default 16; each subject holds at most 16 connections). Tables are new and dropped at the end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +21,7 @@ use sqlx::postgres::PgPoolOptions;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+/// Callers unless `IDEM_BENCH_CALLERS` says otherwise.
 const CALLERS: u64 = 16;
 const REPLAY_KEYS: u64 = 2000;
 
@@ -30,11 +32,17 @@ fn env_f64(name: &str, default: f64) -> f64 {
         .unwrap_or(default)
 }
 
-/// Calls per second from `CALLERS` tasks for `secs`, each call a fresh key (from
+/// Calls per second from `callers` tasks for `secs`, each call a fresh key (from
 /// `next`) or one of the recorded keys.
-async fn measure(idem: &Idem, fresh: bool, secs: f64, next: &Arc<AtomicU64>) -> Res<f64> {
+async fn measure(
+    idem: &Idem,
+    callers: u64,
+    fresh: bool,
+    secs: f64,
+    next: &Arc<AtomicU64>,
+) -> Res<f64> {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let tasks: Vec<_> = (0..CALLERS)
+    let tasks: Vec<_> = (0..callers)
         .map(|t| {
             let (idem, next) = (idem.clone(), next.clone());
             tokio::spawn(async move {
@@ -74,42 +82,60 @@ async fn main() -> Res<()> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let secs = env_f64("IDEM_BENCH_SECS", 2.0);
     let rounds = env_f64("IDEM_BENCH_ROUNDS", 3.0) as usize;
+    let callers = env_f64("IDEM_BENCH_CALLERS", CALLERS as f64) as u64;
+    // Every subject's connections are open at once: 16 each stays within the server's
+    // default `max_connections` at any caller count.
+    let connections = callers.min(CALLERS) as u32;
     let pid = std::process::id();
-    let tables: Vec<String> = (0..3)
+    let tables: Vec<String> = (0..5)
         .map(|i| format!("idem_bench_pools_{pid}_{i}"))
         .collect();
 
     // The in-process replay cache is off: every replay reaches the database.
-    let own = Idem::builder()
-        .table(tables[0].clone())
-        .replay_cache_bytes(0)
-        .max_connections(CALLERS as u32)
-        .postgres(&url)
-        .await?;
-    let pinging = PgPoolOptions::new()
-        .max_connections(CALLERS as u32)
-        .connect(&url)
-        .await?;
-    let quiet = PgPoolOptions::new()
-        .max_connections(CALLERS as u32)
-        .test_before_acquire(false)
-        .connect(&url)
-        .await?;
-    let app = |table: &String, pool: &sqlx::PgPool| {
+    let own = |table: &String, group_commit: bool| {
         Idem::builder()
             .table(table.clone())
             .replay_cache_bytes(0)
+            .group_commit(group_commit)
+            .max_connections(connections)
+            .postgres(&url)
+    };
+    let pinging = PgPoolOptions::new()
+        .max_connections(connections)
+        .connect(&url)
+        .await?;
+    let quiet = PgPoolOptions::new()
+        .max_connections(connections)
+        .test_before_acquire(false)
+        .connect(&url)
+        .await?;
+    let app = |table: &String, pool: &sqlx::PgPool, group_commit: bool| {
+        Idem::builder()
+            .table(table.clone())
+            .replay_cache_bytes(0)
+            .group_commit(group_commit)
             .pool(pool.clone())
     };
     let subjects = [
-        ("Idem::postgres (idem's own connections)", own),
         (
             "Idem::from_pool, sqlx defaults",
-            app(&tables[1], &pinging).await?,
+            app(&tables[0], &pinging, true).await?,
+        ),
+        (
+            "Idem::from_pool, sqlx defaults, group commit off",
+            app(&tables[1], &pinging, false).await?,
         ),
         (
             "Idem::from_pool, no ping on acquire",
-            app(&tables[2], &quiet).await?,
+            app(&tables[2], &quiet, true).await?,
+        ),
+        (
+            "Idem::postgres (idem's own connections)",
+            own(&tables[3], true).await?,
+        ),
+        (
+            "Idem::postgres, group commit off",
+            own(&tables[4], false).await?,
         ),
     ];
 
@@ -125,13 +151,17 @@ async fn main() -> Res<()> {
     let mut results = vec![(Vec::new(), Vec::new()); subjects.len()];
     for _ in 0..rounds {
         for (i, (_, idem)) in subjects.iter().enumerate() {
-            results[i].0.push(measure(idem, true, secs, &next).await?);
-            results[i].1.push(measure(idem, false, secs, &next).await?);
+            results[i]
+                .0
+                .push(measure(idem, callers, true, secs, &next).await?);
+            results[i]
+                .1
+                .push(measure(idem, callers, false, secs, &next).await?);
         }
     }
-    let base = (median(results[1].0.clone()), median(results[1].1.clone()));
+    let base = (median(results[0].0.clone()), median(results[0].1.clone()));
     println!(
-        "| {CALLERS} callers | fresh ops/s | vs sqlx defaults | replay ops/s | vs sqlx defaults |"
+        "| {callers} callers | fresh ops/s | vs sqlx defaults | replay ops/s | vs sqlx defaults |"
     );
     println!("|---|---:|---:|---:|---:|");
     for ((label, _), (fresh, replay)) in subjects.iter().zip(results) {

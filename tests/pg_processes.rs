@@ -243,20 +243,50 @@ async fn a_run_of_replays_is_answered_by_reads() {
     }
 }
 
-/// Group commit: fresh calls on distinct keys arriving together share statements and
-/// transactions, their claims and then their records several rows to a transaction
-/// (rows one transaction wrote share its `xmin`), and each caller still gets its own
-/// outcome from its body's one run.
+/// Group commit: fresh calls on distinct keys arriving together, more than there are
+/// connections, share statements and transactions, their claims and then their records
+/// several rows to a transaction (rows one transaction wrote share its `xmin`), and each
+/// caller still gets its own outcome from its body's one run. With group commit off,
+/// each claim and record is a transaction of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_fresh_calls_share_transactions() {
-    use std::sync::Arc;
-    const CALLERS: usize = 64;
     let Some(pool) = pool("group_commit", 16).await else {
         return;
     };
     let schema = schema(&pool, "group_commit").await;
-    let table = format!("{schema}.idem_operations");
-    let idem = uncached(&pool, &table, true).await;
+    for group_commit in [true, false] {
+        let table = format!("{schema}.ops_{group_commit}");
+        let idem = Idem::builder()
+            .table(&table)
+            .replay_cache_bytes(0)
+            .group_commit(group_commit)
+            .pool(pool.clone())
+            .await
+            .unwrap();
+        let [claims, records] = fresh_calls_together(&idem, &pool, &table).await;
+        for (what, (rows, transactions)) in [("claims", claims), ("records", records)] {
+            assert_eq!(rows, 64);
+            if group_commit {
+                assert!(
+                    transactions < rows,
+                    "{rows} {what} took {transactions} transactions: none were gathered"
+                );
+            } else {
+                assert_eq!(
+                    transactions, rows,
+                    "{what} were gathered with group commit off"
+                );
+            }
+        }
+    }
+    drop_schema(&pool, &schema).await;
+}
+
+/// 64 fresh calls on distinct keys, released together; for the claims (counted while
+/// every body runs) and then the records: rows, and the transactions that wrote them.
+async fn fresh_calls_together(idem: &Idem, pool: &sqlx::PgPool, table: &str) -> [(i64, i64); 2] {
+    use std::sync::Arc;
+    const CALLERS: usize = 64;
     let runs = Counter::default();
     // The bodies hold at `claimed` until every claim is in, then at `finish` until the
     // claims' transactions have been counted.
@@ -291,25 +321,13 @@ async fn concurrent_fresh_calls_share_transactions() {
         }
     };
     claimed.wait().await;
-    let (claims, claim_txns) = transactions(0).await;
-    assert_eq!(claims, CALLERS as i64);
-    assert!(
-        claim_txns < claims,
-        "{claims} claims took {claim_txns} transactions: none were gathered"
-    );
+    let claims = transactions(0).await;
     finish.wait().await;
     for (i, caller) in callers.into_iter().enumerate() {
         assert_eq!(caller.await.unwrap().unwrap(), i * 2);
     }
-    let (records, record_txns) = transactions(1).await;
-    assert_eq!(records, CALLERS as i64);
-    assert!(
-        record_txns < records,
-        "{records} records took {record_txns} transactions: none were gathered"
-    );
     assert_eq!(runs.get(), CALLERS);
-    drop(idem);
-    drop_schema(&pool, &schema).await;
+    [claims, transactions(1).await]
 }
 
 /// Group commit: a claim the server refuses (PostgreSQL text cannot hold a NUL byte)

@@ -107,6 +107,8 @@ pub struct IdemBuilder {
         allow(dead_code)
     )]
     pub(crate) max_connections: Option<u32>,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) group_commit: bool,
     pub(crate) layer: Option<StoreLayer>,
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) key_prefix: Option<String>,
@@ -138,6 +140,7 @@ impl Default for IdemBuilder {
             table: None,
             migrate: true,
             max_connections: None,
+            group_commit: true,
             layer: None,
             key_prefix: None,
         }
@@ -168,6 +171,27 @@ impl IdemBuilder {
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);
+        self
+    }
+
+    /// Whether concurrent claims, and concurrent records, are gathered into one
+    /// statement and one commit on PostgreSQL (default `true`). A lone call runs alone
+    /// and waits on nothing; under concurrency the statement takes whatever is waiting,
+    /// each row decided as its own call would be. Off, every claim and record is its
+    /// own statement, as a comparison for benchmarks or to keep statements per call
+    /// fixed.
+    ///
+    /// ```no_run
+    /// # async fn open() -> Result<(), idem_runtime::IdemError> {
+    /// let idem = idem_runtime::Idem::builder()
+    ///     .group_commit(false)
+    ///     .postgres("postgres://postgres@127.0.0.1:5432/app")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn group_commit(mut self, on: bool) -> Self {
+        self.group_commit = on;
         self
     }
 
@@ -296,6 +320,7 @@ impl IdemBuilder {
         }
         opts.migrate = self.migrate;
         opts.max_connections = self.max_connections;
+        opts.group_commit = self.group_commit;
         if let Some(Secret(secret)) = &self.hash_keys {
             if secret.len() < 16 {
                 return Err(IdemError::Config {

@@ -17,7 +17,7 @@
 //! each round, so drift on a noisy machine hits them alike.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::error::Error;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
@@ -26,14 +26,10 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_runtime::{Idem, IdemError};
-use idempotent::entry::ExistingEntry;
-use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
-use idempotent::store::{IdempotencyStore, InsertResult};
-use idempotent::{CachedResponse, IdempotencyEntry, IdempotencyKey, Metadata};
-use serde::{Deserialize, Serialize};
+use idem_runtime::Idem;
+use idem_peer_bench::{Res, idem_call, peer_call, peer_memory};
+use idempotent::store::IdempotencyStore;
 
-type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 type Call = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = Res<()>> + Send>> + Send + Sync>;
 
 /// Counts live heap bytes, for memory per stored record, and their peak while asked.
@@ -105,87 +101,8 @@ struct Args {
     profile: Option<u64>,
 }
 
-/// The request both libraries guard.
-#[derive(Serialize, Deserialize, Clone)]
-struct Charge {
-    order: u64,
-    amount: u64,
-    currency: String,
-    customer: String,
-}
-
-/// What the body returns and a replay gets back.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-struct Receipt {
-    id: u64,
-    amount: u64,
-}
-
-fn charge(order: u64) -> Charge {
-    Charge {
-        order,
-        amount: 4200,
-        currency: "EUR".into(),
-        customer: "cus_8Jk2LmQ9".into(),
-    }
-}
-
-fn body(c: &Charge) -> Receipt {
-    Receipt {
-        id: std::hint::black_box(c.order),
-        amount: c.amount,
-    }
-}
-
 /// Keys recorded before a replay phase; replays cycle through them.
 const REPLAY_KEYS: u64 = 2_000;
-const TTL: Duration = Duration::from_secs(86_400);
-
-async fn idem_call(idem: &Idem, key: u64) -> Res<()> {
-    let c = charge(key);
-    let r = idem
-        .operation("charge", &key)
-        .scope("bench")
-        .fingerprint(&c)
-        .run(|| async { Ok::<_, IdemError>(body(&c)) })
-        .await?;
-    debug_assert_eq!(r, body(&c));
-    std::hint::black_box(r);
-    Ok(())
-}
-
-async fn peer_call<S: IdempotencyStore>(store: &S, key: u64) -> Res<()> {
-    let c = charge(key);
-    let request = serde_json::to_vec(&c)?;
-    let fingerprint = DefaultFingerprintStrategy.compute("charge", &request);
-    let k = IdempotencyKey::new(format!("bench:charge:{key}"))?;
-    let entry = IdempotencyEntry::new(fingerprint, TTL);
-    let receipt = match store.try_insert(&k, entry.clone()).await? {
-        InsertResult::Claimed { fencing_token } => {
-            let receipt = body(&c);
-            let response = CachedResponse {
-                status_code: 200,
-                metadata: Metadata::default(),
-                body: serde_json::to_vec(&receipt)?.into(),
-            };
-            store
-                .complete(&k, entry.complete(response), fencing_token)
-                .await?;
-            receipt
-        }
-        InsertResult::Exists(ExistingEntry::Completed(done)) => {
-            if !done.fingerprint_matches(fingerprint) {
-                return Err("fingerprint mismatch".into());
-            }
-            serde_json::from_slice(&done.response().body)?
-        }
-        InsertResult::Exists(ExistingEntry::Processing(_)) => {
-            return Err("in flight".into());
-        }
-    };
-    std::hint::black_box(receipt);
-    Ok(())
-}
 
 /// Operations per second of `call` with `callers` tasks for `secs`; keys from `base` up,
 /// or cycling below `cycle` when it is set (replays).
@@ -496,10 +413,6 @@ fn memory_systems() -> [(&'static str, Call); 2] {
         ("idem", idem_calls(Idem::memory())),
         ("idempotent", peer_calls(Arc::new(peer_memory()))),
     ]
-}
-
-fn peer_memory() -> idempotent::store::memory::MemoryStore {
-    idempotent::store::memory::MemoryStore::new(1024, Duration::from_secs(3600))
 }
 
 fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {

@@ -314,7 +314,8 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     fn attach_wakers(&self, hub: std::sync::Arc<crate::store::WakeHub>) {
         let _ = hub;
     }
-    /// Whether claims and records go through [`Dialect::gathered`].
+    /// Whether the claim or record about to be issued goes through
+    /// [`Dialect::gathered`] (asked before each one).
     fn gathers(&self) -> bool {
         false
     }

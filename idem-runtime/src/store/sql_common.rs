@@ -125,6 +125,9 @@ pub(crate) struct SqlOptions {
     pub migrate: bool,
     /// The size of the pool idem opens itself (not used with `from_pool`).
     pub max_connections: Option<u32>,
+    /// Whether concurrent claims and records share statements (PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub group_commit: bool,
     /// How keys and scopes are stored (`plain`, or `hmac-sha256:` and a check value of
     /// the secret), recorded in the table at first open and required to match after.
     pub key_mode: String,
@@ -136,6 +139,7 @@ impl Default for SqlOptions {
             table: DEFAULT_TABLE.to_owned(),
             migrate: true,
             max_connections: None,
+            group_commit: true,
             key_mode: PLAIN_KEYS.to_owned(),
         }
     }

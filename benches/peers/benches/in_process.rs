@@ -1,0 +1,72 @@
+//! The in-process figures under criterion, idem beside the `idempotent` crate on their
+//! memory stores: the bare body, a fresh call, a replay, and idem's fingerprint of a
+//! small request and of a 4 KiB one.
+//!
+//! ```text
+//! cargo bench --manifest-path benches/peers/Cargo.toml --bench in_process
+//! ```
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use idem_peer_bench::{body, charge, idem_call, peer_call, peer_memory};
+use idem_runtime::Idem;
+
+/// Keys recorded before the replay benches; replays cycle through them.
+const REPLAY_KEYS: u64 = 1_000;
+
+fn in_process(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let idem = Idem::memory();
+    let peer = Arc::new(rt.block_on(async { peer_memory() }));
+    rt.block_on(async {
+        for k in 0..REPLAY_KEYS {
+            idem_call(&idem, k).await.expect("idem");
+            peer_call(&*peer, k).await.expect("peer");
+        }
+    });
+    // Fresh keys start past the replayed ones and never repeat across iterations.
+    let next = AtomicU64::new(1 << 40);
+    let fresh = || next.fetch_add(1, Ordering::Relaxed);
+    let cycle = AtomicU64::new(0);
+    let replay = || cycle.fetch_add(1, Ordering::Relaxed) % REPLAY_KEYS;
+
+    let mut g = c.benchmark_group("call");
+    let request = charge(7);
+    g.bench_function("bare body", |b| {
+        b.to_async(&rt).iter(|| async { black_box(body(black_box(&request))) })
+    });
+    g.bench_function("idem fresh", |b| {
+        b.to_async(&rt).iter(|| idem_call(&idem, fresh()))
+    });
+    g.bench_function("idempotent fresh", |b| {
+        b.to_async(&rt).iter(|| peer_call(&*peer, fresh()))
+    });
+    g.bench_function("idem replay", |b| {
+        b.to_async(&rt).iter(|| idem_call(&idem, replay()))
+    });
+    g.bench_function("idempotent replay", |b| {
+        b.to_async(&rt).iter(|| peer_call(&*peer, replay()))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("fingerprint");
+    let small = charge(7);
+    let large = vec![charge(7); 4096 / serde_json::to_vec(&small).expect("json").len() + 1];
+    let size = serde_json::to_vec(&large).expect("json").len();
+    g.bench_function("small request", |b| {
+        b.iter(|| idem_runtime::fingerprint(black_box(&small)))
+    });
+    g.bench_function(format!("{size}-byte request"), |b| {
+        b.iter(|| idem_runtime::fingerprint(black_box(&large)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, in_process);
+criterion_main!(benches);

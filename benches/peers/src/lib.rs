@@ -1,0 +1,106 @@
+//! The workload both libraries run in the peer benches (`src/main.rs`, and the
+//! criterion bench `benches/in_process.rs`): fingerprint a small request, claim its
+//! key, run a body that returns a small receipt at once, record it.
+
+use std::error::Error;
+use std::time::Duration;
+
+use idem_runtime::{Idem, IdemError};
+use idempotent::entry::ExistingEntry;
+use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
+use idempotent::store::{IdempotencyStore, InsertResult};
+use idempotent::{CachedResponse, IdempotencyEntry, IdempotencyKey, Metadata};
+use serde::{Deserialize, Serialize};
+
+/// The benches' error.
+pub type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
+
+/// How long the peer keeps a record.
+pub const TTL: Duration = Duration::from_secs(86_400);
+
+/// The request both libraries guard.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct Charge {
+    pub order: u64,
+    pub amount: u64,
+    pub currency: String,
+    pub customer: String,
+}
+
+/// What the body returns and a replay gets back.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Receipt {
+    pub id: u64,
+    pub amount: u64,
+}
+
+/// The request for `order`.
+pub fn charge(order: u64) -> Charge {
+    Charge {
+        order,
+        amount: 4200,
+        currency: "EUR".into(),
+        customer: "cus_8Jk2LmQ9".into(),
+    }
+}
+
+/// The guarded body: returns the receipt at once.
+pub fn body(c: &Charge) -> Receipt {
+    Receipt {
+        id: std::hint::black_box(c.order),
+        amount: c.amount,
+    }
+}
+
+/// One idem call on `key`: fresh the first time, a replay after.
+pub async fn idem_call(idem: &Idem, key: u64) -> Res<()> {
+    let c = charge(key);
+    let r = idem
+        .operation("charge", &key)
+        .scope("bench")
+        .fingerprint(&c)
+        .run(|| async { Ok::<_, IdemError>(body(&c)) })
+        .await?;
+    debug_assert_eq!(r, body(&c));
+    std::hint::black_box(r);
+    Ok(())
+}
+
+/// The same call through the peer's store.
+pub async fn peer_call<S: IdempotencyStore>(store: &S, key: u64) -> Res<()> {
+    let c = charge(key);
+    let request = serde_json::to_vec(&c)?;
+    let fingerprint = DefaultFingerprintStrategy.compute("charge", &request);
+    let k = IdempotencyKey::new(format!("bench:charge:{key}"))?;
+    let entry = IdempotencyEntry::new(fingerprint, TTL);
+    let receipt = match store.try_insert(&k, entry.clone()).await? {
+        InsertResult::Claimed { fencing_token } => {
+            let receipt = body(&c);
+            let response = CachedResponse {
+                status_code: 200,
+                metadata: Metadata::default(),
+                body: serde_json::to_vec(&receipt)?.into(),
+            };
+            store
+                .complete(&k, entry.complete(response), fencing_token)
+                .await?;
+            receipt
+        }
+        InsertResult::Exists(ExistingEntry::Completed(done)) => {
+            if !done.fingerprint_matches(fingerprint) {
+                return Err("fingerprint mismatch".into());
+            }
+            serde_json::from_slice(&done.response().body)?
+        }
+        InsertResult::Exists(ExistingEntry::Processing(_)) => {
+            return Err("in flight".into());
+        }
+    };
+    std::hint::black_box(receipt);
+    Ok(())
+}
+
+/// The peer's memory store, as both benches build it.
+pub fn peer_memory() -> idempotent::store::memory::MemoryStore {
+    idempotent::store::memory::MemoryStore::new(1024, Duration::from_secs(3600))
+}
