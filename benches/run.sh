@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 source .ci/services.sh
 
 peer_args=()
+criterion_secs=5
 if [ "${1:-}" = "--short" ]; then
+    criterion_secs=1
     export IDEM_BENCH_SECS=0.5 IDEM_BENCH_ROUNDS=1 IDEM_BENCH_PGBENCH_SECS=1
     export IDEM_BENCH_LIVE=100000 IDEM_BENCH_EXPIRED=10000 IDEM_BENCH_GROWTH_MAX=100000
     peer_args=(--secs 0.5 --rounds 1 --records 20000)
@@ -44,12 +46,16 @@ cargo build --release --benches --quiet
 cargo build --release --quiet --manifest-path benches/peers/Cargo.toml
 section "PostgreSQL: idem, the same SQL via sqlx, the pgbench floor" \
     env IDEM_BENCH_NO_PING=1 cargo bench --quiet --bench pg
-section "PostgreSQL: idem's own connections against sqlx's pools" \
+section "PostgreSQL: idem's own connections against sqlx's pools, group commit on and off" \
     cargo bench --quiet --bench pg_pools
+section "The same at 64 callers" env IDEM_BENCH_CALLERS=64 cargo bench --quiet --bench pg_pools
 section "MariaDB: idem and the same statements via sqlx" \
     env IDEM_BENCH_NO_PING=1 cargo bench --quiet --bench mysql
 section "PostgreSQL purge" cargo bench --quiet --bench purge
 section "PostgreSQL: throughput as the table grows" cargo bench --quiet --bench growth
 section "Beside the idempotent crate and redis-benchmark; SQLite group commit" \
     "${pin[@]}" benches/peers/target/release/idem-peer-bench "${peer_args[@]}"
+section "In process under criterion: idem and the idempotent crate" \
+    "${pin[@]}" cargo bench --quiet --manifest-path benches/peers/Cargo.toml --bench in_process \
+    -- --warm-up-time 1 --measurement-time "${criterion_secs}"
 echo "report: $report"
