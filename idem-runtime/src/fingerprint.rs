@@ -11,7 +11,19 @@ const ENCODING_VERSION: u8 = 1;
 /// A request fingerprint being built from named parts.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FingerprintBuilder {
+    out: Out,
+}
+
+/// The encoding being written, with room every map within it reuses: no allocation per
+/// map or struct.
+#[derive(Clone, Debug, Default)]
+struct Out {
     buf: Vec<u8>,
+    /// The entry spans of the maps being written, the innermost last (each map's from
+    /// where it started).
+    spans: Vec<(usize, usize)>,
+    /// Where an unsorted map's entries are copied while they are put in order.
+    scratch: Vec<u8>,
 }
 
 impl FingerprintBuilder {
@@ -21,20 +33,20 @@ impl FingerprintBuilder {
         value: &T,
     ) -> Result<(), String> {
         // Most requests encode in well under this; one allocation instead of a dozen.
-        if self.buf.capacity() == 0 {
-            self.buf.reserve(256);
+        if self.out.buf.capacity() == 0 {
+            self.out.buf.reserve(256);
         }
-        self.buf.push(b'P');
-        write_str(&mut self.buf, name);
+        self.out.buf.push(b'P');
+        write_str(&mut self.out.buf, name);
         value
-            .serialize(Canonical { out: &mut self.buf })
+            .serialize(Canonical { out: &mut self.out })
             .map_err(|e| e.0)
     }
 
     pub(crate) fn finish(&self) -> [u8; 32] {
         let mut h = Sha256::new();
         h.update([ENCODING_VERSION]);
-        h.update(&self.buf);
+        h.update(&self.out.buf);
         h.finalize().into()
     }
 }
@@ -92,45 +104,49 @@ impl ser::Error for CanonError {
 }
 
 struct Canonical<'a> {
-    out: &'a mut Vec<u8>,
+    out: &'a mut Out,
 }
 
 /// Collects sequence items in order, or map entries to be sorted on `end`; or stands for
 /// one of serde_json's private number or raw-JSON structs, encoded as the value it holds.
 struct Compound<'a> {
-    out: &'a mut Vec<u8>,
-    /// For a map or struct: each entry's span in `out`, written in place and reordered
-    /// on `finish` (no buffer per entry).
-    entries: Option<Vec<(usize, usize)>>,
+    out: &'a mut Out,
+    /// For a map or struct: where its entry count goes (8 bytes, filled in on `finish`)
+    /// and where its spans start in `out.spans`. Entries are written in place and
+    /// reordered on `finish` only if they arrived out of order.
+    map: Option<(usize, usize)>,
     /// Where the pending map key starts in `out`.
     key_start: usize,
     json: Option<&'static str>,
 }
 
 impl<'a> Compound<'a> {
-    fn seq(out: &'a mut Vec<u8>) -> Self {
-        out.push(b'L');
+    fn seq(out: &'a mut Out) -> Self {
+        out.buf.push(b'L');
         Compound {
             out,
-            entries: None,
+            map: None,
             key_start: 0,
             json: None,
         }
     }
-    fn map(out: &'a mut Vec<u8>) -> Self {
-        out.push(b'M');
-        let key_start = out.len();
+    fn map(out: &'a mut Out) -> Self {
+        out.buf.push(b'M');
+        let count_at = out.buf.len();
+        out.buf.extend_from_slice(&[0; 8]);
+        let key_start = out.buf.len();
+        let spans_from = out.spans.len();
         Compound {
             out,
-            entries: Some(Vec::new()),
+            map: Some((count_at, spans_from)),
             key_start,
             json: None,
         }
     }
-    fn json(out: &'a mut Vec<u8>, token: &'static str) -> Self {
+    fn json(out: &'a mut Out, token: &'static str) -> Self {
         Compound {
             out,
-            entries: None,
+            map: None,
             key_start: 0,
             json: Some(token),
         }
@@ -141,9 +157,9 @@ impl<'a> Compound<'a> {
     /// anywhere in an application's graph changes no fingerprint.
     fn json_field<T: Serialize + ?Sized>(&mut self, token: &str, v: &T) -> Result<(), CanonError> {
         // The field is a string; its canonical form is `s`, a u64 length, the bytes.
-        let mut buf = Vec::new();
-        v.serialize(Canonical { out: &mut buf })?;
-        let text = match buf.split_first() {
+        let mut field = Out::default();
+        v.serialize(Canonical { out: &mut field })?;
+        let text = match field.buf.split_first() {
             Some((b's', rest)) if rest.len() >= 8 => std::str::from_utf8(&rest[8..])
                 .map_err(|e| CanonError(format!("serde_json sent a non-UTF-8 number: {e}")))?
                 .to_owned(),
@@ -171,13 +187,13 @@ impl<'a> Compound<'a> {
         v.serialize(Canonical { out: self.out })
     }
     fn key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), CanonError> {
-        self.key_start = self.out.len();
+        self.key_start = self.out.buf.len();
         k.serialize(Canonical { out: self.out })
     }
     fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
         v.serialize(Canonical { out: self.out })?;
-        let span = (self.key_start, self.out.len());
-        self.entries.as_mut().expect("map state").push(span);
+        let span = (self.key_start, self.out.buf.len());
+        self.out.spans.push(span);
         Ok(())
     }
     fn field<T: Serialize + ?Sized>(&mut self, name: &str, v: &T) -> Result<(), CanonError> {
@@ -191,21 +207,35 @@ impl<'a> Compound<'a> {
         if self.json.is_some() {
             return Ok(());
         }
-        if let Some(mut entries) = self.entries {
-            // The entries were written in arrival order after the `M`; lift them out and
-            // write them back sorted, after their count. Keys are self-delimiting, so
-            // sorting whole entries sorts by key first.
-            let start = entries.first().map_or(self.out.len(), |e| e.0);
-            let written = self.out.split_off(start);
-            entries.sort_unstable_by(|a, b| {
-                written[a.0 - start..a.1 - start].cmp(&written[b.0 - start..b.1 - start])
-            });
-            write_len(self.out, entries.len());
-            for (a, b) in entries {
-                self.out.extend_from_slice(&written[a - start..b - start]);
+        if let Some((count_at, spans_from)) = self.map {
+            // The entries were written in arrival order after the count; they are put in
+            // order only if they did not arrive in it. Keys are self-delimiting, so
+            // ordering whole entries orders them by key first.
+            let Out {
+                buf,
+                spans,
+                scratch,
+            } = &mut *self.out;
+            let entries = &mut spans[spans_from..];
+            buf[count_at..count_at + 8].copy_from_slice(&(entries.len() as u64).to_be_bytes());
+            let in_order = entries
+                .windows(2)
+                .all(|w| buf[w[0].0..w[0].1] <= buf[w[1].0..w[1].1]);
+            if !in_order {
+                let start = count_at + 8;
+                scratch.clear();
+                scratch.extend_from_slice(&buf[start..]);
+                entries.sort_unstable_by(|a, b| {
+                    scratch[a.0 - start..a.1 - start].cmp(&scratch[b.0 - start..b.1 - start])
+                });
+                buf.truncate(start);
+                for &(a, b) in entries.iter() {
+                    buf.extend_from_slice(&scratch[a - start..b - start]);
+                }
             }
+            spans.truncate(spans_from);
         }
-        self.out.push(b'E');
+        self.out.buf.push(b'E');
         Ok(())
     }
 }
@@ -222,7 +252,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
     type SerializeStructVariant = Compound<'a>;
 
     fn serialize_bool(self, v: bool) -> Result<(), CanonError> {
-        self.out.extend_from_slice(&[b'B', v as u8]);
+        self.out.buf.extend_from_slice(&[b'B', v as u8]);
         Ok(())
     }
     fn serialize_i8(self, v: i8) -> Result<(), CanonError> {
@@ -238,8 +268,8 @@ impl<'a> ser::Serializer for Canonical<'a> {
         self.serialize_i128(v.into())
     }
     fn serialize_i128(self, v: i128) -> Result<(), CanonError> {
-        self.out.push(b'I');
-        self.out.extend_from_slice(&v.to_be_bytes());
+        self.out.buf.push(b'I');
+        self.out.buf.extend_from_slice(&v.to_be_bytes());
         Ok(())
     }
     fn serialize_u8(self, v: u8) -> Result<(), CanonError> {
@@ -258,8 +288,8 @@ impl<'a> ser::Serializer for Canonical<'a> {
         match i128::try_from(v) {
             Ok(v) => self.serialize_i128(v),
             Err(_) => {
-                self.out.push(b'U');
-                self.out.extend_from_slice(&v.to_be_bytes());
+                self.out.buf.push(b'U');
+                self.out.buf.extend_from_slice(&v.to_be_bytes());
                 Ok(())
             }
         }
@@ -268,30 +298,30 @@ impl<'a> ser::Serializer for Canonical<'a> {
         self.serialize_f64(v.into())
     }
     fn serialize_f64(self, v: f64) -> Result<(), CanonError> {
-        self.out.push(b'F');
-        self.out.extend_from_slice(&v.to_bits().to_be_bytes());
+        self.out.buf.push(b'F');
+        self.out.buf.extend_from_slice(&v.to_bits().to_be_bytes());
         Ok(())
     }
     fn serialize_char(self, v: char) -> Result<(), CanonError> {
         self.serialize_str(v.encode_utf8(&mut [0; 4]))
     }
     fn serialize_str(self, v: &str) -> Result<(), CanonError> {
-        self.out.push(b's');
-        write_str(self.out, v);
+        self.out.buf.push(b's');
+        write_str(&mut self.out.buf, v);
         Ok(())
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), CanonError> {
-        self.out.push(b'b');
-        write_len(self.out, v.len());
-        self.out.extend_from_slice(v);
+        self.out.buf.push(b'b');
+        write_len(&mut self.out.buf, v.len());
+        self.out.buf.extend_from_slice(v);
         Ok(())
     }
     fn serialize_none(self) -> Result<(), CanonError> {
-        self.out.push(b'N');
+        self.out.buf.push(b'N');
         Ok(())
     }
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), CanonError> {
-        self.out.push(b'S');
+        self.out.buf.push(b'S');
         value.serialize(self)
     }
     fn serialize_unit(self) -> Result<(), CanonError> {
@@ -307,8 +337,8 @@ impl<'a> ser::Serializer for Canonical<'a> {
         variant: &'static str,
     ) -> Result<(), CanonError> {
         // Variant names, not indices: reordering an enum must not change fingerprints.
-        self.out.push(b'V');
-        write_str(self.out, variant);
+        self.out.buf.push(b'V');
+        write_str(&mut self.out.buf, variant);
         Ok(())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
@@ -325,8 +355,8 @@ impl<'a> ser::Serializer for Canonical<'a> {
         variant: &'static str,
         value: &T,
     ) -> Result<(), CanonError> {
-        self.out.push(b'V');
-        write_str(self.out, variant);
+        self.out.buf.push(b'V');
+        write_str(&mut self.out.buf, variant);
         value.serialize(self)
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Compound<'a>, CanonError> {
@@ -345,8 +375,8 @@ impl<'a> ser::Serializer for Canonical<'a> {
         variant: &'static str,
         _: usize,
     ) -> Result<Compound<'a>, CanonError> {
-        self.out.push(b'V');
-        write_str(self.out, variant);
+        self.out.buf.push(b'V');
+        write_str(&mut self.out.buf, variant);
         Ok(Compound::seq(self.out))
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Compound<'a>, CanonError> {
@@ -366,8 +396,8 @@ impl<'a> ser::Serializer for Canonical<'a> {
         variant: &'static str,
         _: usize,
     ) -> Result<Compound<'a>, CanonError> {
-        self.out.push(b'V');
-        write_str(self.out, variant);
+        self.out.buf.push(b'V');
+        write_str(&mut self.out.buf, variant);
         Ok(Compound::map(self.out))
     }
 }
