@@ -54,6 +54,3 @@ pub(crate) fn purged(_rows: u64) {}
 pub(crate) fn body_time(name: &str, took: std::time::Duration) {
     metrics::histogram!(BODY_SECONDS, "name" => name.to_owned()).record(took.as_secs_f64());
 }
-
-#[cfg(not(feature = "metrics"))]
-pub(crate) fn body_time(_name: &str, _took: std::time::Duration) {}
