@@ -24,22 +24,9 @@ WITH input AS (
           AND NOT ((s.state = 0 AND s.lease_until <= s.now AND s.fingerprint = i.fp)
                    OR (s.state = 1 AND s.expires_at <= s.now)))
     ORDER BY i.scope, i.name, i.key
-    ON CONFLICT (scope, name, key) DO UPDATE SET
-        state = CASE WHEN {expired} OR NOT :to_unknown THEN 0 ELSE 2 END,
-        epoch = CASE WHEN {expired} OR NOT :to_unknown THEN EXCLUDED.epoch ELSE cur.epoch END,
-        fingerprint = EXCLUDED.fingerprint,
-        taken_over = CASE WHEN {expired} THEN false WHEN :to_unknown THEN cur.taken_over ELSE true END,
-        lease_until = CASE WHEN {expired} OR NOT :to_unknown THEN EXCLUDED.lease_until
-                           ELSE cur.lease_until END,
-        created_at = CASE WHEN {expired} THEN EXCLUDED.created_at ELSE cur.created_at END,
-        claimed_at = CASE WHEN {expired} OR NOT :to_unknown THEN EXCLUDED.claimed_at
-                          ELSE cur.claimed_at END,
-        expires_at = NULL,
-        outcome = NULL,
-        outcome_is_err = false,
-        outcome_version = 0,
-        waiters = CASE WHEN {expired} THEN false ELSE cur.waiters END
-    WHERE {expired} OR {lapsed}
+    -- claim_conflict.sql: an existing row is taken only if its record expired or its
+    -- lease lapsed under the same fingerprint.
+    {claim_conflict}
     RETURNING cur.scope, cur.name, cur.key, cur.state, cur.epoch, cur.taken_over, cur.outcome,
         cur.outcome_is_err, cur.outcome_version
 ), won AS (

@@ -132,6 +132,8 @@ impl Stmt {
     /// `:name` parameter replaced by the dialect's placeholder for its position.
     pub(crate) fn render<D: Dialect>(template: &str, table: &TableName) -> Stmt {
         let expanded = template
+            // A shared fragment first: it holds the names below.
+            .replace("{claim_conflict}", D::sql("claim_conflict").trim())
             .replace("{rerun}", "({lapsed} AND NOT :to_unknown)")
             .replace("{to_unknown}", "({lapsed} AND :to_unknown)")
             .replace("{lapsed}", D::sql("lapsed").trim())

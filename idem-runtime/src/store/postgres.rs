@@ -160,6 +160,7 @@ impl Dialect for Pg {
         "announce_wait",
         "peek",
         "claim_batch",
+        "claim_conflict",
         "record_batch"
     );
 
