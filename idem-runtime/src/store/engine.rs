@@ -243,12 +243,44 @@ pub(crate) enum Gathered {
     Record {
         id: OperationId,
         epoch: i64,
-        outcome: Vec<u8>,
-        is_err: bool,
-        version: i64,
-        retain_ms: i64,
+        outcome: StoredOutcome,
+        retain: Duration,
         payload: String,
     },
+}
+
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+impl Gathered {
+    /// The operation it claims or records.
+    pub(crate) fn id(&self) -> &OperationId {
+        match self {
+            Gathered::Claim { id, .. } | Gathered::Record { id, .. } => id,
+        }
+    }
+
+    /// The named parameters of its own statement (`claim.sql`, `record.sql`), as the
+    /// engine binds them when it issues that statement itself.
+    pub(crate) fn args(&self) -> Vec<(&'static str, Arg<'_>)> {
+        match self {
+            Gathered::Claim {
+                id,
+                fp,
+                lease_ms,
+                to_unknown,
+            } => claim_args(id, fp, *lease_ms, *to_unknown),
+            Gathered::Record {
+                id,
+                epoch,
+                outcome,
+                retain,
+                payload,
+            } => {
+                let mut args = fenced_args(id, *epoch, payload);
+                args.extend(outcome_args(outcome, *retain));
+                args
+            }
+        }
+    }
 }
 
 /// What differs between SQL backends.
@@ -500,6 +532,32 @@ pub(crate) struct SqlStore<D: Dialect> {
     gate: ReplayGate,
 }
 
+/// The claim statement's parameters (and `token`, where the dialect draws one).
+fn claim_args<'a>(
+    id: &'a OperationId,
+    fp: &'a [u8],
+    lease_ms: i64,
+    to_unknown: bool,
+) -> Vec<(&'static str, Arg<'a>)> {
+    let mut named = id_args(id).to_vec();
+    named.push(("fp", Arg::Bytes(fp)));
+    named.push(("lease_ms", Arg::Int(lease_ms)));
+    named.push(("to_unknown", Arg::Bool(to_unknown)));
+    named
+}
+
+/// A fenced write's parameters, before the statement's own.
+fn fenced_args<'a>(
+    id: &'a OperationId,
+    epoch: i64,
+    payload: &'a str,
+) -> Vec<(&'static str, Arg<'a>)> {
+    let mut named = id_args(id).to_vec();
+    named.push(("epoch", Arg::Int(epoch)));
+    named.push(("payload", Arg::Text(payload)));
+    named
+}
+
 fn id_args(id: &OperationId) -> [(&'static str, Arg<'_>); 3] {
     [
         ("scope", Arg::Text(&id.scope)),
@@ -582,9 +640,7 @@ impl<D: Dialect> SqlStore<D> {
             return Ok(Fence::Lost);
         };
         let payload = wake_payload(id)?;
-        let mut named = id_args(id).to_vec();
-        named.push(("epoch", Arg::Int(epoch)));
-        named.push(("payload", Arg::Text(&payload)));
+        let mut named = fenced_args(id, epoch, &payload);
         named.extend_from_slice(extra);
         let rows = self.rows(On::Hot, stmt, &named).await?;
         fence(&rows)
@@ -723,13 +779,8 @@ fn record_info(row: &Row) -> Result<RecordInfo, StoreError> {
 #[async_trait::async_trait]
 impl<D: Dialect> Store for SqlStore<D> {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mut named = id_args(req.id).to_vec();
-        named.push(("fp", Arg::Bytes(&req.fingerprint)));
-        named.push(("lease_ms", Arg::Int(millis(req.lease))));
-        named.push((
-            "to_unknown",
-            Arg::Bool(req.on_takeover == Takeover::Unknown),
-        ));
+        let to_unknown = req.on_takeover == Takeover::Unknown;
+        let mut named = claim_args(req.id, &req.fingerprint, millis(req.lease), to_unknown);
         // The events below carry no key: the caller's `idem` span does, hashed when asked.
         for attempt in 0..D::CLAIM_ATTEMPTS {
             if attempt > 0 {
@@ -746,7 +797,7 @@ impl<D: Dialect> Store for SqlStore<D> {
                     id: req.id.clone(),
                     fp: req.fingerprint,
                     lease_ms: millis(req.lease),
-                    to_unknown: req.on_takeover == Takeover::Unknown,
+                    to_unknown,
                 };
                 self.dialect.gathered(op).await
             } else {
@@ -839,10 +890,8 @@ impl<D: Dialect> Store for SqlStore<D> {
             let op = Gathered::Record {
                 id: id.clone(),
                 epoch: sql_epoch,
-                outcome: outcome.body.to_vec(),
-                is_err: outcome.is_err,
-                version: i64::from(outcome.version),
-                retain_ms: millis(retain),
+                outcome: outcome.clone(),
+                retain,
                 payload: wake_payload(id)?,
             };
             if let Some(rows) = self.dialect.gathered(op).await {

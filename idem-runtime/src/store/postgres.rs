@@ -317,12 +317,6 @@ struct Waiting {
     reply: tokio::sync::oneshot::Sender<Result<Vec<Row>, sqlx::Error>>,
 }
 
-impl Waiting {
-    fn id(&self) -> &OperationId {
-        id_of(&self.op)
-    }
-}
-
 /// Writes a gathered batch, as many statements as it has repeats of one key (a statement
 /// may change a row once): the first of each key in the first, and so on. A statement of
 /// one is the plain one, which is lighter.
@@ -330,8 +324,9 @@ async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
     let mut rest = batch;
     while !rest.is_empty() {
         let mut seen = std::collections::HashSet::new();
-        let (now, later): (Vec<_>, Vec<_>) =
-            rest.into_iter().partition(|w| seen.insert(w.id().clone()));
+        let (now, later): (Vec<_>, Vec<_>) = rest
+            .into_iter()
+            .partition(|w| seen.insert(w.op.id().clone()));
         rest = later;
         if now.len() == 1 {
             alone(&group, now).await;
@@ -341,8 +336,14 @@ async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
             Gathered::Claim { .. } => &group.claim_batch,
             Gathered::Record { .. } => &group.record_batch,
         };
-        let query = bind_batch(stmt, &now);
-        match hot(&group.pool, group.owned.as_deref(), query).await {
+        let done = {
+            let calls: Vec<_> = now.iter().map(|w| w.op.args()).collect();
+            match bind_batch(stmt, &calls) {
+                Ok(query) => hot(&group.pool, group.owned.as_deref(), query).await,
+                Err(e) => Err(e),
+            }
+        };
+        match done {
             Ok(rows) => answer(now, &rows),
             // The server refused the statement, so none of it took effect: each is
             // issued alone, and a refusal is its own caller's.
@@ -364,48 +365,11 @@ async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
 /// Issues each one's own statement (`claim.sql`, `record.sql`), one after another.
 async fn alone(group: &PgGroup, each: Vec<Waiting>) {
     for w in each {
-        let (stmt, named) = match &w.op {
-            Gathered::Claim {
-                id: _,
-                fp,
-                lease_ms,
-                to_unknown,
-            } => (
-                &group.claim,
-                vec![
-                    ("fp", Arg::Bytes(fp)),
-                    ("lease_ms", Arg::Int(*lease_ms)),
-                    ("to_unknown", Arg::Bool(*to_unknown)),
-                ],
-            ),
-            Gathered::Record {
-                id: _,
-                epoch,
-                outcome,
-                is_err,
-                version,
-                retain_ms,
-                payload,
-            } => (
-                &group.record,
-                vec![
-                    ("epoch", Arg::Int(*epoch)),
-                    ("payload", Arg::Text(payload)),
-                    ("outcome", Arg::Bytes(outcome)),
-                    ("is_err", Arg::Bool(*is_err)),
-                    ("version", Arg::Int(*version)),
-                    ("retain_ms", Arg::Int(*retain_ms)),
-                ],
-            ),
+        let stmt = match w.op {
+            Gathered::Claim { .. } => &group.claim,
+            Gathered::Record { .. } => &group.record,
         };
-        let id = w.id();
-        let mut all = vec![
-            ("scope", Arg::Text(&id.scope)),
-            ("name", Arg::Text(&id.name)),
-            ("key", Arg::Text(&id.key)),
-        ];
-        all.extend(named);
-        let rows = match stmt.args(&all) {
+        let rows = match stmt.args(&w.op.args()) {
             Ok(args) => hot(
                 &group.pool,
                 group.owned.as_deref(),
@@ -444,66 +408,71 @@ fn answer(batch: Vec<Waiting>, rows: &[PgRow]) {
     }
 }
 
-/// Binds a batch's columns as arrays, by the statement's parameter names.
-fn bind_batch<'q>(stmt: &'q Stmt, batch: &[Waiting]) -> Query<'q> {
-    fn column<T>(batch: &[Waiting], f: impl Fn(&Gathered) -> Option<T>) -> Vec<T> {
-        batch.iter().filter_map(|w| f(&w.op)).collect()
+/// Binds a batch statement's parameters from each call's own (`calls`, as its single
+/// statement takes them): a parameter named `<name>s` takes the array of every call's
+/// `<name>`; any other, the value the calls share (claims gather by takeover policy).
+fn bind_batch<'q>(
+    stmt: &'q Stmt,
+    calls: &'q [Vec<(&'static str, Arg<'q>)>],
+) -> Result<Query<'q>, sqlx::Error> {
+    fn value<'q>(call: &[(&'static str, Arg<'q>)], name: &str) -> Result<Arg<'q>, sqlx::Error> {
+        call.iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, a)| a)
+            .ok_or_else(|| sqlx::Error::Protocol(format!("a batch call has no `{name}`")))
+    }
+    fn array<'q, T>(
+        column: &[Arg<'q>],
+        pick: fn(Arg<'q>) -> Option<T>,
+    ) -> Result<Vec<T>, sqlx::Error> {
+        column
+            .iter()
+            .map(|&a| {
+                pick(a).ok_or_else(|| {
+                    sqlx::Error::Protocol(format!("mixed types in a batch column: {a:?}"))
+                })
+            })
+            .collect()
     }
     let mut query = sqlx::query(&stmt.sql);
     for name in stmt.param_names() {
-        query = match name.as_str() {
-            "scopes" => query.bind(column(batch, |op| Some(id_of(op).scope.clone()))),
-            "names" => query.bind(column(batch, |op| Some(id_of(op).name.clone()))),
-            "keys" => query.bind(column(batch, |op| Some(id_of(op).key.clone()))),
-            "fps" => query.bind(column(batch, |op| match op {
-                Gathered::Claim { fp, .. } => Some(fp.to_vec()),
-                Gathered::Record { .. } => None,
-            })),
-            "lease_mss" => query.bind(column(batch, |op| match op {
-                Gathered::Claim { lease_ms, .. } => Some(*lease_ms),
-                Gathered::Record { .. } => None,
-            })),
-            "to_unknown" => query.bind(matches!(
-                batch[0].op,
-                Gathered::Claim {
-                    to_unknown: true,
-                    ..
-                }
-            )),
-            "epochs" => query.bind(column(batch, |op| match op {
-                Gathered::Record { epoch, .. } => Some(*epoch),
-                Gathered::Claim { .. } => None,
-            })),
-            "outcomes" => query.bind(column(batch, |op| match op {
-                Gathered::Record { outcome, .. } => Some(outcome.clone()),
-                Gathered::Claim { .. } => None,
-            })),
-            "is_errs" => query.bind(column(batch, |op| match op {
-                Gathered::Record { is_err, .. } => Some(*is_err),
-                Gathered::Claim { .. } => None,
-            })),
-            "versions" => query.bind(column(batch, |op| match op {
-                Gathered::Record { version, .. } => Some(*version),
-                Gathered::Claim { .. } => None,
-            })),
-            "retain_mss" => query.bind(column(batch, |op| match op {
-                Gathered::Record { retain_ms, .. } => Some(*retain_ms),
-                Gathered::Claim { .. } => None,
-            })),
-            "payloads" => query.bind(column(batch, |op| match op {
-                Gathered::Record { payload, .. } => Some(payload.clone()),
-                Gathered::Claim { .. } => None,
-            })),
-            other => unreachable!("batch statements have no parameter `{other}`"),
+        let first = calls.first().map_or(&[][..], Vec::as_slice);
+        let Some(each) = name
+            .strip_suffix('s')
+            .filter(|one| first.iter().any(|(n, _)| n == one))
+        else {
+            query = bind(query, vec![value(first, name)?]);
+            continue;
+        };
+        let column = calls
+            .iter()
+            .map(|call| value(call, each))
+            .collect::<Result<Vec<_>, _>>()?;
+        query = match column.first() {
+            Some(Arg::Text(_)) => query.bind(array(&column, |a| match a {
+                Arg::Text(t) => Some(t),
+                _ => None,
+            })?),
+            Some(Arg::Bytes(_)) => query.bind(array(&column, |a| match a {
+                Arg::Bytes(b) => Some(b),
+                _ => None,
+            })?),
+            Some(Arg::Int(_)) => query.bind(array(&column, |a| match a {
+                Arg::Int(i) => Some(i),
+                _ => None,
+            })?),
+            Some(Arg::Bool(_)) => query.bind(array(&column, |a| match a {
+                Arg::Bool(b) => Some(b),
+                _ => None,
+            })?),
+            other => {
+                return Err(sqlx::Error::Protocol(format!(
+                    "no array for the batch parameter `{name}` ({other:?})"
+                )));
+            }
         };
     }
-    query
-}
-
-fn id_of(op: &Gathered) -> &OperationId {
-    match op {
-        Gathered::Claim { id, .. } | Gathered::Record { id, .. } => id,
-    }
+    Ok(query)
 }
 
 /// The same error for each caller of a failed batch (`sqlx::Error` is not `Clone`),
