@@ -378,3 +378,57 @@ async fn a_refused_claim_fails_alone_in_its_batch() {
     drop(idem);
     drop_schema(&pool, &schema).await;
 }
+
+/// The purge deletes without locking rows first; a row another transaction holds (here
+/// a `FOR UPDATE`, as a caller's transaction that took over an expired record holds
+/// it) ends that statement on its wait limit, and the purge goes on past the row
+/// instead of waiting for the transaction or failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_goes_past_a_row_another_transaction_holds() {
+    let Some(pool) = pool("purge_held_row", 4).await else {
+        return;
+    };
+    let schema = schema(&pool, "purge_held_row").await;
+    let table = format!("{schema}.idem_operations");
+    let idem = uncached(&pool, &table, true).await;
+    for key in ["k0", "k1", "k2"] {
+        idem.operation("ship", key)
+            .retain(Duration::from_millis(50))
+            .run(|| async { Ok::<_, IdemError>(()) })
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut holder = pool.begin().await.unwrap();
+    // (A locking read with OFFSET would lock the rows it skips too.)
+    let held: String = sqlx::query_scalar(&format!(
+        "SELECT key FROM {table} ORDER BY key OFFSET 1 LIMIT 1"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!("SELECT 1 FROM {table} WHERE key = $1 FOR UPDATE"))
+        .bind(&held)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    // Only a guard against hanging the suite: without its wait limit, the purge would
+    // wait on the holder, which waits on the purge.
+    let purged = tokio::time::timeout(Duration::from_secs(120), idem.purge_expired())
+        .await
+        .expect("the purge waited on the held row");
+    assert_eq!(
+        purged.unwrap(),
+        2,
+        "the two free rows go, the held one stays"
+    );
+    holder.rollback().await.unwrap();
+    let left: Vec<String> = sqlx::query_scalar(&format!("SELECT key FROM {table}"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [held]);
+    assert_eq!(idem.purge_expired().await.unwrap(), 1);
+    drop(idem);
+    drop_schema(&pool, &schema).await;
+}

@@ -320,6 +320,11 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     fn is_conflict(_e: &sqlx::Error) -> bool {
         false
     }
+    /// A statement that ended because it would have waited on another transaction's
+    /// lock too long (the purge's wait limit).
+    fn is_lock_wait(_e: &sqlx::Error) -> bool {
+        false
+    }
 
     /// Runs `stmt` and returns its rows.
     async fn fetch(
@@ -484,6 +489,7 @@ struct Statements {
     resolve_delete: Stmt,
     announce_wait: Option<Stmt>,
     purge: Stmt,
+    purge_locked: Option<Stmt>,
     stats: Stmt,
     list: Stmt,
     get: Stmt,
@@ -509,6 +515,7 @@ impl Statements {
             resolve_delete: r("resolve_delete"),
             announce_wait: optional("announce_wait"),
             purge: r("purge"),
+            purge_locked: optional("purge_locked"),
             stats: r("stats"),
             list: r("list"),
             get: r("get"),
@@ -937,21 +944,29 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let mut total = 0;
+        let mut purge = &self.sql.purge;
         loop {
             // A dialect whose clock function keeps the planner off the expiry index
             // compares against this bound value instead (SQLite: the same system clock).
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            let args = self.sql.purge.args(&[
+            let args = purge.args(&[
                 ("limit", Arg::Int(PURGE_BATCH)),
                 ("now_ms", Arg::Int(now_ms)),
             ])?;
-            let n = self
-                .dialect
-                .execute(&self.sql.purge, args)
-                .await
-                .map_err(D::map_err)?;
+            let n = match self.dialect.execute(purge, args).await {
+                Ok(n) => n,
+                // A row held by another transaction: the rest of this purge skips such
+                // rows (a statement that ended on its wait limit deleted nothing).
+                Err(e) => match &self.sql.purge_locked {
+                    Some(locked) if D::is_lock_wait(&e) && !std::ptr::eq(purge, locked) => {
+                        purge = locked;
+                        continue;
+                    }
+                    _ => return Err(D::map_err(e)),
+                },
+            };
             total += n;
             if n < PURGE_BATCH.unsigned_abs() {
                 return Ok(total);

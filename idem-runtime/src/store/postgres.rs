@@ -161,7 +161,8 @@ impl Dialect for Pg {
         "peek",
         "claim_batch",
         "claim_conflict",
-        "record_batch"
+        "record_batch",
+        "purge_locked"
     );
 
     fn placeholder(n: usize) -> String {
@@ -174,6 +175,12 @@ impl Dialect for Pg {
 
     fn is_conflict(e: &sqlx::Error) -> bool {
         matches!(e, sqlx::Error::Database(e) if matches!(e.code().as_deref(), Some("40001" | "40P01")))
+    }
+
+    fn is_lock_wait(e: &sqlx::Error) -> bool {
+        // 55P03: lock_timeout; 40P01: a deadlock, where an operator set deadlock_timeout
+        // below the purge's wait limit.
+        matches!(e, sqlx::Error::Database(e) if matches!(e.code().as_deref(), Some("55P03" | "40P01")))
     }
 
     async fn fetch(
