@@ -8,11 +8,29 @@ use sha2::{Digest, Sha256};
 /// Bumped if the encoding below ever changes, so old and new fingerprints never collide.
 const ENCODING_VERSION: u8 = 1;
 
-/// A request fingerprint being built from named parts.
-#[derive(Clone, Debug, Default)]
+/// A request fingerprint being built from named parts: each part is encoded into this
+/// thread's scratch buffer and hashed at once, so a call allocates nothing for it.
+#[derive(Clone, Debug)]
 pub(crate) struct FingerprintBuilder {
-    out: Out,
+    /// The digest so far, the encoding version first.
+    hasher: Sha256,
 }
+
+impl Default for FingerprintBuilder {
+    fn default() -> Self {
+        FingerprintBuilder {
+            hasher: Sha256::new_with_prefix([ENCODING_VERSION]),
+        }
+    }
+}
+
+thread_local! {
+    /// The encoding buffers every fingerprint on this thread reuses.
+    static SCRATCH: std::cell::RefCell<Out> = std::cell::RefCell::new(Out::default());
+}
+
+/// A scratch buffer grown past this by one large request is dropped after it, not kept.
+const SCRATCH_KEPT: usize = 64 * 1024;
 
 /// The encoding being written, with room every map within it reuses: no allocation per
 /// map or struct.
@@ -32,22 +50,35 @@ impl FingerprintBuilder {
         name: &str,
         value: &T,
     ) -> Result<(), String> {
-        // Most requests encode in well under this; one allocation instead of a dozen.
-        if self.out.buf.capacity() == 0 {
-            self.out.buf.reserve(256);
+        SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut out) => self.add_with(&mut out, name, value),
+            // A `Serialize` impl that fingerprints something itself, inside this one.
+            Err(_) => self.add_with(&mut Out::default(), name, value),
+        })
+    }
+
+    fn add_with<T: Serialize + ?Sized>(
+        &mut self,
+        out: &mut Out,
+        name: &str,
+        value: &T,
+    ) -> Result<(), String> {
+        out.buf.clear();
+        out.spans.clear();
+        out.buf.push(b'P');
+        write_str(&mut out.buf, name);
+        let encoded = value.serialize(Canonical { out: &mut *out });
+        if encoded.is_ok() {
+            self.hasher.update(&out.buf);
         }
-        self.out.buf.push(b'P');
-        write_str(&mut self.out.buf, name);
-        value
-            .serialize(Canonical { out: &mut self.out })
-            .map_err(|e| e.0)
+        if out.buf.capacity() > SCRATCH_KEPT || out.scratch.capacity() > SCRATCH_KEPT {
+            *out = Out::default();
+        }
+        encoded.map_err(|e| e.0)
     }
 
     pub(crate) fn finish(&self) -> [u8; 32] {
-        let mut h = Sha256::new();
-        h.update([ENCODING_VERSION]);
-        h.update(&self.out.buf);
-        h.finalize().into()
+        self.hasher.clone().finalize().into()
     }
 }
 

@@ -25,9 +25,12 @@ pub trait KeyPart {
 }
 
 fn write_str(tag: char, s: &str, out: &mut String) {
-    use std::fmt::Write;
     // Tag and byte length first: the reader never needs to look inside the text.
-    let _ = write!(out, "{tag}{}:{s}", s.len());
+    out.reserve(s.len() + 8);
+    out.push(tag);
+    out.push_str(itoa::Buffer::new().format(s.len()));
+    out.push(':');
+    out.push_str(s);
 }
 
 impl KeyPart for str {
@@ -70,8 +73,9 @@ macro_rules! int_key {
     ($($t:ty)*) => {$(
         impl KeyPart for $t {
             fn write_key(&self, out: &mut String) {
-                use std::fmt::Write;
-                let _ = write!(out, "i{};", self);
+                out.push('i');
+                out.push_str(itoa::Buffer::new().format(*self));
+                out.push(';');
             }
         }
     )*};

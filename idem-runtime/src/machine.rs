@@ -54,8 +54,24 @@ struct Run<'a, P, U, T> {
 enum Decided {
     /// Run the body at this epoch; the claim was sent at that instant.
     Execute(u64, Instant),
-    Replay(Arc<StoredOutcome>),
+    Replay(Replayed),
     Unprotected,
+}
+
+/// A recorded outcome to replay: this process's cached one, or one the store returned.
+enum Replayed {
+    Cached(Arc<StoredOutcome>),
+    Read(StoredOutcome),
+}
+
+impl std::ops::Deref for Replayed {
+    type Target = StoredOutcome;
+    fn deref(&self) -> &StoredOutcome {
+        match self {
+            Replayed::Cached(outcome) => outcome,
+            Replayed::Read(outcome) => outcome,
+        }
+    }
 }
 
 impl<P, U, T> Run<'_, P, U, T>
@@ -84,7 +100,7 @@ where
             name = %id.name,
             key = %self.idem.log_key(&id.key),
         );
-        async {
+        let call = async {
             let span = tracing::Span::current();
             match self.decide().await? {
                 Decided::Replay(outcome) => {
@@ -100,9 +116,13 @@ where
                 }
                 Decided::Execute(epoch, sent) => self.execute(epoch, sent, body, &span).await,
             }
+        };
+        // A span no subscriber wants records nothing: no wrapper to enter it on each poll.
+        if span.is_disabled() {
+            call.await
+        } else {
+            call.instrument(span).await
         }
-        .instrument(span)
-        .await
     }
 
     /// Claims, waiting on an in-flight duplicate as configured, until the operation is
@@ -113,15 +133,17 @@ where
         // Completed outcomes are immutable until they expire, so a read decides a
         // replay without taking the write path: first this process's own, then the store.
         match self.idem.cache().get(id, &self.fingerprint) {
-            Some(Cached::Replay(outcome)) => return Ok(Decided::Replay(outcome)),
+            Some(Cached::Replay(outcome)) => return Ok(Decided::Replay(Replayed::Cached(outcome))),
             Some(Cached::Mismatch) => return Err(self.mismatch()),
             None => {}
         }
-        match store.peek_completed(id, &self.fingerprint).await {
-            Ok(Some(Ok(outcome))) => return Ok(Decided::Replay(Arc::new(outcome))),
-            Ok(Some(Err(_))) => return Err(self.mismatch()),
-            Ok(None) => {}
-            Err(e) => return self.store_down(e),
+        if store.peeks() {
+            match store.peek_completed(id, &self.fingerprint).await {
+                Ok(Some(Ok(outcome))) => return Ok(Decided::Replay(Replayed::Read(outcome))),
+                Ok(Some(Err(_))) => return Err(self.mismatch()),
+                Ok(None) => {}
+                Err(e) => return self.store_down(e),
+            }
         }
         let req = ClaimRequest {
             id,
@@ -129,10 +151,8 @@ where
             lease: self.op.lease,
             on_takeover: self.op.on_takeover,
         };
-        let deadline = match self.op.in_flight {
-            InFlight::Wait(d) => Some(Instant::now() + d),
-            InFlight::Reject => None,
-        };
+        // From the first claim's sending, read then: a clock read a replay does not need.
+        let mut first_deadline = None;
         let mut waiter = None;
         loop {
             let notified = waiter
@@ -146,6 +166,10 @@ where
                 n.enable();
             }
             let sent = Instant::now();
+            let deadline = *first_deadline.get_or_insert(match self.op.in_flight {
+                InFlight::Wait(d) => Some(sent + d),
+                InFlight::Reject => None,
+            });
             let claim = match store.claim(&req).await {
                 Ok(c) => c,
                 // Another caller is known to be running it: running it here too, even
@@ -179,7 +203,9 @@ where
                     }
                     return Ok(Decided::Execute(epoch, sent));
                 }
-                Claim::Completed(outcome) => return Ok(Decided::Replay(Arc::new(outcome))),
+                Claim::Completed(outcome) => {
+                    return Ok(Decided::Replay(Replayed::Read(outcome)));
+                }
                 Claim::Mismatch => return Err(self.mismatch()),
                 Claim::Unknown { epoch, now } => {
                     if now {

@@ -99,6 +99,9 @@ struct Args {
     /// `valgrind --tool=callgrind ... --profile 20000`.
     #[arg(long)]
     profile: Option<u64>,
+    /// With `--profile`: replay those calls this many times over after recording them.
+    #[arg(long, default_value_t = 0)]
+    profile_replays: u64,
 }
 
 /// Keys recorded before a replay phase; replays cycle through them.
@@ -387,6 +390,11 @@ fn main() -> Res<()> {
             let idem = Idem::memory();
             for k in 0..n {
                 idem_call(&idem, k).await?;
+            }
+            for _ in 0..args.profile_replays {
+                for k in 0..n {
+                    idem_call(&idem, k).await?;
+                }
             }
             Ok(())
         });

@@ -74,6 +74,11 @@ impl MemoryStore {
 
 #[async_trait::async_trait]
 impl Store for MemoryStore {
+    // The claim answers a replay under the same lock a read would take.
+    fn peeks(&self) -> bool {
+        false
+    }
+
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let now = Instant::now();
         let mut map = self.lock();

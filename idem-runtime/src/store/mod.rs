@@ -357,6 +357,12 @@ pub trait Store: Send + Sync + 'static {
     /// Claims the operation, or reports why not. One atomic step.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError>;
 
+    /// Whether [`peek_completed`](Store::peek_completed) can answer: a store whose claim
+    /// answers a replay as cheaply as a read says no, and is not asked.
+    fn peeks(&self) -> bool {
+        true
+    }
+
     /// Reads a COMPLETED, unexpired outcome without writing, for the replay fast path.
     /// `None` means "not known to be completed": the caller then claims.
     async fn peek_completed(
@@ -443,6 +449,9 @@ macro_rules! forward_store {
         impl<S: Store + ?Sized> Store for $ptr {
             async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
                 (**self).claim(req).await
+            }
+            fn peeks(&self) -> bool {
+                (**self).peeks()
             }
             async fn peek_completed(
                 &self,
