@@ -432,3 +432,61 @@ async fn a_purge_goes_past_a_row_another_transaction_holds() {
     drop(idem);
     drop_schema(&pool, &schema).await;
 }
+
+/// A fresh key is claimed by a plain insert (`claim_fresh.sql`), lighter than the
+/// full claim's upsert: under a role that may insert but not update, the claim of a
+/// new key still succeeds and its body runs (the upsert would be refused before it
+/// inserted anything); the record, an update, is then refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_key_is_claimed_by_a_plain_insert() {
+    use std::str::FromStr;
+    let Some(pool) = pool("fresh_insert", 4).await else {
+        return;
+    };
+    let schema = schema(&pool, "fresh_insert").await;
+    let table = format!("{schema}.idem_operations");
+    drop(idem_on(&pool, &schema).await);
+    let role = format!("{schema}_inserter");
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA {schema} TO {role}"),
+        format!("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA {schema} TO {role}"),
+        // Opening the store records its key mode in idem's bookkeeping table.
+        format!("GRANT UPDATE ON {table}_meta TO {role}"),
+        format!("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let as_role = sqlx::postgres::PgConnectOptions::from_str(&postgres_url())
+        .unwrap()
+        .username(&role);
+    let role_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(as_role)
+        .await
+        .unwrap();
+    let idem = uncached(&role_pool, &table, false).await;
+    let runs = Counter::default();
+    let result = idem
+        .operation("ship", "new-key")
+        .run(|| async {
+            runs.hit();
+            Ok::<_, IdemError>(1u32)
+        })
+        .await;
+    assert_eq!(
+        runs.get(),
+        1,
+        "the claim of a new key was refused: {result:?}"
+    );
+    assert!(
+        matches!(result, Err(IdemError::Unrecorded { .. })),
+        "{result:?}"
+    );
+    drop(idem);
+    role_pool.close().await;
+    drop_schema(&pool, &schema).await;
+    for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+}

@@ -480,6 +480,7 @@ pub(crate) use statements;
 #[derive(Debug)]
 struct Statements {
     claim: Stmt,
+    claim_fresh: Option<Stmt>,
     peek: Option<Stmt>,
     record: Stmt,
     release: Stmt,
@@ -506,6 +507,7 @@ impl Statements {
         let optional = |name: &str| (!D::sql(name).is_empty()).then(|| r(name));
         Statements {
             claim: r("claim"),
+            claim_fresh: optional("claim_fresh"),
             peek: optional("peek"),
             record: r("record"),
             release: r("release"),
@@ -579,6 +581,29 @@ fn wake_payload(id: &OperationId) -> Result<String, StoreError> {
 }
 
 impl<D: Dialect> SqlStore<D> {
+    /// Claims a key that has no record with a plain insert (`claim_fresh.sql`), where
+    /// the dialect has one and the claim is not gathered into a batch: the epoch, or
+    /// `None` when the key exists (or the insert conflicted), for the full claim.
+    async fn claim_fresh(&self, named: &[(&str, Arg<'_>)]) -> Result<Option<u64>, StoreError> {
+        let Some(stmt) = &self.sql.claim_fresh else {
+            return Ok(None);
+        };
+        if self.dialect.gathers() {
+            return Ok(None);
+        }
+        let rows = match self.dialect.fetch(On::Hot, stmt, stmt.args(named)?).await {
+            Ok(rows) => rows,
+            Err(e) if D::is_conflict(&e) => return Ok(None),
+            Err(e) => return Err(D::map_err(e)),
+        };
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        if D::PEEK_WHILE_REPLAYING {
+            self.gate.saw(false);
+        }
+        Ok(Some(epoch_from_sql(row.int("epoch")?)?))
+    }
     /// Checks the table (every column idem reads) and its key mode, then renders the
     /// statements.
     pub(crate) async fn prepare(
@@ -788,6 +813,12 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let to_unknown = req.on_takeover == Takeover::Unknown;
         let mut named = claim_args(req.id, &req.fingerprint, millis(req.lease), to_unknown);
+        if let Some(epoch) = self.claim_fresh(&named).await? {
+            return Ok(Claim::Acquired {
+                epoch,
+                takeover: false,
+            });
+        }
         // The events below carry no key: the caller's `idem` span does, hashed when asked.
         for attempt in 0..D::CLAIM_ATTEMPTS {
             if attempt > 0 {

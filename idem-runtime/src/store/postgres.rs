@@ -162,7 +162,8 @@ impl Dialect for Pg {
         "claim_batch",
         "claim_conflict",
         "record_batch",
-        "purge_locked"
+        "purge_locked",
+        "claim_fresh"
     );
 
     fn placeholder(n: usize) -> String {
