@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::store::OperationId;
 
@@ -14,7 +15,8 @@ tokio::task_local! {
 /// The operation whose body is running, as [`current`] returns it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Current {
-    id: OperationId,
+    /// Shared with the lease's renewals: one copy of the identity per running call.
+    id: Arc<OperationId>,
     epoch: u64,
 }
 
@@ -68,11 +70,8 @@ pub fn try_current() -> Option<Current> {
     CURRENT.try_with(Current::clone).ok()
 }
 
-pub(crate) async fn scope_body<F: Future>(id: &OperationId, epoch: u64, fut: F) -> F::Output {
-    let cur = Current {
-        id: id.clone(),
-        epoch,
-    };
+pub(crate) async fn scope_body<F: Future>(id: Arc<OperationId>, epoch: u64, fut: F) -> F::Output {
+    let cur = Current { id, epoch };
     // A fresh observe slot: idempotent calls nested in the body must not report
     // themselves as the outer call.
     CURRENT

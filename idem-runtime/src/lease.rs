@@ -50,7 +50,7 @@ impl Lease {
     /// background (when `idem` renews leases) until dropped.
     pub(crate) fn hold(
         idem: &Idem,
-        id: &OperationId,
+        id: &Arc<OperationId>,
         epoch: u64,
         lease: Duration,
         claimed_at: Instant,
@@ -88,7 +88,7 @@ impl Drop for Lease {
 /// What a renewal needs of one claim.
 #[derive(Clone)]
 struct Claim {
-    id: OperationId,
+    id: Arc<OperationId>,
     epoch: u64,
     lease: Duration,
     held: Held,
@@ -154,7 +154,7 @@ struct Schedule {
     next_slot: u64,
     /// Live claims by slot, each with the due time it is filed under in `due` (none
     /// while its renewal is in flight).
-    claims: HashMap<u64, (Claim, Option<Instant>)>,
+    claims: HashMap<u64, (Claim, Option<Instant>), foldhash::fast::RandomState>,
     /// Due times; an entry whose slot is gone or refiled is skipped.
     due: BTreeSet<(Instant, u64)>,
     /// The renewal task and the runtime it runs on.
@@ -200,8 +200,11 @@ impl Renewer {
         let slot = st.next_slot;
         st.next_slot += 1;
         st.claims.insert(slot, (claim, None));
+        let earliest = st.file(slot);
         drop(st);
-        self.file(slot);
+        if earliest {
+            self.wake.notify_one();
+        }
         Renewal::Shared(self.clone(), slot)
     }
 
@@ -216,18 +219,24 @@ impl Renewer {
     /// Files `slot` for its next renewal, `every` from now (its claim, or the end of its
     /// last renewal), waking the task when it is the earliest due.
     fn file(&self, slot: u64) {
-        let mut st = lock(&self.state);
-        let Some((claim, due)) = st.claims.get_mut(&slot) else {
-            return;
-        };
-        let t = Instant::now() + claim.every();
-        *due = Some(t);
-        let earliest = st.due.first().is_none_or(|&(first, _)| t < first);
-        st.due.insert((t, slot));
-        drop(st);
+        let earliest = lock(&self.state).file(slot);
         if earliest {
             self.wake.notify_one();
         }
+    }
+}
+
+impl Schedule {
+    /// Files `slot` `every` from now; whether it is now the earliest due.
+    fn file(&mut self, slot: u64) -> bool {
+        let Some((claim, due)) = self.claims.get_mut(&slot) else {
+            return false;
+        };
+        let t = Instant::now() + claim.every();
+        *due = Some(t);
+        let earliest = self.due.first().is_none_or(|&(first, _)| t < first);
+        self.due.insert((t, slot));
+        earliest
     }
 }
 

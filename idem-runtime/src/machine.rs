@@ -112,7 +112,7 @@ where
                 }
                 Decided::Unprotected => {
                     tracing::warn!("store unreachable; running the body unprotected (fail_open)");
-                    context::scope_body(id, 0, body()).await
+                    context::scope_body(Arc::new(id.clone()), 0, body()).await
                 }
                 Decided::Execute(epoch, sent) => self.execute(epoch, sent, body, &span).await,
             }
@@ -326,11 +326,13 @@ where
         }
         // Renewed until the outcome is settled, so a record retried after a slow body
         // still has the lease the renewals kept alive.
-        let lease = Lease::hold(&self.idem, id, epoch, self.op.lease, claimed_at);
+        // One copy of the identity for the body's context and the lease's renewals.
+        let shared = Arc::new(id.clone());
+        let lease = Lease::hold(&self.idem, &shared, epoch, self.op.lease, claimed_at);
         // Timed only where the histogram exists: two clock reads per call otherwise.
         #[cfg(feature = "metrics")]
         let started = Instant::now();
-        let out = context::scope_body(id, epoch, body()).await;
+        let out = context::scope_body(shared, epoch, body()).await;
         #[cfg(feature = "metrics")]
         metrics::body_time(self.name(), started.elapsed());
         let lease_end = &lease;
