@@ -298,6 +298,16 @@ const SQLX_TX_NO_SAVEPOINT: &str = "sqlx, the same without the savepoint";
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
+/// idem on the bench's table, with lease renewal as asked and the in-process replay
+/// cache off: the replay rows measure the store's path (a retry reaching the same
+/// process would not reach the database at all).
+fn idem_builder(renew: bool, table: &str) -> idem_runtime::IdemBuilder {
+    Idem::builder()
+        .table(table)
+        .renew_leases(renew)
+        .replay_cache_bytes(0)
+}
+
 impl Subject {
     async fn idem(cfg: &Config, pool: &PgPool, table: String, orders: &str) -> Res<Arc<Subject>> {
         Subject::idem_renewing(cfg.renew, pool, table, orders).await
@@ -309,14 +319,7 @@ impl Subject {
         table: String,
         orders: &str,
     ) -> Res<Arc<Subject>> {
-        // The in-process replay cache off: the replay rows measure the store's path (a
-        // retry reaching the same process would not reach the database at all).
-        let idem = Idem::builder()
-            .table(table.clone())
-            .renew_leases(renew)
-            .replay_cache_bytes(0)
-            .pool(pool.clone())
-            .await?;
+        let idem = idem_builder(renew, &table).pool(pool.clone()).await?;
         Ok(Subject::new(Side::Idem(idem), pool, table, orders))
     }
 
@@ -328,10 +331,7 @@ impl Subject {
         table: String,
         orders: &str,
     ) -> Res<Arc<Subject>> {
-        let idem = Idem::builder()
-            .table(table.clone())
-            .renew_leases(cfg.renew)
-            .replay_cache_bytes(0)
+        let idem = idem_builder(cfg.renew, &table)
             .max_connections(POOL)
             .postgres(&cfg.url)
             .await?;

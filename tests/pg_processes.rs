@@ -199,7 +199,6 @@ async fn replay_neither_locks_nor_writes_the_row() {
 /// (the claim statement, an upsert, would be refused by the permission check).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_of_replays_is_answered_by_reads() {
-    use std::str::FromStr;
     let Some(pool) = pool("replay_reads", 4).await else {
         return;
     };
@@ -207,22 +206,7 @@ async fn a_run_of_replays_is_answered_by_reads() {
     let table = format!("{schema}.idem_operations");
     drop(idem_on(&pool, &schema).await);
     let role = format!("{schema}_reader");
-    for sql in [
-        format!("CREATE ROLE {role} LOGIN"),
-        format!("GRANT USAGE ON SCHEMA {schema} TO {role}"),
-        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"),
-        format!("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"),
-    ] {
-        sqlx::query(&sql).execute(&pool).await.unwrap();
-    }
-    let as_role = sqlx::postgres::PgConnectOptions::from_str(&postgres_url())
-        .unwrap()
-        .username(&role);
-    let role_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(as_role)
-        .await
-        .unwrap();
+    let role_pool = role_pool(&pool, &schema, &role, &[]).await;
     let idem = uncached(&role_pool, &table, false).await;
     assert_eq!(quote(&idem).await, 42);
     // The first replay is decided by the claim; it tells the store replays are coming.
@@ -236,10 +220,47 @@ async fn a_run_of_replays_is_answered_by_reads() {
         assert_eq!(quote(&idem).await, 42);
     }
     drop(idem);
+    drop_role(&pool, role_pool, &schema, &role).await;
+}
+
+/// A login role `role` on the tables of `schema` (idem's table opened there already),
+/// with every right idem uses but those in `revoked`, and a pool of its connections.
+async fn role_pool(
+    pool: &sqlx::PgPool,
+    schema: &str,
+    role: &str,
+    revoked: &[&str],
+) -> sqlx::PgPool {
+    use std::str::FromStr;
+    let table = format!("{schema}.idem_operations");
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA {schema} TO {role}"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"),
+        format!("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"),
+    ] {
+        sqlx::query(&sql).execute(pool).await.unwrap();
+    }
+    if !revoked.is_empty() {
+        let revoke = format!("REVOKE {} ON {table} FROM {role}", revoked.join(", "));
+        sqlx::query(&revoke).execute(pool).await.unwrap();
+    }
+    let as_role = sqlx::postgres::PgConnectOptions::from_str(&postgres_url())
+        .unwrap()
+        .username(role);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(as_role)
+        .await
+        .unwrap()
+}
+
+/// Closes `role_pool`, then drops `schema` and `role`.
+async fn drop_role(pool: &sqlx::PgPool, role_pool: sqlx::PgPool, schema: &str, role: &str) {
     role_pool.close().await;
-    drop_schema(&pool, &schema).await;
+    drop_schema(pool, schema).await;
     for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
-        sqlx::query(&sql).execute(&pool).await.unwrap();
+        sqlx::query(&sql).execute(pool).await.unwrap();
     }
 }
 
@@ -439,7 +460,6 @@ async fn a_purge_goes_past_a_row_another_transaction_holds() {
 /// inserted anything); the record, an update, is then refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_key_is_claimed_by_a_plain_insert() {
-    use std::str::FromStr;
     let Some(pool) = pool("fresh_insert", 4).await else {
         return;
     };
@@ -447,24 +467,8 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
     let table = format!("{schema}.idem_operations");
     drop(idem_on(&pool, &schema).await);
     let role = format!("{schema}_inserter");
-    for sql in [
-        format!("CREATE ROLE {role} LOGIN"),
-        format!("GRANT USAGE ON SCHEMA {schema} TO {role}"),
-        format!("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA {schema} TO {role}"),
-        // Opening the store records its key mode in idem's bookkeeping table.
-        format!("GRANT UPDATE ON {table}_meta TO {role}"),
-        format!("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"),
-    ] {
-        sqlx::query(&sql).execute(&pool).await.unwrap();
-    }
-    let as_role = sqlx::postgres::PgConnectOptions::from_str(&postgres_url())
-        .unwrap()
-        .username(&role);
-    let role_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(as_role)
-        .await
-        .unwrap();
+    // UPDATE on idem's table only: opening records the key mode in its `_meta` table.
+    let role_pool = role_pool(&pool, &schema, &role, &["UPDATE"]).await;
     let idem = uncached(&role_pool, &table, false).await;
     let runs = Counter::default();
     let result = idem
@@ -484,9 +488,5 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
         "{result:?}"
     );
     drop(idem);
-    role_pool.close().await;
-    drop_schema(&pool, &schema).await;
-    for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
-        sqlx::query(&sql).execute(&pool).await.unwrap();
-    }
+    drop_role(&pool, role_pool, &schema, &role).await;
 }
