@@ -235,6 +235,9 @@ struct Subject {
     order: String,
     /// The next key index; keys are never reused within a table.
     seq: AtomicU64,
+    /// Where this subject's fresh keys of the 50% mix start: subjects that share the
+    /// replay table must not draw each other's.
+    mix_base: u64,
     /// How many times the body ran (idem) or a claim was won (baseline).
     runs: AtomicU64,
 }
@@ -257,6 +260,8 @@ enum Phase {
 
 /// Where the mix's fresh keys start, past every key recorded to replay.
 const MIX_FRESH: u64 = 1 << 40;
+/// Subjects made so far, for their [`Subject::mix_base`].
+static SUBJECTS: AtomicU64 = AtomicU64::new(0);
 
 fn key(i: u64) -> String {
     format!("k{i}")
@@ -356,6 +361,7 @@ impl Subject {
             table,
             order: format!("INSERT INTO {} (id, qty) VALUES ($1, $2)", quoted(orders)),
             seq: AtomicU64::new(0),
+            mix_base: MIX_FRESH + (SUBJECTS.fetch_add(1, Ordering::Relaxed) << 32),
             runs: AtomicU64::new(0),
         })
     }
@@ -368,7 +374,7 @@ impl Subject {
         let key = match phase {
             Phase::Replay { from, keys } => key(from + i % keys),
             Phase::Mix { from, keys } if i.is_multiple_of(2) => key(from + (i / 2) % keys),
-            Phase::Mix { .. } => key(MIX_FRESH + i),
+            Phase::Mix { .. } => key(self.mix_base + i),
             Phase::Fresh | Phase::Tx => key(i),
         };
         match (&self.side, phase) {
@@ -1009,8 +1015,9 @@ fn idem_sql_script(sql: &Sql, replay: bool) -> String {
     ]
     .iter()
     .fold(sql.record.clone(), |s, (p, v)| s.replace(p, v));
-    // The claim's columns go to `c_*` variables, clear of the record's parameters.
-    format!("\\set k random(1, 1000000000)\n{claim} \\gset c_\n{record};\n")
+    // The claim's columns go to `c_*` variables, clear of the record's parameters. Keys
+    // from a range where none repeats: the claim of a new key returns no row for one.
+    format!("\\set k random(1, 9000000000000000000)\n{claim} \\gset c_\n{record};\n")
 }
 
 fn idem_sql_vars() -> Vec<String> {
@@ -1492,7 +1499,12 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
     let base_pool = cfg.pool().connect_with(connect.clone()).await?;
     // Experiments: one pool without the ping on acquire, shared by idem and the baseline.
     let quiet_pool = if cfg.experiments {
-        let pool = cfg.pool().test_before_acquire(false);
+        // Its idle connections close, so pgbench's 64 clients fit beside the other pools.
+        let pool = cfg
+            .pool()
+            .test_before_acquire(false)
+            .min_connections(0)
+            .idle_timeout(Duration::from_secs(1));
         Some(pool.connect_with(connect.clone()).await?)
     } else {
         None
