@@ -200,11 +200,7 @@ impl Renewer {
         let slot = st.next_slot;
         st.next_slot += 1;
         st.claims.insert(slot, (claim, None));
-        let earliest = st.file(slot);
-        drop(st);
-        if earliest {
-            self.wake.notify_one();
-        }
+        self.file_locked(st, slot);
         Renewal::Shared(self.clone(), slot)
     }
 
@@ -219,7 +215,14 @@ impl Renewer {
     /// Files `slot` for its next renewal, `every` from now (its claim, or the end of its
     /// last renewal), waking the task when it is the earliest due.
     fn file(&self, slot: u64) {
-        let earliest = lock(&self.state).file(slot);
+        self.file_locked(lock(&self.state), slot);
+    }
+
+    /// [`file`](Self::file), under the lock `st` already holds; the wake is sent after
+    /// it is released.
+    fn file_locked(&self, mut st: MutexGuard<'_, Schedule>, slot: u64) {
+        let earliest = st.file(slot);
+        drop(st);
         if earliest {
             self.wake.notify_one();
         }

@@ -599,11 +599,77 @@ impl<D: Dialect> SqlStore<D> {
         let Some(row) = rows.first() else {
             return Ok(None);
         };
-        if D::PEEK_WHILE_REPLAYING {
-            self.gate.saw(false);
-        }
         Ok(Some(epoch_from_sql(row.int("epoch")?)?))
     }
+
+    /// Claims with the full claim statement (`claim.sql`), alone or gathered into a
+    /// batch, which decides every case; issued again where the database's snapshot
+    /// rules made it return no row.
+    async fn claim_full(
+        &self,
+        req: &ClaimRequest<'_>,
+        mut named: Vec<(&'static str, Arg<'_>)>,
+    ) -> Result<Claim, StoreError> {
+        // The events below carry no key: the caller's `idem` span does, hashed when asked.
+        for attempt in 0..D::CLAIM_ATTEMPTS {
+            if attempt > 0 {
+                // Back off (1, 2, 4, 8 ms) so racing writers settle instead of spinning.
+                tokio::time::sleep(Duration::from_millis(1 << (attempt - 1).min(6))).await;
+            }
+            let token = self.dialect.claim_token();
+            named.retain(|(n, _)| *n != "token");
+            if let Some(token) = token {
+                named.push(("token", Arg::Int(token)));
+            }
+            let gathered = if self.dialect.gathers() {
+                let op = Gathered::Claim {
+                    id: req.id.clone(),
+                    fp: req.fingerprint,
+                    lease_ms: millis(req.lease),
+                    to_unknown: req.on_takeover == Takeover::Unknown,
+                };
+                self.dialect.gathered(op).await
+            } else {
+                None
+            };
+            let rows = match gathered {
+                Some(rows) => rows,
+                None => {
+                    let args = self.sql.claim.args(&named)?;
+                    self.dialect.fetch(On::Hot, &self.sql.claim, args).await
+                }
+            };
+            let rows = match rows {
+                // Under SERIALIZABLE or REPEATABLE READ the snapshot race surfaces as a
+                // serialization failure; the statement is its own transaction, so
+                // issuing it again is safe.
+                Err(e) if D::is_conflict(&e) && D::CLAIM_ATTEMPTS > 1 => {
+                    tracing::trace!(error = %e, "claim conflicted; issuing it again");
+                    continue;
+                }
+                rows => rows.map_err(D::map_err)?,
+            };
+            let Some(row) = rows.first() else {
+                tracing::trace!("claim raced a concurrent commit; issuing it again");
+                continue;
+            };
+            match decide(claim_row(row)?)? {
+                Decision::Claim(claim) => return Ok(claim),
+                Decision::Reissue => {
+                    tracing::trace!("claim read a superseded row; issuing it again");
+                }
+            }
+        }
+        Err(StoreError::new(
+            true,
+            format!(
+                "the claim of operation `{}` raced concurrent writers {} times in a row; retry",
+                req.id.name,
+                D::CLAIM_ATTEMPTS
+            ),
+        ))
+    }
+
     /// Checks the table (every column idem reads) and its key mode, then renders the
     /// statements.
     pub(crate) async fn prepare(
@@ -812,77 +878,19 @@ fn record_info(row: &Row) -> Result<RecordInfo, StoreError> {
 impl<D: Dialect> Store for SqlStore<D> {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let to_unknown = req.on_takeover == Takeover::Unknown;
-        let mut named = claim_args(req.id, &req.fingerprint, millis(req.lease), to_unknown);
-        if let Some(epoch) = self.claim_fresh(&named).await? {
-            return Ok(Claim::Acquired {
+        let named = claim_args(req.id, &req.fingerprint, millis(req.lease), to_unknown);
+        let claim = match self.claim_fresh(&named).await? {
+            Some(epoch) => Claim::Acquired {
                 epoch,
                 takeover: false,
-            });
+            },
+            None => self.claim_full(req, named).await?,
+        };
+        if D::PEEK_WHILE_REPLAYING {
+            self.gate
+                .saw(matches!(claim, Claim::Completed(_) | Claim::Mismatch));
         }
-        // The events below carry no key: the caller's `idem` span does, hashed when asked.
-        for attempt in 0..D::CLAIM_ATTEMPTS {
-            if attempt > 0 {
-                // Back off (1, 2, 4, 8 ms) so racing writers settle instead of spinning.
-                tokio::time::sleep(Duration::from_millis(1 << (attempt - 1).min(6))).await;
-            }
-            let token = self.dialect.claim_token();
-            named.retain(|(n, _)| *n != "token");
-            if let Some(token) = token {
-                named.push(("token", Arg::Int(token)));
-            }
-            let gathered = if self.dialect.gathers() {
-                let op = Gathered::Claim {
-                    id: req.id.clone(),
-                    fp: req.fingerprint,
-                    lease_ms: millis(req.lease),
-                    to_unknown,
-                };
-                self.dialect.gathered(op).await
-            } else {
-                None
-            };
-            let rows = match gathered {
-                Some(rows) => rows,
-                None => {
-                    let args = self.sql.claim.args(&named)?;
-                    self.dialect.fetch(On::Hot, &self.sql.claim, args).await
-                }
-            };
-            let rows = match rows {
-                // Under SERIALIZABLE or REPEATABLE READ the snapshot race surfaces as a
-                // serialization failure; the statement is its own transaction, so
-                // issuing it again is safe.
-                Err(e) if D::is_conflict(&e) && D::CLAIM_ATTEMPTS > 1 => {
-                    tracing::trace!(error = %e, "claim conflicted; issuing it again");
-                    continue;
-                }
-                rows => rows.map_err(D::map_err)?,
-            };
-            let Some(row) = rows.first() else {
-                tracing::trace!("claim raced a concurrent commit; issuing it again");
-                continue;
-            };
-            match decide(claim_row(row)?)? {
-                Decision::Claim(claim) => {
-                    if D::PEEK_WHILE_REPLAYING {
-                        self.gate
-                            .saw(matches!(claim, Claim::Completed(_) | Claim::Mismatch));
-                    }
-                    return Ok(claim);
-                }
-                Decision::Reissue => {
-                    tracing::trace!("claim read a superseded row; issuing it again");
-                }
-            }
-        }
-        Err(StoreError::new(
-            true,
-            format!(
-                "the claim of operation `{}` raced concurrent writers {} times in a row; retry",
-                req.id.name,
-                D::CLAIM_ATTEMPTS
-            ),
-        ))
+        Ok(claim)
     }
 
     async fn peek_completed(
