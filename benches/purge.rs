@@ -19,20 +19,37 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 mod fill;
 use fill::{drop_idem_table, env_or, fill};
 
-/// idem's statement with each row locked before it is deleted, in the same batches.
-const LOCKED: &str = include_str!("../idem-runtime/sql/postgres/purge_locked.sql");
+/// The statements idem's purge is compared with.
+#[derive(Clone, Copy)]
+enum Old {
+    /// idem's own, with each row locked before it is deleted (its fallback).
+    Locked,
+    /// idem's first (`VOLATILE`).
+    Volatile,
+}
+
 /// idem's first statement: rows chosen by primary key, expiry against the volatile clock.
 const VOLATILE: &str = "DELETE FROM {table} WHERE (scope, name, key) IN (SELECT scope, name, \
      key FROM {table} WHERE state = 1 AND expires_at <= clock_timestamp() LIMIT 1000 FOR UPDATE \
      SKIP LOCKED) AND state = 1 AND expires_at <= clock_timestamp()";
 
-async fn old_purge(pool: &sqlx::PgPool, table: &str, statement: &str) -> Res<u64> {
-    let sql = statement
-        .replace("{table}", table)
-        .replace(":limit", "1000");
+/// Runs `old` on `table` in batches of 1,000 until one comes back short.
+async fn old_purge(pool: &sqlx::PgPool, table: &str, old: Old) -> Res<u64> {
+    let (sql, limit) = match old {
+        // Rendered by the store's own engine; the batch size is its parameter.
+        Old::Locked => (
+            idem_runtime::store::bench::postgres_statement("purge_locked", table)?,
+            Some(1000_i64),
+        ),
+        Old::Volatile => (VOLATILE.replace("{table}", table), None),
+    };
     let mut total = 0;
     loop {
-        let n = sqlx::query(&sql).execute(pool).await?.rows_affected();
+        let mut query = sqlx::query(&sql);
+        if let Some(limit) = limit {
+            query = query.bind(limit);
+        }
+        let n = query.execute(pool).await?.rows_affected();
         total += n;
         if n < 1000 {
             return Ok(total);
@@ -72,7 +89,7 @@ async fn run(idem: &Idem, pool: &sqlx::PgPool, table: &str, live: i64, expired: 
         assert_eq!(idem.purge_expired().await?, 0);
         new_tick.push(t.elapsed());
         let t = Instant::now();
-        assert_eq!(old_purge(pool, table, VOLATILE).await?, 0);
+        assert_eq!(old_purge(pool, table, Old::Volatile).await?, 0);
         old_tick.push(t.elapsed());
     }
     let (new_tick, old_tick) = (median(new_tick), median(old_tick));
@@ -89,8 +106,8 @@ async fn run(idem: &Idem, pool: &sqlx::PgPool, table: &str, live: i64, expired: 
             let t = Instant::now();
             let purged = match i {
                 0 => idem.purge_expired().await?,
-                1 => old_purge(pool, table, LOCKED).await?,
-                _ => old_purge(pool, table, VOLATILE).await?,
+                1 => old_purge(pool, table, Old::Locked).await?,
+                _ => old_purge(pool, table, Old::Volatile).await?,
             };
             times.push(t.elapsed());
             assert_eq!(purged, expired as u64);
