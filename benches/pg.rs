@@ -981,9 +981,10 @@ impl Floor<'_> {
     }
 }
 
-/// idem's own statements as a pgbench script (the claim of a new key and the record; for replays, the
-/// read of the completed record): the same statements, with pgbench variables for the
-/// parameters (typed, as sqlx binds them) and `\gset` to carry the epoch.
+/// idem's own statements as a pgbench script (the claim of a new key and the record;
+/// for replays, the read of the completed record): the same statements, with pgbench
+/// variables for the parameters (typed, as sqlx binds them) and `\gset` to carry the
+/// epoch.
 fn idem_sql_script(sql: &Sql, replay: bool) -> String {
     let vars = [
         ("$1", ":scope::text"),
