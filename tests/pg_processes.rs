@@ -313,6 +313,10 @@ async fn fresh_calls_together(idem: &Idem, pool: &sqlx::PgPool, table: &str) -> 
     // claims' transactions have been counted.
     let claimed = Arc::new(tokio::sync::Barrier::new(CALLERS + 1));
     let finish = Arc::new(tokio::sync::Barrier::new(CALLERS + 1));
+    // Group commit gathers only while every connection is in use. The test holds them
+    // all while the callers arrive, so whether they gather does not hang on how fast
+    // the pool grows or the machine runs.
+    let held = hold_every_connection(pool).await;
     let callers: Vec<_> = (0..CALLERS)
         .map(|i| {
             let (idem, runs) = (idem.clone(), runs.clone());
@@ -341,14 +345,36 @@ async fn fresh_calls_together(idem: &Idem, pool: &sqlx::PgPool, table: &str) -> 
                 .unwrap()
         }
     };
+    let_callers_queue(held).await;
     claimed.wait().await;
     let claims = transactions(0).await;
+    let held = hold_every_connection(pool).await;
     finish.wait().await;
+    let_callers_queue(held).await;
     for (i, caller) in callers.into_iter().enumerate() {
         assert_eq!(caller.await.unwrap().unwrap(), i * 2);
     }
     assert_eq!(runs.get(), CALLERS);
     [claims, transactions(1).await]
+}
+
+/// Takes every connection `pool` may open, so idem finds them all in use.
+async fn hold_every_connection(
+    pool: &sqlx::PgPool,
+) -> Vec<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+    let mut held = Vec::new();
+    for _ in 0..pool.options().get_max_connections() {
+        held.push(pool.acquire().await.unwrap());
+    }
+    held
+}
+
+/// Gives callers released together time to reach idem's queue, then lets the
+/// connections go. The assertions do not hang on this pause: callers that arrive after
+/// it only make smaller batches, and two callers sharing one batch is all they ask.
+async fn let_callers_queue(held: Vec<sqlx::pool::PoolConnection<sqlx::Postgres>>) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(held);
 }
 
 /// Group commit: a claim the server refuses (PostgreSQL text cannot hold a NUL byte)
@@ -469,7 +495,16 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
     let role = format!("{schema}_inserter");
     // UPDATE on idem's table only: opening records the key mode in its `_meta` table.
     let role_pool = role_pool(&pool, &schema, &role, &["UPDATE"]).await;
-    let idem = uncached(&role_pool, &table, false).await;
+    // Claims gathered into a batch (group commit, while every connection is busy) take
+    // the full claim: off here, so no busy moment of the small pool decides the path.
+    let idem = Idem::builder()
+        .table(&table)
+        .migrate(false)
+        .replay_cache_bytes(0)
+        .group_commit(false)
+        .pool(role_pool.clone())
+        .await
+        .unwrap();
     let runs = Counter::default();
     let result = idem
         .operation("ship", "new-key")
