@@ -391,6 +391,8 @@ async fn a_refused_claim_fails_alone_in_its_batch() {
     let idem = uncached(&pool, &format!("{schema}.idem_operations"), true).await;
     let runs = Counter::default();
     for round in 0..10 {
+        // Every connection busy: the callers' claims are gathered into batches.
+        let held = hold_every_connection(&pool).await;
         let barrier = Arc::new(tokio::sync::Barrier::new(CALLERS));
         let callers: Vec<_> = (0..CALLERS)
             .map(|i| {
@@ -412,6 +414,7 @@ async fn a_refused_claim_fails_alone_in_its_batch() {
                 })
             })
             .collect();
+        let_callers_queue(held).await;
         for (i, caller) in callers.into_iter().enumerate() {
             let got = caller.await.unwrap();
             if i == CALLERS / 2 {
