@@ -93,9 +93,12 @@ async fn lapsed_claim_goes_unknown_when_asked(ctx: Ctx) {
     assert_eq!(listed[0].state, State::Unknown);
 }
 
+/// A body that runs two leases long keeps its claim, renewed in the background: the
+/// duplicate waiting on it never takes it over.
 async fn live_slow_body_is_renewed_not_taken_over(ctx: Ctx) {
-    // Renewed every third of it: only a stall of two thirds of a lease could lose it.
-    let runs = slow_body_beside_a_duplicate(&ctx.idem, "r-1", Duration::from_secs(1)).await;
+    // Renewed every second, each renewal given a second to answer: only renewals lost or
+    // stalled for two seconds running could lose it, even on a slow store.
+    let runs = slow_body_beside_a_duplicate(&ctx.idem, "r-1", Duration::from_secs(3)).await;
     assert_eq!(runs, 1, "a live body's claim was taken over");
 }
 
@@ -165,8 +168,9 @@ async fn panicked_body_keeps_claim(ctx: Ctx) {
     assert!(matches!(r, Err(IdemError::InFlight { .. })), "{r:?}");
 }
 
-/// A body several leases long on `key`, and a waiting duplicate started once it runs;
-/// returns how many bodies ran (1 when renewal kept the claim).
+/// A body two leases long on `key`, and a waiting duplicate started once it runs;
+/// returns how many bodies ran (1 when renewal kept the claim). Unrenewed, the claim
+/// would lapse a lease before the body ends, for the polling duplicate to take over.
 async fn slow_body_beside_a_duplicate(
     idem: &idem_runtime::Idem,
     key: &str,
@@ -182,7 +186,7 @@ async fn slow_body_beside_a_duplicate(
                 .run(move || async move {
                     runs.hit();
                     let _ = started_tx.send(());
-                    tokio::time::sleep(lease * 4).await;
+                    tokio::time::sleep(lease * 2).await;
                     Ok::<_, IdemError>("done".to_string())
                 })
                 .await
@@ -237,10 +241,12 @@ fn a_call_on_another_runtime_is_renewed_there() {
         .build()
         .unwrap();
     // A first call starts the handle's renewal task on `idle`, which then sits undriven.
+    // Leased long enough that scheduling delays on a loaded machine cannot lapse it
+    // between renewals.
     idle.block_on(slow_body_beside_a_duplicate(
         &idem,
         "first",
-        Duration::from_millis(500),
+        Duration::from_secs(2),
     ));
     let busy = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

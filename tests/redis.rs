@@ -376,7 +376,8 @@ impl OwnServer {
 
 /// A fresh call is two round trips (the claim script, the record script) and a replay
 /// one: the claim script itself decides fresh, replay, in flight and mismatch. Once
-/// replays come in, a replay is no script at all: one `HMGET` (with `TIME`, pipelined).
+/// replays come in, a replay is no script at all: one `HMGET` (with `TIME`, pipelined),
+/// which finds a record past its retention no replay.
 #[tokio::test]
 async fn scripts_per_fresh_call_replay_and_run_of_replays() {
     let Some(server) = OwnServer::start("scripts_per_fresh_call_replay_and_run_of_replays").await
@@ -435,22 +436,25 @@ async fn scripts_per_fresh_call_replay_and_run_of_replays() {
     // A record past its retention (Redis keeps it a while longer) is no replay for the
     // read either: the claim takes it over and the body runs again.
     let runs = std::sync::atomic::AtomicU32::new(0);
-    let brief = || {
-        idem.operation("send", "brief")
-            .retain(Duration::from_millis(300))
-            .run(|| async {
-                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                Ok::<_, IdemError>(9u32)
-            })
+    let call = |key: &'static str, retain: Duration| {
+        idem.operation("send", key).retain(retain).run(|| async {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, IdemError>(9u32)
+        })
     };
-    assert_eq!(brief().await.unwrap(), 9);
-    assert_eq!(brief().await.unwrap(), 9);
+    // Within its retention it replays: kept a minute, so no delay can expire it first.
+    let kept = || call("kept", Duration::from_secs(60));
+    assert_eq!(kept().await.unwrap(), 9);
+    assert_eq!(kept().await.unwrap(), 9);
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Past it the body runs again (a later call, all the more).
+    let brief = || call("brief", Duration::from_millis(300));
+    assert_eq!(brief().await.unwrap(), 9);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(brief().await.unwrap(), 9);
     assert_eq!(
         runs.load(std::sync::atomic::Ordering::SeqCst),
-        2,
+        3,
         "an expired record replayed"
     );
 }

@@ -9,26 +9,32 @@ suite!(
     purge_removes_only_expired_completed
 );
 
+/// A record replays within its retention; past it the key is free again, for any
+/// payload.
 async fn expired_record_is_absent(ctx: Ctx) {
     let runs = Counter::default();
-    let call = |amount: u32| {
+    let call = |key: &'static str, retain: Duration, amount: u32| {
         let runs = runs.clone();
         ctx.idem
-            .operation("charge", "o-exp")
-            .retain(Duration::from_millis(200))
+            .operation("charge", key)
+            .retain(retain)
             .fingerprint(&amount)
             .run(move || async move {
                 runs.hit();
                 Ok::<_, IdemError>(amount)
             })
     };
-    assert_eq!(call(1).await.unwrap(), 1);
-    assert_eq!(call(1).await.unwrap(), 1);
+    // Replayed: kept a minute, so no delay between the calls can expire it first.
+    let kept = Duration::from_secs(60);
+    assert_eq!(call("o-kept", kept, 1).await.unwrap(), 1);
+    assert_eq!(call("o-kept", kept, 1).await.unwrap(), 1);
     assert_eq!(runs.get(), 1);
+    // Past retention the key is free again, for any payload (a later call, all the more).
+    let brief = Duration::from_millis(200);
+    assert_eq!(call("o-exp", brief, 1).await.unwrap(), 1);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    // Past retention the key is free again, for any payload.
-    assert_eq!(call(2).await.unwrap(), 2);
-    assert_eq!(runs.get(), 2);
+    assert_eq!(call("o-exp", brief, 2).await.unwrap(), 2);
+    assert_eq!(runs.get(), 3);
 }
 
 async fn purge_removes_only_expired_completed(ctx: Ctx) {

@@ -138,24 +138,36 @@ macro_rules! tx_suite {
                 drop_orders(&pool, &orders_table).await;
             }
 
-            /// A cancelled body whose caller commits anyway leaves a claim that lapses
-            /// after its lease, like a leased one: the key is never blocked for good.
+            /// A cancelled body whose caller commits anyway leaves a claim that holds
+            /// while its lease runs (a duplicate is told it is already running) and
+            /// lapses after it, like a leased one: the key is never blocked for good.
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn abandoned_claim_is_taken_over_after_its_lease() {
                 let Some((pool, idem, orders_table, _dir)) = setup("abandoned").await else { return };
+                // Commits a claim of `order` with `lease` whose body is dropped mid-way
+                // (a timeout): no finish.
+                let abandon = |order: &'static str, lease| {
+                    let (pool, idem) = (pool.clone(), idem.clone());
+                    async move {
+                        let mut tx = $begin(&pool).await;
+                        let op = idem.operation("place_order", order).fingerprint(&1i64).lease(lease);
+                        match op.begin_tx::<_, i64, AppError>(&mut tx).await.unwrap() {
+                            TxStep::Run(guard) => drop(guard),
+                            TxStep::Replay(_) => panic!("fresh key replayed"),
+                        }
+                        tx.commit().await.unwrap();
+                    }
+                };
                 let lease = std::time::Duration::from_millis(300);
+                abandon("o-5", lease).await;
+                // Within the lease a duplicate is refused: shown on a claim leased for a
+                // minute, so no slow commit or claim can see it lapse first.
+                abandon("o-9", std::time::Duration::from_secs(60)).await;
                 let mut tx = $begin(&pool).await;
-                let op = idem.operation("place_order", "o-5").fingerprint(&1i64).lease(lease);
-                match op.begin_tx::<_, i64, AppError>(&mut tx).await.unwrap() {
-                    // The body is dropped mid-way (a timeout): no finish.
-                    TxStep::Run(guard) => drop(guard),
-                    TxStep::Replay(_) => panic!("fresh key replayed"),
-                }
-                tx.commit().await.unwrap();
-                let mut tx = $begin(&pool).await;
-                let r = place(&idem, &mut tx, "o-5", 1, false).await;
+                let r = place(&idem, &mut tx, "o-9", 1, false).await;
                 assert!(matches!(&r, Err(AppError::Idem(m)) if m.contains("already running")), "{r:?}");
                 drop(tx);
+                // Past the lease the short claim is taken over (any later, all the more).
                 tokio::time::sleep(lease + std::time::Duration::from_millis(200)).await;
                 let mut tx = $begin(&pool).await;
                 assert_eq!(place(&idem, &mut tx, "o-5", 1, false).await.unwrap(), 100);
@@ -163,13 +175,7 @@ macro_rules! tx_suite {
                 assert_eq!(orders(&pool, &orders_table).await, 1);
 
                 // A leased call takes over an abandoned transactional claim too.
-                let mut tx = $begin(&pool).await;
-                let op = idem.operation("place_order", "o-6").fingerprint(&1i64).lease(lease);
-                let TxStep::Run(guard) = op.begin_tx::<_, i64, AppError>(&mut tx).await.unwrap() else {
-                    panic!("fresh key replayed");
-                };
-                drop(guard);
-                tx.commit().await.unwrap();
+                abandon("o-6", lease).await;
                 tokio::time::sleep(lease + std::time::Duration::from_millis(200)).await;
                 let (v, info) = idem_runtime::observe(
                     idem.operation("place_order", "o-6")
