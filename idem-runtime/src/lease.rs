@@ -64,7 +64,7 @@ impl Lease {
                 held: held_until.clone(),
                 span: tracing::Span::current(),
             };
-            idem.renewer().add(idem.store_arc(), claim)
+            idem.renewer().add(idem.store_arc(), claim, claimed_at)
         } else {
             Renewal::None
         };
@@ -169,7 +169,7 @@ impl Drop for Renewer {
 }
 
 impl Renewer {
-    fn add(self: &Arc<Self>, store: Arc<dyn Store>, claim: Claim) -> Renewal {
+    fn add(self: &Arc<Self>, store: Arc<dyn Store>, claim: Claim, from: Instant) -> Renewal {
         let Ok(runtime) = Handle::try_current() else {
             // Leases are held inside a call, which runs on a runtime; without one there is
             // nothing to renew on.
@@ -200,7 +200,7 @@ impl Renewer {
         let slot = st.next_slot;
         st.next_slot += 1;
         st.claims.insert(slot, (claim, None));
-        self.file_locked(st, slot);
+        self.file_locked(st, slot, from);
         Renewal::Shared(self.clone(), slot)
     }
 
@@ -212,16 +212,16 @@ impl Renewer {
         }
     }
 
-    /// Files `slot` for its next renewal, `every` from now (its claim, or the end of its
-    /// last renewal), waking the task when it is the earliest due.
-    fn file(&self, slot: u64) {
-        self.file_locked(lock(&self.state), slot);
+    /// Files `slot` for its next renewal, `every` after `from` (its claim, or the end of
+    /// its last renewal), waking the task when it is the earliest due.
+    fn file(&self, slot: u64, from: Instant) {
+        self.file_locked(lock(&self.state), slot, from);
     }
 
     /// [`file`](Self::file), under the lock `st` already holds; the wake is sent after
     /// it is released.
-    fn file_locked(&self, mut st: MutexGuard<'_, Schedule>, slot: u64) {
-        let earliest = st.file(slot);
+    fn file_locked(&self, mut st: MutexGuard<'_, Schedule>, slot: u64, from: Instant) {
+        let earliest = st.file(slot, from);
         drop(st);
         if earliest {
             self.wake.notify_one();
@@ -230,12 +230,13 @@ impl Renewer {
 }
 
 impl Schedule {
-    /// Files `slot` `every` from now; whether it is now the earliest due.
-    fn file(&mut self, slot: u64) -> bool {
+    /// Files `slot` `every` after `from`; whether it is now the earliest due. A new
+    /// claim is filed from the instant it was claimed, which the caller read already.
+    fn file(&mut self, slot: u64, from: Instant) -> bool {
         let Some((claim, due)) = self.claims.get_mut(&slot) else {
             return false;
         };
-        let t = Instant::now() + claim.every();
+        let t = from + claim.every();
         *due = Some(t);
         let earliest = self.due.first().is_none_or(|&(first, _)| t < first);
         self.due.insert((t, slot));
@@ -271,7 +272,7 @@ async fn run(me: Weak<Renewer>, wake: Arc<Notify>, store: Arc<dyn Store>) {
                     let alive = claim.renew(&*store).await;
                     if let Some(renewer) = me.upgrade() {
                         if alive {
-                            renewer.file(slot);
+                            renewer.file(slot, Instant::now());
                         } else {
                             renewer.remove(slot);
                         }

@@ -1,12 +1,12 @@
 //! The process-local store: one mutex over a map, the same decision table as the SQL
 //! stores. Its guarantee ends with the process.
 
-use std::borrow::Borrow;
-use std::collections::HashMap as StdHashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use hashbrown::HashTable;
 
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
@@ -14,12 +14,99 @@ use super::{
 };
 use crate::error::StoreError;
 
-/// The records' map. foldhash's seeded hasher instead of SipHash: hashing the three
-/// strings of an id was a tenth of a fresh call's time, and a per-map random seed
+/// The records, each filed with its identity's hash beside it: the table grows without
+/// hashing (or reading) a stored identity again, which was a tenth of a fresh call's
+/// time in a store of a million records. foldhash with a per-store random seed, not
+/// SipHash: hashing an id's three strings with SipHash was another tenth, and the seed
 /// still keeps keys an attacker chooses from being steered into one bucket.
-type HashMap<K, V> = StdHashMap<K, V, foldhash::quality::RandomState>;
+#[derive(Default)]
+struct Records {
+    table: HashTable<Slot>,
+    hasher: foldhash::quality::RandomState,
+}
 
-/// A record's identity as the map keeps it: scope, name and key side by side in one
+struct Slot {
+    hash: u64,
+    id: Packed,
+    rec: Record,
+}
+
+impl std::fmt::Debug for Records {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Records")
+            .field("len", &self.table.len())
+            .finish()
+    }
+}
+
+impl Records {
+    fn hash(&self, id: &OperationId) -> u64 {
+        self.hasher.hash_one([&id.scope, &id.name, &id.key])
+    }
+
+    fn get(&self, id: &OperationId) -> Option<&Record> {
+        let hash = self.hash(id);
+        let found = self.table.find(hash, |e| e.hash == hash && e.id.is(id));
+        found.map(|e| &e.rec)
+    }
+
+    fn get_mut(&mut self, id: &OperationId) -> Option<&mut Record> {
+        let hash = self.hash(id);
+        let found = self.table.find_mut(hash, |e| e.hash == hash && e.id.is(id));
+        found.map(|e| &mut e.rec)
+    }
+
+    fn remove(&mut self, id: &OperationId) -> Option<Record> {
+        let hash = self.hash(id);
+        let found = self
+            .table
+            .find_entry(hash, |e| e.hash == hash && e.id.is(id));
+        found.ok().map(|e| e.remove().0.rec)
+    }
+
+    /// `id`'s record, or `make`'s, filed under `id` when it has none (`true` then).
+    fn get_or_insert(
+        &mut self,
+        id: &OperationId,
+        make: impl FnOnce() -> Record,
+    ) -> (&mut Record, bool) {
+        use hashbrown::hash_table::Entry;
+        let hash = self.hash(id);
+        match self
+            .table
+            .entry(hash, |e| e.hash == hash && e.id.is(id), |e| e.hash)
+        {
+            Entry::Occupied(e) => (&mut e.into_mut().rec, false),
+            Entry::Vacant(v) => {
+                let id = Packed::new(id);
+                let slot = v.insert(Slot {
+                    hash,
+                    id,
+                    rec: make(),
+                });
+                (&mut slot.into_mut().rec, true)
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Record) -> bool) {
+        self.table.retain(|e| keep(&e.rec));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Packed, &Record)> {
+        self.table.iter().map(|e| (&e.id, &e.rec))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Record> {
+        self.table.iter().map(|e| &e.rec)
+    }
+}
+
+/// A record's identity as the store keeps it: scope, name and key side by side in one
 /// allocation. An `OperationId` holds three, so a stored record cost two allocations
 /// more, and a lookup compared through three pointers where this compares through one.
 #[derive(Debug)]
@@ -38,6 +125,19 @@ impl Packed {
         }
     }
 
+    /// Scope, name and key.
+    fn parts(&self) -> [&str; 3] {
+        let (scope, rest) = self.text.split_at(self.scope_end);
+        let (name, key) = rest.split_at(self.name_end - self.scope_end);
+        [scope, name, key]
+    }
+
+    /// Whether this is `id`: each part the same, so ids whose parts run together into
+    /// the same text stay apart.
+    fn is(&self, id: &OperationId) -> bool {
+        self.parts() == [id.scope.as_str(), &id.name, &id.key]
+    }
+
     fn id(&self) -> OperationId {
         let [scope, name, key] = self.parts();
         OperationId {
@@ -46,69 +146,6 @@ impl Packed {
             key: key.to_owned(),
         }
     }
-}
-
-/// Scope, name and key, from an `OperationId` or a `Packed`: the map finds a record by
-/// the caller's id without packing it first (the map's keys lend themselves as this).
-trait Parts {
-    fn parts(&self) -> [&str; 3];
-}
-
-impl Parts for OperationId {
-    fn parts(&self) -> [&str; 3] {
-        [&self.scope, &self.name, &self.key]
-    }
-}
-
-impl Parts for Packed {
-    fn parts(&self) -> [&str; 3] {
-        let (scope, rest) = self.text.split_at(self.scope_end);
-        let (name, key) = rest.split_at(self.name_end - self.scope_end);
-        [scope, name, key]
-    }
-}
-
-// Both hash the three strings alike (each with `str`'s end marker, so the parts'
-// boundaries count), which the map's borrowed lookups need.
-impl Hash for dyn Parts + '_ {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        self.parts().hash(h);
-    }
-}
-
-impl PartialEq for dyn Parts + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for dyn Parts + '_ {}
-
-impl Hash for Packed {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        (self as &dyn Parts).hash(h);
-    }
-}
-
-impl PartialEq for Packed {
-    fn eq(&self, other: &Self) -> bool {
-        self.text == other.text
-            && self.scope_end == other.scope_end
-            && self.name_end == other.name_end
-    }
-}
-
-impl Eq for Packed {}
-
-impl<'a> Borrow<dyn Parts + 'a> for Packed {
-    fn borrow(&self) -> &(dyn Parts + 'a) {
-        self
-    }
-}
-
-/// The map's key for a lookup by `id`.
-fn by(id: &OperationId) -> &dyn Parts {
-    id
 }
 
 #[derive(Debug)]
@@ -133,14 +170,14 @@ impl Record {
 /// is what makes the claim atomic here.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    records: Mutex<HashMap<Packed, Record>>,
+    records: Mutex<Records>,
     /// The last epoch issued: every claim takes the next, so an epoch identifies one claim
     /// for all time, whatever was released, resolved or purged since.
     last_epoch: AtomicU64,
 }
 
 impl MemoryStore {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Packed, Record>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -153,10 +190,10 @@ impl MemoryStore {
         id: &OperationId,
         epoch: u64,
         states: &[State],
-        f: impl FnOnce(&mut HashMap<Packed, Record>),
+        f: impl FnOnce(&mut Records),
     ) -> Fence {
         let mut map = self.lock();
-        match map.get(by(id)) {
+        match map.get(id) {
             Some(r) if r.epoch == epoch && states.contains(&r.state) => {
                 f(&mut map);
                 Fence::Held
@@ -185,14 +222,13 @@ impl Store for MemoryStore {
             expires_at: None,
             outcome: None,
         };
-        let Some(rec) = map.get_mut(by(req.id)) else {
-            let epoch = self.next_epoch();
-            map.insert(Packed::new(req.id), fresh(epoch));
+        let (rec, new) = map.get_or_insert(req.id, || fresh(self.next_epoch()));
+        if new {
             return Ok(Claim::Acquired {
-                epoch,
+                epoch: rec.epoch,
                 takeover: false,
             });
-        };
+        }
         if rec.expired(now) {
             *rec = fresh(self.next_epoch());
             return Ok(Claim::Acquired {
@@ -245,7 +281,7 @@ impl Store for MemoryStore {
         retain: Duration,
     ) -> Result<Fence, StoreError> {
         let mut map = self.lock();
-        Ok(match map.get_mut(by(id)) {
+        Ok(match map.get_mut(id) {
             Some(r) if r.epoch == epoch && r.state == State::InProgress => {
                 r.state = State::Completed;
                 r.outcome = Some(outcome.clone());
@@ -266,13 +302,13 @@ impl Store for MemoryStore {
 
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
-            map.remove(by(id));
+            map.remove(id);
         }))
     }
 
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
-            map.get_mut(by(id)).expect("checked").state = State::Unknown;
+            map.get_mut(id).expect("checked").state = State::Unknown;
         }))
     }
 
@@ -283,7 +319,7 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<Fence, StoreError> {
         Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
-            map.get_mut(by(id)).expect("checked").lease_until = Instant::now() + lease;
+            map.get_mut(id).expect("checked").lease_until = Instant::now() + lease;
         }))
     }
 
@@ -299,10 +335,10 @@ impl Store for MemoryStore {
             &[State::InProgress, State::Unknown],
             |map| match completed {
                 None => {
-                    map.remove(by(id));
+                    map.remove(id);
                 }
                 Some((outcome, retain)) => {
-                    let r = map.get_mut(by(id)).expect("checked");
+                    let r = map.get_mut(id).expect("checked");
                     r.state = State::Completed;
                     r.outcome = Some(outcome.clone());
                     r.expires_at = Instant::now().checked_add(retain);
@@ -315,7 +351,7 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut map = self.lock();
         let before = map.len();
-        map.retain(|_, r| !r.expired(now));
+        map.retain(|r| !r.expired(now));
         Ok((before - map.len()) as u64)
     }
 
@@ -333,7 +369,7 @@ impl Store for MemoryStore {
     async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
         let now = Instant::now();
         let map = self.lock();
-        Ok(map.get(by(id)).map(|r| RecordDetail {
+        Ok(map.get(id).map(|r| RecordDetail {
             info: RecordInfo {
                 id: id.clone(),
                 state: r.state,
