@@ -615,12 +615,14 @@ async fn run_seed(backend: Backend, seed: u64) {
         }
     }
 
-    // Quiet period: no faults; every claimant is gone, so after one lease no key may
-    // still be blocked (UNKNOWN waits for an operator by design).
+    // Quiet period: no faults; every claimant is gone, so once its last lease has run
+    // out no key may still be blocked (UNKNOWN waits for an operator by design). Two
+    // leases: a renewal sent just before its caller went may land late on a loaded
+    // machine and hold the key a full lease from then.
     w.faulty
         .on
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    tokio::time::sleep(LEASE * 2).await;
     let mut blocked = Vec::new();
     for key in 0..KEYS {
         for payload in [0u8, 1] {
