@@ -165,9 +165,9 @@ impl Record {
     }
 }
 
-/// The store behind [`Idem::memory`](crate::Idem::memory): records in a `HashMap` behind
-/// a mutex; every method is one critical section, which
-/// is what makes the claim atomic here.
+/// The store behind [`Idem::memory`](crate::Idem::memory): records in a hash table
+/// behind a mutex; every method is one critical section, which is what makes the claim
+/// atomic here.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     records: Mutex<Records>,
