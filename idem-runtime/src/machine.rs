@@ -112,7 +112,7 @@ where
                 }
                 Decided::Unprotected => {
                     tracing::warn!("store unreachable; running the body unprotected (fail_open)");
-                    context::scope_body(Arc::new(id.clone()), 0, body()).await
+                    context::scope_body(self.op.id.clone(), 0, body()).await
                 }
                 Decided::Execute(epoch, sent) => self.execute(epoch, sent, body, &span).await,
             }
@@ -326,8 +326,9 @@ where
         }
         // Renewed until the outcome is settled, so a record retried after a slow body
         // still has the lease the renewals kept alive.
-        // One copy of the identity for the body's context and the lease's renewals.
-        let shared = Arc::new(id.clone());
+        // The operation's own identity, shared with the body's context and the lease's
+        // renewals: no copy of its strings.
+        let shared = self.op.id.clone();
         let lease = Lease::hold(&self.idem, &shared, epoch, self.op.lease, claimed_at);
         // Timed only where the histogram exists: two clock reads per call otherwise.
         #[cfg(feature = "metrics")]

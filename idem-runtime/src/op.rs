@@ -1,5 +1,6 @@
 //! One idempotent operation: the builder and the claim → execute → record state machine.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -202,7 +203,8 @@ impl<T, F: Fn(u32, serde_json::Value) -> Result<T, IdemError>> Upgrade<T> for Up
 #[must_use = "an operation does nothing until `run` is awaited"]
 pub struct Operation<P = ReleaseErrors, U = NoUpgrade> {
     pub(crate) idem: Option<Idem>,
-    pub(crate) id: OperationId,
+    /// Shared, once running, with the body's context and the lease's renewals.
+    pub(crate) id: Arc<OperationId>,
     pub(crate) invalid: Option<IdemError>,
     pub(crate) fingerprint: FingerprintBuilder,
     pub(crate) retain: Duration,
@@ -219,11 +221,11 @@ impl Operation {
     pub(crate) fn new<K: KeyPart + ?Sized>(idem: Option<Idem>, name: &str, key: &K) -> Self {
         let mut op = Operation {
             idem,
-            id: OperationId {
+            id: Arc::new(OperationId {
                 scope: String::new(),
                 name: name.to_owned(),
                 key: String::new(),
-            },
+            }),
             invalid: None,
             fingerprint: FingerprintBuilder::default(),
             retain: DEFAULT_RETAIN,
@@ -249,7 +251,8 @@ impl Operation {
                 max: MAX_KEY_BYTES,
             });
         }
-        op.id.key = match &op.idem {
+        // Not shared yet: `make_mut` finds it unique and copies nothing.
+        Arc::make_mut(&mut op.id).key = match &op.idem {
             Some(idem) => idem.stored_key(key),
             None => key,
         };
@@ -273,7 +276,7 @@ impl<P, U> Operation<P, U> {
                 max: MAX_KEY_BYTES,
             });
         }
-        self.id.scope = match &self.idem {
+        Arc::make_mut(&mut self.id).scope = match &self.idem {
             Some(idem) => idem.stored_key(scope),
             None => scope,
         };

@@ -226,8 +226,7 @@ impl<P, U> TxGuard<P, U> {
     /// Runs the body with [`current`](crate::current) set to this operation, as a leased
     /// body has it.
     pub async fn body<F: std::future::Future>(&self, body: F) -> F::Output {
-        let id = std::sync::Arc::new(self.op.id().clone());
-        crate::context::scope_body(id, self.epoch, body).await
+        crate::context::scope_body(self.op.id.clone(), self.epoch, body).await
     }
 }
 
