@@ -429,6 +429,87 @@ async fn a_refused_claim_fails_alone_in_its_batch() {
     drop_schema(&pool, &schema).await;
 }
 
+/// Group commit with new keys and recorded ones in one batch: each row is decided alone,
+/// the new keys claimed in the batch's one transaction and their bodies run once, the
+/// recorded ones replayed. Every caller gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_of_new_and_recorded_keys_answers_each() {
+    use std::sync::Arc;
+    const EACH: usize = 12;
+    let Some(pool) = pool("group_mixed", 16).await else {
+        return;
+    };
+    let schema = schema(&pool, "group_mixed").await;
+    let table = format!("{schema}.idem_operations");
+    let idem = uncached(&pool, &table, true).await;
+    // New keys' bodies hold at `claimed` until every claim is in, then at `finish`
+    // until they have been counted.
+    let claimed = Arc::new(tokio::sync::Barrier::new(EACH + 1));
+    let finish = Arc::new(tokio::sync::Barrier::new(EACH + 1));
+    let call = |key: String, value: usize, runs: Counter, hold: bool| {
+        let (idem, claimed, finish) = (idem.clone(), claimed.clone(), finish.clone());
+        async move {
+            idem.operation("ship", &key)
+                .run(move || async move {
+                    runs.hit();
+                    if hold {
+                        claimed.wait().await;
+                        finish.wait().await;
+                    }
+                    Ok::<_, IdemError>(value)
+                })
+                .await
+        }
+    };
+    let recorded_runs = Counter::default();
+    for i in 0..EACH {
+        let first = call(format!("old-{i}"), i, recorded_runs.clone(), false);
+        assert_eq!(first.await.unwrap(), i);
+    }
+    let fresh_runs = Counter::default();
+    let held = hold_every_connection(&pool).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(2 * EACH));
+    let callers: Vec<_> = (0..2 * EACH)
+        .map(|n| {
+            // Alternating, so recorded and new keys sit side by side in the batches.
+            let (key, runs, hold) = if n % 2 == 0 {
+                (format!("old-{}", n / 2), recorded_runs.clone(), false)
+            } else {
+                (format!("new-{}", n / 2), fresh_runs.clone(), true)
+            };
+            let (call, barrier) = (call(key, n / 2 + 100, runs, hold), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                call.await
+            })
+        })
+        .collect();
+    let_callers_queue(held).await;
+    claimed.wait().await;
+    let (rows, transactions): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*), count(DISTINCT xmin::text) FROM {table} WHERE state = 0"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    finish.wait().await;
+    assert_eq!(rows, EACH as i64);
+    assert!(
+        transactions < rows,
+        "{rows} new keys claimed in {transactions} transactions: none were gathered"
+    );
+    for (n, caller) in callers.into_iter().enumerate() {
+        let got = caller.await.unwrap().unwrap();
+        // A recorded key replays the value its first call recorded.
+        let want = if n % 2 == 0 { n / 2 } else { n / 2 + 100 };
+        assert_eq!(got, want, "caller {n}");
+    }
+    assert_eq!(recorded_runs.get(), EACH, "a recorded key ran again");
+    assert_eq!(fresh_runs.get(), EACH);
+    drop(idem);
+    drop_schema(&pool, &schema).await;
+}
+
 /// The purge deletes without locking rows first; a row another transaction holds (here
 /// a `FOR UPDATE`, as a caller's transaction that took over an expired record holds
 /// it) ends that statement on its wait limit, and the purge goes on past the row
