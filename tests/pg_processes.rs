@@ -46,16 +46,40 @@ async fn idem_on(pool: &sqlx::PgPool, schema: &str) -> Idem {
         .unwrap()
 }
 
-/// idem on `pool` without the in-process replay cache, so every replay reaches the
-/// database.
-async fn uncached(pool: &sqlx::PgPool, table: &str, migrate: bool) -> Idem {
+/// idem on `table` without the in-process replay cache, so every replay reaches the
+/// database; for a test to set more before opening it.
+fn uncached_builder(table: &str, migrate: bool) -> idem_runtime::IdemBuilder {
     Idem::builder()
         .table(table)
         .migrate(migrate)
         .replay_cache_bytes(0)
+}
+
+/// [`uncached_builder`], opened on `pool`.
+async fn uncached(pool: &sqlx::PgPool, table: &str, migrate: bool) -> Idem {
+    uncached_builder(table, migrate)
         .pool(pool.clone())
         .await
         .unwrap()
+}
+
+/// Spawns `n` callers, `call(i)` each, released together once all are spawned.
+fn spawn_together<F, Fut>(n: usize, call: F) -> Vec<tokio::task::JoinHandle<Fut::Output>>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    (0..n)
+        .map(|i| {
+            let (call, barrier) = (call(i), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                call.await
+            })
+        })
+        .collect()
 }
 
 /// The call the replay tests repeat: a quote of 42 under one key.
@@ -277,9 +301,7 @@ async fn concurrent_fresh_calls_share_transactions() {
     let schema = schema(&pool, "group_commit").await;
     for group_commit in [true, false] {
         let table = format!("{schema}.ops_{group_commit}");
-        let idem = Idem::builder()
-            .table(&table)
-            .replay_cache_bytes(0)
+        let idem = uncached_builder(&table, true)
             .group_commit(group_commit)
             .pool(pool.clone())
             .await
@@ -382,7 +404,6 @@ async fn let_callers_queue(held: Vec<sqlx::pool::PoolConnection<sqlx::Postgres>>
 /// succeed, each body run once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_claim_fails_alone_in_its_batch() {
-    use std::sync::Arc;
     const CALLERS: usize = 24;
     let Some(pool) = pool("group_refusal", 16).await else {
         return;
@@ -393,27 +414,23 @@ async fn a_refused_claim_fails_alone_in_its_batch() {
     for round in 0..10 {
         // Every connection busy: the callers' claims are gathered into batches.
         let held = hold_every_connection(&pool).await;
-        let barrier = Arc::new(tokio::sync::Barrier::new(CALLERS));
-        let callers: Vec<_> = (0..CALLERS)
-            .map(|i| {
-                let (idem, runs, barrier) = (idem.clone(), runs.clone(), barrier.clone());
-                // The middle caller's key has a NUL byte.
-                let key = if i == CALLERS / 2 {
-                    format!("bad\0{round}")
-                } else {
-                    format!("{round}-{i}")
-                };
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    idem.operation("ship", &key)
-                        .run(move || async move {
-                            runs.hit();
-                            Ok::<_, IdemError>(i)
-                        })
-                        .await
-                })
-            })
-            .collect();
+        let callers = spawn_together(CALLERS, |i| {
+            let (idem, runs) = (idem.clone(), runs.clone());
+            // The middle caller's key has a NUL byte.
+            let key = if i == CALLERS / 2 {
+                format!("bad\0{round}")
+            } else {
+                format!("{round}-{i}")
+            };
+            async move {
+                idem.operation("ship", &key)
+                    .run(move || async move {
+                        runs.hit();
+                        Ok::<_, IdemError>(i)
+                    })
+                    .await
+            }
+        });
         let_callers_queue(held).await;
         for (i, caller) in callers.into_iter().enumerate() {
             let got = caller.await.unwrap();
@@ -468,22 +485,15 @@ async fn a_batch_of_new_and_recorded_keys_answers_each() {
     }
     let fresh_runs = Counter::default();
     let held = hold_every_connection(&pool).await;
-    let barrier = Arc::new(tokio::sync::Barrier::new(2 * EACH));
-    let callers: Vec<_> = (0..2 * EACH)
-        .map(|n| {
-            // Alternating, so recorded and new keys sit side by side in the batches.
-            let (key, runs, hold) = if n % 2 == 0 {
-                (format!("old-{}", n / 2), recorded_runs.clone(), false)
-            } else {
-                (format!("new-{}", n / 2), fresh_runs.clone(), true)
-            };
-            let (call, barrier) = (call(key, n / 2 + 100, runs, hold), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                call.await
-            })
-        })
-        .collect();
+    let callers = spawn_together(2 * EACH, |n| {
+        // Alternating, so recorded and new keys sit side by side in the batches.
+        let (key, runs, hold) = if n % 2 == 0 {
+            (format!("old-{}", n / 2), recorded_runs.clone(), false)
+        } else {
+            (format!("new-{}", n / 2), fresh_runs.clone(), true)
+        };
+        call(key, n / 2 + 100, runs, hold)
+    });
     let_callers_queue(held).await;
     claimed.wait().await;
     let (rows, transactions): (i64, i64) = sqlx::query_as(&format!(
@@ -581,10 +591,7 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
     let role_pool = role_pool(&pool, &schema, &role, &["UPDATE"]).await;
     // Claims gathered into a batch (group commit, while every connection is busy) take
     // the full claim: off here, so no busy moment of the small pool decides the path.
-    let idem = Idem::builder()
-        .table(&table)
-        .migrate(false)
-        .replay_cache_bytes(0)
+    let idem = uncached_builder(&table, false)
         .group_commit(false)
         .pool(role_pool.clone())
         .await
