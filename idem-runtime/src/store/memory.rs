@@ -40,27 +40,26 @@ impl std::fmt::Debug for Records {
 }
 
 impl Records {
-    fn hash(&self, id: &OperationId) -> u64 {
-        self.hasher.hash_one([&id.scope, &id.name, &id.key])
+    /// `id`'s hash, and the test that a slot is `id`'s (the hash first, the text only
+    /// where it matches).
+    fn key<'a>(&self, id: &'a OperationId) -> (u64, impl Fn(&Slot) -> bool + 'a) {
+        let hash = self.hasher.hash_one([&id.scope, &id.name, &id.key]);
+        (hash, move |e: &Slot| e.hash == hash && e.id.is(id))
     }
 
     fn get(&self, id: &OperationId) -> Option<&Record> {
-        let hash = self.hash(id);
-        let found = self.table.find(hash, |e| e.hash == hash && e.id.is(id));
-        found.map(|e| &e.rec)
+        let (hash, is) = self.key(id);
+        self.table.find(hash, is).map(|e| &e.rec)
     }
 
     fn get_mut(&mut self, id: &OperationId) -> Option<&mut Record> {
-        let hash = self.hash(id);
-        let found = self.table.find_mut(hash, |e| e.hash == hash && e.id.is(id));
-        found.map(|e| &mut e.rec)
+        let (hash, is) = self.key(id);
+        self.table.find_mut(hash, is).map(|e| &mut e.rec)
     }
 
     fn remove(&mut self, id: &OperationId) -> Option<Record> {
-        let hash = self.hash(id);
-        let found = self
-            .table
-            .find_entry(hash, |e| e.hash == hash && e.id.is(id));
+        let (hash, is) = self.key(id);
+        let found = self.table.find_entry(hash, is);
         found.ok().map(|e| e.remove().0.rec)
     }
 
@@ -71,11 +70,8 @@ impl Records {
         make: impl FnOnce() -> Record,
     ) -> (&mut Record, bool) {
         use hashbrown::hash_table::Entry;
-        let hash = self.hash(id);
-        match self
-            .table
-            .entry(hash, |e| e.hash == hash && e.id.is(id), |e| e.hash)
-        {
+        let (hash, is) = self.key(id);
+        match self.table.entry(hash, is, |e| e.hash) {
             Entry::Occupied(e) => (&mut e.into_mut().rec, false),
             Entry::Vacant(v) => {
                 let id = Packed::new(id);
@@ -392,9 +388,10 @@ impl Store for MemoryStore {
         let mut rows: Vec<RecordInfo> = map
             .iter()
             .filter(|(id, r)| {
+                let [scope, name, _] = id.parts();
                 filter.state.is_none_or(|s| s == r.state)
-                    && filter.name.as_deref().is_none_or(|n| n == id.parts()[1])
-                    && filter.scope.as_deref().is_none_or(|s| s == id.parts()[0])
+                    && filter.name.as_deref().is_none_or(|n| n == name)
+                    && filter.scope.as_deref().is_none_or(|s| s == scope)
                     && filter.older_than.is_none_or(|a| now - r.claimed_at > a)
             })
             .map(|(id, r)| RecordInfo {
