@@ -435,26 +435,17 @@ async fn scripts_per_fresh_call_replay_and_run_of_replays() {
 
     // A record past its retention (Redis keeps it a while longer) is no replay for the
     // read either: the claim takes it over and the body runs again.
-    let runs = std::sync::atomic::AtomicU32::new(0);
-    let call = |key: &'static str, retain: Duration| {
-        idem.operation("send", key).retain(retain).run(|| async {
-            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok::<_, IdemError>(9u32)
-        })
-    };
+    let runs = common::Counter::default();
+    let call = |key, retain| common::counted_call(&idem, "send", key, retain, &runs, 9);
     // Within its retention it replays: kept a minute, so no delay can expire it first.
     let kept = || call("kept", Duration::from_secs(60));
     assert_eq!(kept().await.unwrap(), 9);
     assert_eq!(kept().await.unwrap(), 9);
-    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(runs.get(), 1);
     // Past it the body runs again (a later call, all the more).
     let brief = || call("brief", Duration::from_millis(300));
     assert_eq!(brief().await.unwrap(), 9);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(brief().await.unwrap(), 9);
-    assert_eq!(
-        runs.load(std::sync::atomic::Ordering::SeqCst),
-        3,
-        "an expired record replayed"
-    );
+    assert_eq!(runs.get(), 3, "an expired record replayed");
 }

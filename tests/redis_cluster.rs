@@ -7,8 +7,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use idem_runtime::Idem;
 use idem_runtime::store::conformance;
-use idem_runtime::{Idem, IdemError};
 
 /// Three `redis-server --cluster-enabled yes` processes, killed on drop.
 struct Cluster {
@@ -206,13 +206,8 @@ async fn redis_cluster_conforms_and_runs_each_body_once() {
 
     // Once replays come in, a replay is plain commands on the record's node, no script.
     // Checked on a record kept a minute, so no delay before the replays can expire it.
-    let runs = std::sync::atomic::AtomicU32::new(0);
-    let call = |key: &'static str, retain: Duration| {
-        idem.operation("quote", key).retain(retain).run(|| async {
-            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok::<_, IdemError>(42u32)
-        })
-    };
+    let runs = common::Counter::default();
+    let call = |key, retain| common::counted_call(&idem, "quote", key, retain, &runs, 42);
     let kept = || call("q-kept", Duration::from_secs(60));
     assert_eq!(kept().await.unwrap(), 42);
     assert_eq!(kept().await.unwrap(), 42);
@@ -225,11 +220,7 @@ async fn redis_cluster_conforms_and_runs_each_body_once() {
         (0, 5),
         "a run of replays: a PTTL each, no script"
     );
-    assert_eq!(
-        runs.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "a kept record ran again"
-    );
+    assert_eq!(runs.get(), 1, "a kept record ran again");
 
     // A record past its retention (still kept by Redis for a while) runs again: the read
     // (a PTTL) finds it expired and leaves it to the claim. Only the sleep is timed, and
@@ -244,11 +235,7 @@ async fn redis_cluster_conforms_and_runs_each_body_once() {
         1,
         "while replays come in, the read (a PTTL) comes first"
     );
-    assert_eq!(
-        runs.load(std::sync::atomic::Ordering::SeqCst),
-        3,
-        "an expired record replayed"
-    );
+    assert_eq!(runs.get(), 3, "an expired record replayed");
     drop(idem);
     drop(cluster);
 }

@@ -578,6 +578,25 @@ pub async fn race_two_processes(url: &str, namespace: &str, keys: u32) -> u32 {
     ran
 }
 
+/// A call of `name` on `key` kept for `retain`, whose body counts itself in `runs` and
+/// returns `value`.
+pub async fn counted_call(
+    idem: &Idem,
+    name: &str,
+    key: &str,
+    retain: std::time::Duration,
+    runs: &Counter,
+    value: u32,
+) -> Result<u32, IdemError> {
+    idem.operation(name, key)
+        .retain(retain)
+        .run(|| async {
+            runs.hit();
+            Ok::<_, IdemError>(value)
+        })
+        .await
+}
+
 /// Counts body executions.
 #[derive(Clone, Default)]
 pub struct Counter(Arc<AtomicUsize>);
