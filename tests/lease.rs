@@ -231,6 +231,36 @@ async fn many_live_bodies_are_renewed_from_one_schedule() {
     }
 }
 
+/// A short lease filed while the renewal task sleeps toward a long one's renewal wakes
+/// it: the task would otherwise sleep past the short claim's lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_wakes_a_schedule_asleep_for_a_long_one() {
+    let idem = idem_runtime::Idem::memory();
+    let (started_tx, started_rx) = oneshot::channel();
+    let long = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.operation("report", "long")
+                .lease(Duration::from_secs(600))
+                .run(move || async move {
+                    let _ = started_tx.send(());
+                    std::future::pending::<()>().await;
+                    Ok::<_, IdemError>(())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    // Let the renewal task file its sleep toward the long claim's renewal, 200 s away.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let runs = slow_body_beside_a_duplicate(&idem, "short", Duration::from_secs(1)).await;
+    assert_eq!(
+        runs, 1,
+        "the short claim lapsed: the sleeping schedule was not woken"
+    );
+    long.abort();
+}
+
 /// A handle whose renewal task lives on a runtime that is not being driven still renews
 /// a call on another runtime (that call renews on its own).
 #[test]

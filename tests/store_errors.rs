@@ -447,3 +447,29 @@ async fn a_lost_record_reply_after_the_renewal_saw_it_settled_is_still_ours() {
         .await;
     assert_eq!(r.unwrap(), 7, "the record landed: not Fenced");
 }
+
+/// A layer wrapped around the memory store stands between every call and the store:
+/// its failures are the calls' failures, though `Idem::memory` alone calls its store
+/// directly.
+#[tokio::test]
+async fn a_layer_around_the_memory_store_sees_every_call() {
+    let seen: Arc<std::sync::Mutex<Option<Arc<Flaky>>>> = Arc::default();
+    let s = seen.clone();
+    let idem = Idem::builder()
+        .layer(move |_memory| {
+            let flaky = Arc::new(Flaky::default());
+            *s.lock().unwrap() = Some(flaky.clone());
+            flaky
+        })
+        .memory();
+    let flaky = seen.lock().unwrap().take().expect("the layer ran");
+    flaky.claims_fail.store(true, Ordering::SeqCst);
+    let runs = common::Counter::default();
+    let day = Duration::from_secs(86_400);
+    let r = common::counted_call(&idem, "send", "k", day, &runs, 1).await;
+    assert!(
+        matches!(r, Err(IdemError::Store { .. })),
+        "the layer's failing claim did not reach the call: {r:?}"
+    );
+    assert_eq!(runs.get(), 0);
+}

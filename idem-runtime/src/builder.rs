@@ -287,7 +287,10 @@ impl IdemBuilder {
     /// the store is itself in this process's memory, so a cache would only add a copy.
     pub fn memory(mut self) -> Idem {
         self.replay_cache_bytes = 0;
-        self.store(crate::store::MemoryStore::default())
+        let store = Arc::new(crate::store::MemoryStore::default());
+        // Called directly only where no layer stands between the calls and the store.
+        let local = self.layer.is_none().then(|| store.clone());
+        self.finish_with(store, local, Default::default())
     }
 
     /// An `Idem` over a store of your own.
@@ -297,6 +300,15 @@ impl IdemBuilder {
 
     /// The `Idem` over `store`, wrapped in the layer if one was set.
     fn finish(self, store: Arc<dyn Store>, sql: crate::store::SqlStores) -> Idem {
+        self.finish_with(store, None, sql)
+    }
+
+    fn finish_with(
+        self,
+        store: Arc<dyn Store>,
+        local: Option<Arc<crate::store::MemoryStore>>,
+        sql: crate::store::SqlStores,
+    ) -> Idem {
         let store = match &self.layer {
             Some(layer) => (layer.0)(store),
             None => store,
@@ -309,7 +321,7 @@ impl IdemBuilder {
             hash_keys: self.hash_keys.clone(),
             log_keys_hashed: self.log_keys_hashed,
         };
-        Idem::new(store, sql, cfg, self.replay_cache_bytes)
+        Idem::new(store, local, sql, cfg, self.replay_cache_bytes)
     }
 
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

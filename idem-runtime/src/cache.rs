@@ -81,7 +81,7 @@ impl ReplayCache {
         &self,
         id: &OperationId,
         fingerprint: [u8; 32],
-        outcome: &StoredOutcome,
+        outcome: StoredOutcome,
         sent_at: Instant,
         retain: Duration,
     ) {
@@ -100,7 +100,7 @@ impl ReplayCache {
             id.clone(),
             Entry {
                 fingerprint,
-                outcome: Arc::new(outcome.clone()),
+                outcome: Arc::new(outcome),
                 expires,
             },
         ) {
@@ -149,39 +149,21 @@ mod tests {
     fn replays_mismatches_expires_and_evicts() {
         let c = ReplayCache::new(100);
         let now = Instant::now();
-        c.put(
-            &id("a"),
-            [1; 32],
-            &outcome(40),
-            now,
-            Duration::from_secs(10),
-        );
+        c.put(&id("a"), [1; 32], outcome(40), now, Duration::from_secs(10));
         assert!(matches!(c.get(&id("a"), &[1; 32]), Some(Cached::Replay(_))));
         assert!(matches!(c.get(&id("a"), &[2; 32]), Some(Cached::Mismatch)));
         // Already expired when put: never served.
         c.put(
             &id("b"),
             [1; 32],
-            &outcome(10),
+            outcome(10),
             now - Duration::from_secs(20),
             Duration::from_secs(10),
         );
         assert!(c.get(&id("b"), &[1; 32]).is_none());
         // Over budget: the oldest goes.
-        c.put(
-            &id("c"),
-            [1; 32],
-            &outcome(40),
-            now,
-            Duration::from_secs(10),
-        );
-        c.put(
-            &id("d"),
-            [1; 32],
-            &outcome(40),
-            now,
-            Duration::from_secs(10),
-        );
+        c.put(&id("c"), [1; 32], outcome(40), now, Duration::from_secs(10));
+        c.put(&id("d"), [1; 32], outcome(40), now, Duration::from_secs(10));
         assert!(c.get(&id("a"), &[1; 32]).is_none());
         assert!(c.get(&id("d"), &[1; 32]).is_some());
         assert!(ReplayCache::new(0).get(&id("d"), &[1; 32]).is_none());

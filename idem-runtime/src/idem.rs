@@ -8,7 +8,9 @@ use sha2::{Digest, Sha256};
 use crate::cache::ReplayCache;
 use crate::error::IdemError;
 use crate::store::wake::{Waiter, WakeHub};
-use crate::store::{ListFilter, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome};
+use crate::store::{
+    ListFilter, MemoryStore, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome,
+};
 
 static GLOBAL: RwLock<Option<Idem>> = RwLock::new(None);
 
@@ -33,6 +35,9 @@ pub struct Idem {
 
 struct Inner {
     store: Arc<dyn Store>,
+    /// The same store when it is the built-in memory store, unwrapped: calls claim and
+    /// record on it directly, without a boxed future or a copy of the outcome.
+    local: Option<Arc<MemoryStore>>,
     tx: crate::store::SqlStores,
     hub: Arc<WakeHub>,
     cache: ReplayCache,
@@ -209,6 +214,7 @@ impl Idem {
 
     pub(crate) fn new(
         store: Arc<dyn Store>,
+        local: Option<Arc<MemoryStore>>,
         tx: crate::store::SqlStores,
         cfg: Config,
         replay_cache_bytes: usize,
@@ -218,6 +224,7 @@ impl Idem {
         Idem {
             inner: Arc::new(Inner {
                 store,
+                local,
                 tx,
                 hub,
                 cache: ReplayCache::new(replay_cache_bytes),
@@ -233,6 +240,10 @@ impl Idem {
 
     pub(crate) fn store(&self) -> &dyn Store {
         &*self.inner.store
+    }
+
+    pub(crate) fn local(&self) -> Option<&MemoryStore> {
+        self.inner.local.as_deref()
     }
 
     pub(crate) fn store_arc(&self) -> Arc<dyn Store> {

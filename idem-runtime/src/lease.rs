@@ -157,6 +157,11 @@ struct Schedule {
     claims: HashMap<u64, (Claim, Option<Instant>), foldhash::fast::RandomState>,
     /// Due times; an entry whose slot is gone or refiled is skipped.
     due: BTreeSet<(Instant, u64)>,
+    /// When the task's sleep ends, as it last filed it; `None` while it runs or waits
+    /// for a wake alone. A claim due no earlier needs no wake: the task looks at the
+    /// schedule again by then. Without it every call with no other claim live woke the
+    /// task, which set up its timer anew.
+    task_wakes_at: Option<Instant>,
     /// The renewal task and the runtime it runs on.
     task: Option<(tokio::runtime::Id, JoinHandle<()>)>,
 }
@@ -183,6 +188,7 @@ impl Renewer {
                 let me = Arc::downgrade(self);
                 let task = runtime.spawn(run(me, self.wake.clone(), store.clone()));
                 st.task = Some((runtime.id(), task));
+                st.task_wakes_at = None;
                 true
             }
         };
@@ -213,7 +219,7 @@ impl Renewer {
     }
 
     /// Files `slot` for its next renewal, `every` after `from` (its claim, or the end of
-    /// its last renewal), waking the task when it is the earliest due.
+    /// its last renewal), waking the task when it would otherwise sleep past it.
     fn file(&self, slot: u64, from: Instant) {
         self.file_locked(lock(&self.state), slot, from);
     }
@@ -221,26 +227,26 @@ impl Renewer {
     /// [`file`](Self::file), under the lock `st` already holds; the wake is sent after
     /// it is released.
     fn file_locked(&self, mut st: MutexGuard<'_, Schedule>, slot: u64, from: Instant) {
-        let earliest = st.file(slot, from);
+        let wake = st.file(slot, from);
         drop(st);
-        if earliest {
+        if wake {
             self.wake.notify_one();
         }
     }
 }
 
 impl Schedule {
-    /// Files `slot` `every` after `from`; whether it is now the earliest due. A new
-    /// claim is filed from the instant it was claimed, which the caller read already.
+    /// Files `slot` `every` after `from`; whether the task must be woken to renew it in
+    /// time. A new claim is filed from the instant it was claimed, which the caller read
+    /// already.
     fn file(&mut self, slot: u64, from: Instant) -> bool {
         let Some((claim, due)) = self.claims.get_mut(&slot) else {
             return false;
         };
         let t = from + claim.every();
         *due = Some(t);
-        let earliest = self.due.first().is_none_or(|&(first, _)| t < first);
         self.due.insert((t, slot));
-        earliest
+        self.task_wakes_at.is_none_or(|wakes| t < wakes)
     }
 }
 
@@ -279,7 +285,9 @@ async fn run(me: Weak<Renewer>, wake: Arc<Notify>, store: Arc<dyn Store>) {
                     }
                 });
             }
-            st.due.first().map(|&(t, _)| t)
+            let next = st.due.first().map(|&(t, _)| t);
+            st.task_wakes_at = next;
+            next
         };
         // A wake sent while the schedule was read is kept as a permit, so none is lost.
         match next {
@@ -291,5 +299,42 @@ async fn run(me: Weak<Renewer>, wake: Arc<Notify>, store: Arc<dyn Store>) {
             }
             None => wake.notified().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(lease: Duration) -> Claim {
+        Claim {
+            id: Arc::new(OperationId {
+                scope: String::new(),
+                name: "op".into(),
+                key: "k".into(),
+            }),
+            epoch: 1,
+            lease,
+            held: Arc::default(),
+            span: tracing::Span::none(),
+        }
+    }
+
+    /// The task is woken only for a claim due before it would wake anyway: a call whose
+    /// claim is due later costs no wake (and no new timer in the task).
+    #[test]
+    fn a_claim_due_after_the_task_wakes_sends_no_wake() {
+        let now = Instant::now();
+        let mut st = Schedule::default();
+        for (slot, lease) in [(1, 60), (2, 600), (3, 3)] {
+            st.claims
+                .insert(slot, (claim(Duration::from_secs(lease)), None));
+        }
+        // Waiting for a wake alone: any claim needs one.
+        assert!(st.file(1, now));
+        // Asleep until the first claim's renewal, 20 s away.
+        st.task_wakes_at = Some(now + Duration::from_secs(20));
+        assert!(!st.file(2, now), "due in 200 s, after the task wakes");
+        assert!(st.file(3, now), "due in 1 s, before the task wakes");
     }
 }

@@ -16,7 +16,7 @@ use crate::idem::Idem;
 use crate::lease::Lease;
 use crate::metrics;
 use crate::op::{Encoded, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
-use crate::store::{Claim, ClaimRequest, Fence, StoredOutcome};
+use crate::store::{Claim, ClaimRequest, Claimed, Fence, Kept, OutcomeRef, StoredOutcome};
 
 impl<P, U> Operation<P, U> {
     /// Claims the operation, runs `body` if this call owns it, and records the outcome.
@@ -52,24 +52,32 @@ struct Run<'a, P, U, T> {
 }
 
 enum Decided {
-    /// Run the body at this epoch; the claim was sent at that instant.
-    Execute(u64, Instant),
+    /// Run the body at this epoch.
+    Execute {
+        epoch: u64,
+        /// When the claim was sent (or, on the memory store, made).
+        claimed_at: Instant,
+        /// Made on this thread just now, with no wait since: no need to confirm it.
+        at_once: bool,
+    },
     Replay(Replayed),
     Unprotected,
 }
 
-/// A recorded outcome to replay: this process's cached one, or one the store returned.
+/// A recorded outcome to replay: one this process holds (its cache's, the memory
+/// store's), or one the store returned.
 enum Replayed {
     Cached(Arc<StoredOutcome>),
+    Kept(Kept),
     Read(StoredOutcome),
 }
 
-impl std::ops::Deref for Replayed {
-    type Target = StoredOutcome;
-    fn deref(&self) -> &StoredOutcome {
+impl Replayed {
+    fn view(&self) -> OutcomeRef<'_> {
         match self {
-            Replayed::Cached(outcome) => outcome,
-            Replayed::Read(outcome) => outcome,
+            Replayed::Cached(outcome) => outcome.view(),
+            Replayed::Kept(outcome) => outcome.view(),
+            Replayed::Read(outcome) => outcome.view(),
         }
     }
 }
@@ -108,13 +116,17 @@ where
                     metrics::count(metrics::REPLAYS, &id.name);
                     // A recorded `Err` replayed is a replay too (the HTTP layer marks it).
                     context::report_replay();
-                    self.op.decode_outcome(&outcome)
+                    self.op.decode_outcome(outcome.view())
                 }
                 Decided::Unprotected => {
                     tracing::warn!("store unreachable; running the body unprotected (fail_open)");
                     context::scope_body(self.op.id.clone(), 0, body()).await
                 }
-                Decided::Execute(epoch, sent) => self.execute(epoch, sent, body, &span).await,
+                Decided::Execute {
+                    epoch,
+                    claimed_at,
+                    at_once,
+                } => self.execute(epoch, claimed_at, at_once, body, &span).await,
             }
         };
         // A span no subscriber wants records nothing: no wrapper to enter it on each poll.
@@ -165,12 +177,23 @@ where
                 // sleep is not lost.
                 n.enable();
             }
-            let sent = Instant::now();
+            let (claimed, sent, at_once) = match self.idem.local() {
+                Some(memory) => match memory.claim_now(&req) {
+                    (Claimed::Completed(outcome), _) => {
+                        return Ok(Decided::Replay(Replayed::Kept(outcome)));
+                    }
+                    (Claimed::Decided(claim), at) => (Ok(claim), Instant::from_std(at), true),
+                },
+                None => {
+                    let sent = Instant::now();
+                    (store.claim(&req).await, sent, false)
+                }
+            };
             let deadline = *first_deadline.get_or_insert(match self.op.in_flight {
                 InFlight::Wait(d) => Some(sent + d),
                 InFlight::Reject => None,
             });
-            let claim = match store.claim(&req).await {
+            let claim = match claimed {
                 Ok(c) => c,
                 // Another caller is known to be running it: running it here too, even
                 // with `fail_open`, would be the duplicate idem exists to prevent. A
@@ -201,7 +224,11 @@ where
                     } else {
                         tracing::debug!(epoch, "claimed");
                     }
-                    return Ok(Decided::Execute(epoch, sent));
+                    return Ok(Decided::Execute {
+                        epoch,
+                        claimed_at: sent,
+                        at_once,
+                    });
                 }
                 Claim::Completed(outcome) => {
                     return Ok(Decided::Replay(Replayed::Read(outcome)));
@@ -295,6 +322,7 @@ where
         self,
         epoch: u64,
         claimed_at: Instant,
+        at_once: bool,
         body: F,
         span: &tracing::Span,
     ) -> Result<T, E>
@@ -308,7 +336,7 @@ where
         // A claim answered late (a stalled process, a starved scheduler) may have lapsed
         // and been taken over before its body starts: confirm it first rather than run
         // a second body beside the taker's.
-        if claimed_at.elapsed() >= self.op.lease / 2 {
+        if !at_once && claimed_at.elapsed() >= self.op.lease / 2 {
             match self.idem.store().renew(id, epoch, self.op.lease).await {
                 Ok(Fence::Held) => {}
                 Ok(Fence::Lost) => {
@@ -368,7 +396,7 @@ where
                 return Err(why.error(self.name(), max, then).into());
             }
         };
-        self.record(epoch, &outcome, lease_end, span).await?;
+        self.record(epoch, outcome, lease_end, span).await?;
         context::report_run(epoch, true);
         result
     }
@@ -383,11 +411,16 @@ where
     async fn record(
         &self,
         epoch: u64,
-        outcome: &StoredOutcome,
+        outcome: StoredOutcome,
         lease: &Lease,
         span: &tracing::Span,
     ) -> Result<(), IdemError> {
         let id = &self.op.id;
+        if let Some(memory) = self.idem.local() {
+            // Answered at once and never fails: no retries, no cache to fill.
+            let fence = memory.record_now(id, epoch, Kept::from(outcome), self.op.retain);
+            return self.recorded(epoch, fence, span);
+        }
         let mut backoff = Duration::from_millis(20);
         let mut gone_checked = false;
         // Before the first attempt, so the store's expiry is no earlier than this + retain.
@@ -398,24 +431,20 @@ where
             match self
                 .idem
                 .store()
-                .record(id, epoch, outcome, self.op.retain)
+                .record(id, epoch, &outcome, self.op.retain)
                 .await
             {
-                Ok(Fence::Held) => {
-                    self.idem
-                        .cache()
-                        .put(id, self.fingerprint, outcome, sent_at, self.op.retain);
-                    tracing::debug!(parent: span, epoch, "recorded");
-                    self.idem.wake(id);
-                    return Ok(());
-                }
-                Ok(Fence::Lost) => {
-                    tracing::warn!(parent: span, epoch, "fenced: lease lapsed and another caller took over");
-                    metrics::count(metrics::FENCED, self.name());
-                    return Err(IdemError::Fenced {
-                        name: self.name().to_owned(),
-                        epoch,
-                    });
+                Ok(fence) => {
+                    if fence == Fence::Held {
+                        self.idem.cache().put(
+                            id,
+                            self.fingerprint,
+                            outcome,
+                            sent_at,
+                            self.op.retain,
+                        );
+                    }
+                    return self.recorded(epoch, fence, span);
                 }
                 Err(e) => {
                     let now = Instant::now();
@@ -448,6 +477,25 @@ where
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
+            }
+        }
+    }
+
+    /// What a record the store answered means for the caller.
+    fn recorded(&self, epoch: u64, fence: Fence, span: &tracing::Span) -> Result<(), IdemError> {
+        match fence {
+            Fence::Held => {
+                tracing::debug!(parent: span, epoch, "recorded");
+                self.idem.wake(&self.op.id);
+                Ok(())
+            }
+            Fence::Lost => {
+                tracing::warn!(parent: span, epoch, "fenced: lease lapsed and another caller took over");
+                metrics::count(metrics::FENCED, self.name());
+                Err(IdemError::Fenced {
+                    name: self.name().to_owned(),
+                    epoch,
+                })
             }
         }
     }

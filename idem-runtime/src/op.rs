@@ -10,7 +10,7 @@ use crate::error::IdemError;
 use crate::fingerprint::FingerprintBuilder;
 use crate::idem::Idem;
 use crate::key::KeyPart;
-use crate::store::{OperationId, StoredOutcome, Takeover};
+use crate::store::{OperationId, OutcomeRef, StoredOutcome, Takeover};
 
 /// Longest encoded key or scope, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
@@ -421,7 +421,7 @@ impl<P, U> Operation<P, U> {
         &self.id
     }
 
-    pub(crate) fn decode_outcome<T, E>(&self, outcome: &StoredOutcome) -> Result<T, E>
+    pub(crate) fn decode_outcome<T, E>(&self, outcome: OutcomeRef<'_>) -> Result<T, E>
     where
         T: DeserializeOwned,
         E: From<IdemError>,
@@ -441,13 +441,13 @@ impl<P, U> Operation<P, U> {
                 ))
                 .into());
             }
-            return match self.policy.decode(&outcome.body) {
+            return match self.policy.decode(outcome.body) {
                 Ok(e) => Err(e),
                 Err(m) => Err(codec(format!("cannot decode the recorded error: {m}")).into()),
             };
         }
         if outcome.version != self.version {
-            let value: serde_json::Value = serde_json::from_slice(&outcome.body)
+            let value: serde_json::Value = serde_json::from_slice(outcome.body)
                 .map_err(|e| codec(format!("the recorded outcome is not JSON: {e}")))?;
             return Ok(self.upgrade.upgrade(
                 self.id.name.as_str(),
@@ -456,7 +456,7 @@ impl<P, U> Operation<P, U> {
                 value,
             )?);
         }
-        serde_json::from_slice(&outcome.body).map_err(|e| {
+        serde_json::from_slice(outcome.body).map_err(|e| {
             codec(format!(
                 "cannot decode the recorded outcome as this build's type: {e}; if the type \
                  changed shape, bump `version` and add `upgrade`"

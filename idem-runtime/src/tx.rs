@@ -286,7 +286,7 @@ impl<P, U> Operation<P, U> {
                 TxClaim::Completed(outcome) => {
                     crate::metrics::count(crate::metrics::REPLAYS, &name);
                     crate::context::report_replay();
-                    Ok(TxStep::Replay(this.decode_outcome(&outcome)))
+                    Ok(TxStep::Replay(this.decode_outcome(outcome.view())))
                 }
                 TxClaim::Mismatch => {
                     crate::metrics::count(crate::metrics::MISMATCHES, &name);

@@ -2,15 +2,15 @@
 //! stores. Its guarantee ends with the process.
 
 use std::hash::BuildHasher;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
 
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
-    Store, StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, OperationId, OutcomeRef, RecordDetail, RecordInfo,
+    State, Stats, Store, StoredOutcome, Takeover,
 };
 use crate::error::StoreError;
 
@@ -152,13 +152,57 @@ struct Record {
     lease_until: Instant,
     claimed_at: Instant,
     expires_at: Option<Instant>,
-    outcome: Option<StoredOutcome>,
+    outcome: Option<Kept>,
+}
+
+/// A recorded outcome as this store keeps it: the body in one allocation shared with
+/// the replays that read it, so a replay copies nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Kept {
+    is_err: bool,
+    version: u32,
+    body: Arc<[u8]>,
+}
+
+impl Kept {
+    pub(crate) fn view(&self) -> OutcomeRef<'_> {
+        OutcomeRef {
+            is_err: self.is_err,
+            version: self.version,
+            body: &self.body,
+        }
+    }
+
+    fn stored(&self) -> StoredOutcome {
+        StoredOutcome {
+            is_err: self.is_err,
+            version: self.version,
+            body: self.body.to_vec(),
+        }
+    }
+}
+
+impl From<StoredOutcome> for Kept {
+    fn from(o: StoredOutcome) -> Kept {
+        Kept {
+            is_err: o.is_err,
+            version: o.version,
+            body: o.body.into(),
+        }
+    }
 }
 
 impl Record {
     fn expired(&self, now: Instant) -> bool {
         self.state == State::Completed && self.expires_at.is_some_and(|t| t <= now)
     }
+}
+
+/// What [`MemoryStore::claim_now`] decided.
+pub(crate) enum Claimed {
+    Decided(Claim),
+    /// Completed for this fingerprint: the recorded outcome, shared.
+    Completed(Kept),
 }
 
 /// The store behind [`Idem::memory`](crate::Idem::memory): records in a hash table
@@ -181,33 +225,43 @@ impl MemoryStore {
         self.last_epoch.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn fenced(
+    /// Claims at once, on this thread: a completed outcome comes back shared rather than
+    /// copied, with the store's clock reading that the lease runs from. What
+    /// [`Idem::memory`](crate::Idem::memory) calls in place of the boxed trait method.
+    pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>) -> (Claimed, Instant) {
+        let now = Instant::now();
+        (self.decide(req, now), now)
+    }
+
+    /// Records at once, keeping `outcome` itself (the trait method must copy it).
+    pub(crate) fn record_now(
         &self,
         id: &OperationId,
         epoch: u64,
-        states: &[State],
-        f: impl FnOnce(&mut Records),
+        outcome: Kept,
+        retain: Duration,
     ) -> Fence {
         let mut map = self.lock();
-        match map.get(id) {
-            Some(r) if r.epoch == epoch && states.contains(&r.state) => {
-                f(&mut map);
+        match map.get_mut(id) {
+            Some(r) if r.epoch == epoch && r.state == State::InProgress => {
+                r.state = State::Completed;
+                r.outcome = Some(outcome);
+                r.expires_at = Instant::now().checked_add(retain);
+                Fence::Held
+            }
+            // This record again, retried after a reply was lost.
+            Some(r)
+                if r.epoch == epoch
+                    && r.state == State::Completed
+                    && r.outcome.as_ref() == Some(&outcome) =>
+            {
                 Fence::Held
             }
             _ => Fence::Lost,
         }
     }
-}
 
-#[async_trait::async_trait]
-impl Store for MemoryStore {
-    // The claim answers a replay under the same lock a read would take.
-    fn peeks(&self) -> bool {
-        false
-    }
-
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let now = Instant::now();
+    fn decide(&self, req: &ClaimRequest<'_>, now: Instant) -> Claimed {
         let mut map = self.lock();
         let fresh = |epoch| Record {
             state: State::InProgress,
@@ -220,27 +274,29 @@ impl Store for MemoryStore {
         };
         let (rec, new) = map.get_or_insert(req.id, || fresh(self.next_epoch()));
         if new {
-            return Ok(Claim::Acquired {
+            return Claimed::Decided(Claim::Acquired {
                 epoch: rec.epoch,
                 takeover: false,
             });
         }
         if rec.expired(now) {
             *rec = fresh(self.next_epoch());
-            return Ok(Claim::Acquired {
+            return Claimed::Decided(Claim::Acquired {
                 epoch: rec.epoch,
                 takeover: false,
             });
         }
         if rec.fingerprint != req.fingerprint {
-            return Ok(Claim::Mismatch);
+            return Claimed::Decided(Claim::Mismatch);
         }
-        Ok(match rec.state {
-            State::Completed => Claim::Completed(
-                rec.outcome
-                    .clone()
-                    .expect("completed record has an outcome"),
-            ),
+        Claimed::Decided(match rec.state {
+            State::Completed => {
+                return Claimed::Completed(
+                    rec.outcome
+                        .clone()
+                        .expect("completed record has an outcome"),
+                );
+            }
             State::Unknown => Claim::Unknown {
                 epoch: rec.epoch,
                 now: false,
@@ -269,6 +325,38 @@ impl Store for MemoryStore {
         })
     }
 
+    fn fenced(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        states: &[State],
+        f: impl FnOnce(&mut Records),
+    ) -> Fence {
+        let mut map = self.lock();
+        match map.get(id) {
+            Some(r) if r.epoch == epoch && states.contains(&r.state) => {
+                f(&mut map);
+                Fence::Held
+            }
+            _ => Fence::Lost,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    // The claim answers a replay under the same lock a read would take.
+    fn peeks(&self) -> bool {
+        false
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        Ok(match self.claim_now(req).0 {
+            Claimed::Decided(claim) => claim,
+            Claimed::Completed(outcome) => Claim::Completed(outcome.stored()),
+        })
+    }
+
     async fn record(
         &self,
         id: &OperationId,
@@ -276,24 +364,7 @@ impl Store for MemoryStore {
         outcome: &StoredOutcome,
         retain: Duration,
     ) -> Result<Fence, StoreError> {
-        let mut map = self.lock();
-        Ok(match map.get_mut(id) {
-            Some(r) if r.epoch == epoch && r.state == State::InProgress => {
-                r.state = State::Completed;
-                r.outcome = Some(outcome.clone());
-                r.expires_at = Instant::now().checked_add(retain);
-                Fence::Held
-            }
-            // This record again, retried after a reply was lost.
-            Some(r)
-                if r.epoch == epoch
-                    && r.state == State::Completed
-                    && r.outcome.as_ref() == Some(outcome) =>
-            {
-                Fence::Held
-            }
-            _ => Fence::Lost,
-        })
+        Ok(self.record_now(id, epoch, Kept::from(outcome.clone()), retain))
     }
 
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
@@ -336,7 +407,7 @@ impl Store for MemoryStore {
                 Some((outcome, retain)) => {
                     let r = map.get_mut(id).expect("checked");
                     r.state = State::Completed;
-                    r.outcome = Some(outcome.clone());
+                    r.outcome = Some(Kept::from(outcome.clone()));
                     r.expires_at = Instant::now().checked_add(retain);
                 }
             },
@@ -378,7 +449,7 @@ impl Store for MemoryStore {
                 r.expires_at
                     .map_or(Duration::MAX, |t| t.saturating_duration_since(now))
             }),
-            outcome: r.outcome.clone(),
+            outcome: r.outcome.as_ref().map(Kept::stored),
         }))
     }
 

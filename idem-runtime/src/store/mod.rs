@@ -11,6 +11,7 @@ mod memory;
 mod test_support;
 pub(crate) mod wake;
 pub use memory::MemoryStore;
+pub(crate) use memory::{Claimed, Kept};
 pub use wake::WakeHub;
 #[cfg(any(
     feature = "sqlite",
@@ -151,6 +152,24 @@ pub struct StoredOutcome {
     pub version: u32,
     /// The outcome, as JSON.
     pub body: Vec<u8>,
+}
+
+impl StoredOutcome {
+    pub(crate) fn view(&self) -> OutcomeRef<'_> {
+        OutcomeRef {
+            is_err: self.is_err,
+            version: self.version,
+            body: &self.body,
+        }
+    }
+}
+
+/// A recorded outcome borrowed from wherever it is kept, for decoding.
+#[derive(Clone, Copy)]
+pub(crate) struct OutcomeRef<'a> {
+    pub(crate) is_err: bool,
+    pub(crate) version: u32,
+    pub(crate) body: &'a [u8],
 }
 
 /// What the atomic claim decided.
