@@ -64,7 +64,7 @@ impl Lease {
                 held: held_until.clone(),
                 span: tracing::Span::current(),
             };
-            idem.renewer().add(idem.store_arc(), claim, claimed_at)
+            idem.renewer().add(idem, claim, claimed_at)
         } else {
             Renewal::None
         };
@@ -174,7 +174,9 @@ impl Drop for Renewer {
 }
 
 impl Renewer {
-    fn add(self: &Arc<Self>, store: Arc<dyn Store>, claim: Claim, from: Instant) -> Renewal {
+    /// Files `claim` for renewal from `from`. The store is taken from `idem` only where a
+    /// task starts: a call pays no reference count for it.
+    fn add(self: &Arc<Self>, idem: &Idem, claim: Claim, from: Instant) -> Renewal {
         let Ok(runtime) = Handle::try_current() else {
             // Leases are held inside a call, which runs on a runtime; without one there is
             // nothing to renew on.
@@ -186,7 +188,7 @@ impl Renewer {
             // None running (or its runtime shut down): start one on this runtime.
             _ => {
                 let me = Arc::downgrade(self);
-                let task = runtime.spawn(run(me, self.wake.clone(), store.clone()));
+                let task = runtime.spawn(run(me, self.wake.clone(), idem.store_arc()));
                 st.task = Some((runtime.id(), task));
                 st.task_wakes_at = None;
                 true
@@ -194,6 +196,7 @@ impl Renewer {
         };
         if !task_here {
             drop(st);
+            let store = idem.store_arc();
             return Renewal::Own(runtime.spawn(async move {
                 loop {
                     tokio::time::sleep(claim.every()).await;

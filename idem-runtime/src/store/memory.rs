@@ -108,23 +108,23 @@ impl Records {
 #[derive(Debug)]
 struct Packed {
     text: Box<str>,
-    scope_end: usize,
-    name_end: usize,
+    scope_end: u32,
+    name_end: u32,
 }
 
 impl Packed {
     fn new(id: &OperationId) -> Packed {
         Packed {
             text: [id.scope.as_str(), &id.name, &id.key].concat().into(),
-            scope_end: id.scope.len(),
-            name_end: id.scope.len() + id.name.len(),
+            scope_end: len32(id.scope.len()),
+            name_end: len32(id.scope.len() + id.name.len()),
         }
     }
 
     /// Scope, name and key.
     fn parts(&self) -> [&str; 3] {
-        let (scope, rest) = self.text.split_at(self.scope_end);
-        let (name, key) = rest.split_at(self.name_end - self.scope_end);
+        let (scope, rest) = self.text.split_at(self.scope_end as usize);
+        let (name, key) = rest.split_at((self.name_end - self.scope_end) as usize);
         [scope, name, key]
     }
 
@@ -144,14 +144,44 @@ impl Packed {
     }
 }
 
+/// A length as `Packed` files it. The runtime caps each part at 255 bytes; a store used
+/// directly with parts past 4 GiB is refused loudly rather than mis-split.
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).expect("an operation id of 4 GiB or more")
+}
+
+/// An instant as the store files it: nanoseconds since the store was made, half the
+/// size of an `Instant`. A record holds three, and the records' table is what a fresh
+/// call's insert touches and what grows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Tick(u64);
+
+impl Tick {
+    /// Later than any instant: a retention too long to count.
+    const NEVER: Tick = Tick(u64::MAX);
+
+    fn after(self, d: Duration) -> Tick {
+        Tick(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+
+    /// How long after `earlier` this is; zero if it is not after it.
+    fn since(self, earlier: Tick) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
 #[derive(Debug)]
 struct Record {
     state: State,
     epoch: u64,
     fingerprint: [u8; 32],
-    lease_until: Instant,
-    claimed_at: Instant,
-    expires_at: Option<Instant>,
+    lease_until: Tick,
+    claimed_at: Tick,
+    /// When a completed record expires ([`Tick::NEVER`] before it completes).
+    expires_at: Tick,
     outcome: Option<Kept>,
 }
 
@@ -193,8 +223,8 @@ impl From<StoredOutcome> for Kept {
 }
 
 impl Record {
-    fn expired(&self, now: Instant) -> bool {
-        self.state == State::Completed && self.expires_at.is_some_and(|t| t <= now)
+    fn expired(&self, now: Tick) -> bool {
+        self.state == State::Completed && self.expires_at <= now
     }
 }
 
@@ -208,15 +238,36 @@ pub(crate) enum Claimed {
 /// The store behind [`Idem::memory`](crate::Idem::memory): records in a hash table
 /// behind a mutex; every method is one critical section, which is what makes the claim
 /// atomic here.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     records: Mutex<Records>,
+    /// What the records' instants count from.
+    base: Instant,
     /// The last epoch issued: every claim takes the next, so an epoch identifies one claim
     /// for all time, whatever was released, resolved or purged since.
     last_epoch: AtomicU64,
 }
 
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            records: Mutex::default(),
+            base: Instant::now(),
+            last_epoch: AtomicU64::default(),
+        }
+    }
+}
+
 impl MemoryStore {
+    /// `at` as the records file it.
+    fn tick(&self, at: Instant) -> Tick {
+        Tick(u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn now(&self) -> Tick {
+        self.tick(Instant::now())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -229,8 +280,8 @@ impl MemoryStore {
     /// copied, with the store's clock reading that the lease runs from. What
     /// [`Idem::memory`](crate::Idem::memory) calls in place of the boxed trait method.
     pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>) -> (Claimed, Instant) {
-        let now = Instant::now();
-        (self.decide(req, now), now)
+        let at = Instant::now();
+        (self.decide(req, self.tick(at)), at)
     }
 
     /// Records at once, keeping `outcome` itself (the trait method must copy it).
@@ -246,7 +297,7 @@ impl MemoryStore {
             Some(r) if r.epoch == epoch && r.state == State::InProgress => {
                 r.state = State::Completed;
                 r.outcome = Some(outcome);
-                r.expires_at = Instant::now().checked_add(retain);
+                r.expires_at = self.now().after(retain);
                 Fence::Held
             }
             // This record again, retried after a reply was lost.
@@ -261,15 +312,15 @@ impl MemoryStore {
         }
     }
 
-    fn decide(&self, req: &ClaimRequest<'_>, now: Instant) -> Claimed {
+    fn decide(&self, req: &ClaimRequest<'_>, now: Tick) -> Claimed {
         let mut map = self.lock();
         let fresh = |epoch| Record {
             state: State::InProgress,
             epoch,
             fingerprint: req.fingerprint,
-            lease_until: now + req.lease,
+            lease_until: now.after(req.lease),
             claimed_at: now,
-            expires_at: None,
+            expires_at: Tick::NEVER,
             outcome: None,
         };
         let (rec, new) = map.get_or_insert(req.id, || fresh(self.next_epoch()));
@@ -302,12 +353,12 @@ impl MemoryStore {
                 now: false,
             },
             State::InProgress if rec.lease_until > now => Claim::InFlight {
-                retry_after: rec.lease_until - now,
+                retry_after: rec.lease_until.since(now),
             },
             State::InProgress => match req.on_takeover {
                 Takeover::Rerun => {
                     rec.epoch = self.next_epoch();
-                    rec.lease_until = now + req.lease;
+                    rec.lease_until = now.after(req.lease);
                     rec.claimed_at = now;
                     Claim::Acquired {
                         epoch: rec.epoch,
@@ -386,7 +437,8 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<Fence, StoreError> {
         Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
-            map.get_mut(id).expect("checked").lease_until = Instant::now() + lease;
+            let until = self.now().after(lease);
+            map.get_mut(id).expect("checked").lease_until = until;
         }))
     }
 
@@ -408,14 +460,14 @@ impl Store for MemoryStore {
                     let r = map.get_mut(id).expect("checked");
                     r.state = State::Completed;
                     r.outcome = Some(Kept::from(outcome.clone()));
-                    r.expires_at = Instant::now().checked_add(retain);
+                    r.expires_at = self.now().after(retain);
                 }
             },
         ))
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let mut map = self.lock();
         let before = map.len();
         map.retain(|r| !r.expired(now));
@@ -423,38 +475,40 @@ impl Store for MemoryStore {
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let map = self.lock();
         let mut s = Stats::default();
         for r in map.values() {
-            let age = now - r.claimed_at;
+            let age = now.since(r.claimed_at);
             s.count(r.state, age);
         }
         Ok(s)
     }
 
     async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let map = self.lock();
         Ok(map.get(id).map(|r| RecordDetail {
             info: RecordInfo {
                 id: id.clone(),
                 state: r.state,
                 epoch: r.epoch,
-                age: now - r.claimed_at,
+                age: now.since(r.claimed_at),
             },
-            lease_remaining: (r.state == State::InProgress)
-                .then(|| r.lease_until.saturating_duration_since(now)),
+            lease_remaining: (r.state == State::InProgress).then(|| r.lease_until.since(now)),
             expires_in: (r.state == State::Completed).then(|| {
-                r.expires_at
-                    .map_or(Duration::MAX, |t| t.saturating_duration_since(now))
+                if r.expires_at == Tick::NEVER {
+                    Duration::MAX
+                } else {
+                    r.expires_at.since(now)
+                }
             }),
             outcome: r.outcome.as_ref().map(Kept::stored),
         }))
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
-        let now = Instant::now();
+        let now = self.now();
         let map = self.lock();
         let mut rows: Vec<RecordInfo> = map
             .iter()
@@ -463,13 +517,15 @@ impl Store for MemoryStore {
                 filter.state.is_none_or(|s| s == r.state)
                     && filter.name.as_deref().is_none_or(|n| n == name)
                     && filter.scope.as_deref().is_none_or(|s| s == scope)
-                    && filter.older_than.is_none_or(|a| now - r.claimed_at > a)
+                    && filter
+                        .older_than
+                        .is_none_or(|a| now.since(r.claimed_at) > a)
             })
             .map(|(id, r)| RecordInfo {
                 id: id.id(),
                 state: r.state,
                 epoch: r.epoch,
-                age: now - r.claimed_at,
+                age: now.since(r.claimed_at),
             })
             .collect();
         rows.sort_by_key(|r| std::cmp::Reverse(r.age));
@@ -482,6 +538,36 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
     use crate::store::test_support::*;
+
+    /// A retention too long to count never expires (it saturates, it does not wrap),
+    /// and a lease's remainder counts down from the store's own clock.
+    #[tokio::test]
+    async fn an_endless_retention_never_expires() {
+        let store = MemoryStore::default();
+        let id = OperationId {
+            scope: String::new(),
+            name: "op".into(),
+            key: "k".into(),
+        };
+        let epoch = epoch_of(claim(&store, &id, FP, LEASE).await);
+        let detail = store.get(&id).await.unwrap().unwrap();
+        let left = detail.lease_remaining.expect("in progress");
+        assert!(left <= LEASE && left > LEASE / 2, "{left:?} of {LEASE:?}");
+        let outcome = StoredOutcome {
+            is_err: false,
+            version: 1,
+            body: b"1".to_vec(),
+        };
+        let fence = store.record(&id, epoch, &outcome, Duration::MAX).await;
+        assert_eq!(fence.unwrap(), Fence::Held);
+        let detail = store.get(&id).await.unwrap().unwrap();
+        assert_eq!(detail.expires_in, Some(Duration::MAX));
+        assert_eq!(store.purge_expired().await.unwrap(), 0);
+        assert_eq!(
+            claim(&store, &id, FP, LEASE).await,
+            Claim::Completed(outcome)
+        );
+    }
 
     /// Ids whose parts run together into the same text are still two records, and a
     /// record is found, listed and removed by the id it was claimed under.
