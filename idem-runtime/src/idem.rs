@@ -282,12 +282,14 @@ impl Idem {
         self.inner.hub.register(id, self.inner.cfg.max_waiters)
     }
 
-    /// A key or scope as stored: keyed-hashed when the builder asked for it, so raw keys
-    /// and scopes (emails, account numbers, principals) never reach the table.
-    pub(crate) fn stored_key(&self, encoded: String) -> String {
-        match &self.inner.cfg.hash_keys {
-            Some(secret) => format!("h:{}", keyed_hex(&secret.0, encoded.as_bytes())),
-            None => encoded,
+    /// A key or scope made what is stored: keyed-hashed when the builder asked for it, so
+    /// raw keys and scopes (emails, account numbers, principals) never reach the table.
+    pub(crate) fn store_key(&self, encoded: &mut String) {
+        if let Some(secret) = &self.inner.cfg.hash_keys {
+            let hashed = keyed_hex(&secret.0, encoded.as_bytes());
+            encoded.clear();
+            encoded.push_str("h:");
+            encoded.push_str(&hashed);
         }
     }
 

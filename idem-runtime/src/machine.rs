@@ -144,7 +144,7 @@ where
                 }
                 Decided::Unprotected => {
                     tracing::warn!("store unreachable; running the body unprotected (fail_open)");
-                    context::scope_body(self.op.id.clone(), 0, body()).await
+                    context::scope_body(self.op.id.shared(), 0, body()).await
                 }
                 Decided::Execute {
                     epoch,
@@ -404,7 +404,7 @@ where
         // still has the lease the renewals kept alive.
         // The operation's own identity, shared with the body's context and the lease's
         // renewals: no copy of its strings.
-        let shared = self.op.id.clone();
+        let shared = self.op.id.shared();
         let lease = Lease::hold(&self.idem, &shared, epoch, self.op.lease, claimed_at);
         // Timed only where the histogram exists: two clock reads per call otherwise.
         #[cfg(feature = "metrics")]

@@ -23,6 +23,86 @@ const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// `Duration::MAX` would overflow clock arithmetic after the claim was written).
 pub const MAX_LEASE_OR_WAIT: Duration = Duration::from_secs(366 * 86_400);
 
+/// An operation's identity, shared once the call runs. When the operation ends with it
+/// unshared, its strings are cleared and it is kept on this thread for the next
+/// operation, which fills them in the room they kept: an identity costs four
+/// allocations (the `Arc` and three strings) only on a thread's first calls.
+pub(crate) struct Id(Option<Arc<OperationId>>);
+
+thread_local! {
+    static SPARE_IDS: std::cell::RefCell<Vec<Arc<OperationId>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Spare identities a thread keeps; enough for the calls one task starts at once.
+const SPARE_IDS_KEPT: usize = 16;
+/// An identity whose strings hold more room than this is freed rather than kept.
+const SPARE_ID_ROOM: usize = 1024;
+
+impl Id {
+    /// A spare identity of this thread's, or a new one; its strings empty.
+    fn spare() -> Id {
+        let spare = SPARE_IDS
+            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+            .ok()
+            .flatten();
+        Id(Some(spare.unwrap_or_default()))
+    }
+
+    fn arc(&self) -> &Arc<OperationId> {
+        self.0
+            .as_ref()
+            .expect("an identity is taken only when dropped")
+    }
+
+    /// The identity shared, for the body's context and the lease.
+    pub(crate) fn shared(&self) -> Arc<OperationId> {
+        self.arc().clone()
+    }
+
+    /// Written only while the builder runs, when it is not shared: no copy is made.
+    fn get_mut(&mut self) -> &mut OperationId {
+        Arc::make_mut(
+            self.0
+                .as_mut()
+                .expect("an identity is taken only when dropped"),
+        )
+    }
+}
+
+impl std::ops::Deref for Id {
+    type Target = OperationId;
+    fn deref(&self) -> &OperationId {
+        self.arc()
+    }
+}
+
+impl Drop for Id {
+    fn drop(&mut self) {
+        let Some(mut arc) = self.0.take() else {
+            return;
+        };
+        // Still held by a body's context or a renewal: it is theirs to free.
+        let Some(id) = Arc::get_mut(&mut arc) else {
+            return;
+        };
+        if id.scope.capacity() + id.name.capacity() + id.key.capacity() > SPARE_ID_ROOM {
+            return;
+        }
+        id.scope.clear();
+        id.name.clear();
+        id.key.clear();
+        // Not while the thread's storage is being torn down, nor from within a borrow.
+        let _ = SPARE_IDS.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.len() < SPARE_IDS_KEPT
+            {
+                s.push(arc);
+            }
+        });
+    }
+}
+
 /// What a duplicate does when it finds the operation running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InFlight {
@@ -204,7 +284,7 @@ impl<T, F: Fn(u32, serde_json::Value) -> Result<T, IdemError>> Upgrade<T> for Up
 pub struct Operation<P = ReleaseErrors, U = NoUpgrade> {
     pub(crate) idem: Option<Idem>,
     /// Shared, once running, with the body's context and the lease's renewals.
-    pub(crate) id: Arc<OperationId>,
+    pub(crate) id: Id,
     pub(crate) invalid: Option<IdemError>,
     pub(crate) fingerprint: FingerprintBuilder,
     pub(crate) retain: Duration,
@@ -219,13 +299,17 @@ pub struct Operation<P = ReleaseErrors, U = NoUpgrade> {
 
 impl Operation {
     pub(crate) fn new<K: KeyPart + ?Sized>(idem: Option<Idem>, name: &str, key: &K) -> Self {
+        let mut id = Id::spare();
+        let own = id.get_mut();
+        own.name.push_str(name);
+        key.write_key(&mut own.key);
+        let key_len = own.key.len();
+        if let Some(idem) = &idem {
+            idem.store_key(&mut own.key);
+        }
         let mut op = Operation {
             idem,
-            id: Arc::new(OperationId {
-                scope: String::new(),
-                name: name.to_owned(),
-                key: String::new(),
-            }),
+            id,
             invalid: None,
             fingerprint: FingerprintBuilder::default(),
             retain: DEFAULT_RETAIN,
@@ -243,19 +327,13 @@ impl Operation {
                 max: MAX_KEY_BYTES,
             });
         }
-        let key = key.encode_key();
-        if key.len() > MAX_KEY_BYTES {
+        if key_len > MAX_KEY_BYTES {
             op.fail(IdemError::KeyTooLong {
                 name: name.to_owned(),
-                len: key.len(),
+                len: key_len,
                 max: MAX_KEY_BYTES,
             });
         }
-        // Not shared yet: `make_mut` finds it unique and copies nothing.
-        Arc::make_mut(&mut op.id).key = match &op.idem {
-            Some(idem) => idem.stored_key(key),
-            None => key,
-        };
         op
     }
 }
@@ -268,18 +346,20 @@ impl<P, U> Operation<P, U> {
     /// The namespace: a tenant, account or principal. The same key in two scopes is
     /// two operations. Default: the empty scope.
     pub fn scope<S: KeyPart + ?Sized>(mut self, scope: &S) -> Self {
-        let scope = scope.encode_key();
-        if scope.len() > MAX_KEY_BYTES {
+        let own = self.id.get_mut();
+        own.scope.clear();
+        scope.write_key(&mut own.scope);
+        let len = own.scope.len();
+        if let Some(idem) = &self.idem {
+            idem.store_key(&mut own.scope);
+        }
+        if len > MAX_KEY_BYTES {
             self.fail(IdemError::ScopeTooLong {
                 name: self.id.name.clone(),
-                len: scope.len(),
+                len,
                 max: MAX_KEY_BYTES,
             });
         }
-        Arc::make_mut(&mut self.id).scope = match &self.idem {
-            Some(idem) => idem.stored_key(scope),
-            None => scope,
-        };
         self
     }
 
@@ -582,5 +662,39 @@ impl<P, U> Operation<P, U> {
             body,
         };
         Encoded::Record(outcome, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Idem, IdemError};
+
+    /// A finished operation's identity is the next one's on the same thread, and it
+    /// carries nothing over: a scope set on the first is not the second's.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_identity_is_reused_and_starts_empty() {
+        let spare = || super::SPARE_IDS.with(|s| s.borrow().len());
+        let idem = Idem::memory();
+        let before = spare();
+        let r = idem
+            .operation("charge", "k1")
+            .scope("tenant-a")
+            .run(|| async { Ok::<_, IdemError>(1u32) })
+            .await
+            .unwrap();
+        assert_eq!(r, 1);
+        assert_eq!(spare(), before + 1, "the finished identity was not kept");
+        let second = idem.operation("refund", &7u64);
+        assert_eq!(spare(), before, "the kept identity was not taken");
+        let id = second.id();
+        assert_eq!((id.scope.as_str(), id.name.as_str()), ("", "refund"));
+        assert_eq!(id.key, crate::KeyPart::encode_key(&7u64));
+        // A key over the limit is still measured before it is stored.
+        let long = "x".repeat(300);
+        let r = idem
+            .operation("charge", long.as_str())
+            .run(|| async { Ok::<_, IdemError>(1u32) })
+            .await;
+        assert!(matches!(r, Err(IdemError::KeyTooLong { .. })), "{r:?}");
     }
 }

@@ -226,7 +226,7 @@ impl<P, U> TxGuard<P, U> {
     /// Runs the body with [`current`](crate::current) set to this operation, as a leased
     /// body has it.
     pub async fn body<F: std::future::Future>(&self, body: F) -> F::Output {
-        crate::context::scope_body(self.op.id.clone(), self.epoch, body).await
+        crate::context::scope_body(self.op.id.shared(), self.epoch, body).await
     }
 }
 

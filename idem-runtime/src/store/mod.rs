@@ -76,7 +76,16 @@ pub use crate::error::StoreError;
 
 /// The identity of one operation: its scope, name and key, each already encoded.
 #[derive(
-    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 pub struct OperationId {
     /// The encoded scope (`""` for the empty scope).
