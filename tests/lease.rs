@@ -13,8 +13,13 @@ suite!(
     panicked_body_keeps_claim
 );
 
-/// Starts a call whose body signals, then never finishes, and aborts it.
-async fn start_and_cancel(idem: &idem_runtime::Idem, key: &str, lease: Duration) -> String {
+/// Starts a call whose body never finishes; returns its task once the body runs, with
+/// the body's downstream key.
+async fn start_pending(
+    idem: &idem_runtime::Idem,
+    key: &str,
+    lease: Duration,
+) -> (tokio::task::JoinHandle<Result<u64, IdemError>>, String) {
     let (tx, rx) = oneshot::channel();
     let idem2 = idem.clone();
     let key2 = key.to_string();
@@ -30,6 +35,12 @@ async fn start_and_cancel(idem: &idem_runtime::Idem, key: &str, lease: Duration)
             .await
     });
     let downstream = rx.await.expect("body started");
+    (task, downstream)
+}
+
+/// Starts a call whose body signals, then never finishes, and aborts it.
+async fn start_and_cancel(idem: &idem_runtime::Idem, key: &str, lease: Duration) -> String {
+    let (task, downstream) = start_pending(idem, key, lease).await;
     task.abort();
     let _ = task.await;
     downstream
@@ -239,21 +250,7 @@ async fn many_live_bodies_are_renewed_from_one_schedule() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_lease_wakes_a_schedule_asleep_for_a_long_one() {
     let idem = idem_runtime::Idem::memory();
-    let (started_tx, started_rx) = oneshot::channel();
-    let long = {
-        let idem = idem.clone();
-        tokio::spawn(async move {
-            idem.operation("report", "long")
-                .lease(Duration::from_secs(600))
-                .run(move || async move {
-                    let _ = started_tx.send(());
-                    std::future::pending::<()>().await;
-                    Ok::<_, IdemError>(())
-                })
-                .await
-        })
-    };
-    started_rx.await.unwrap();
+    let (long, _) = start_pending(&idem, "long", Duration::from_secs(600)).await;
     // Let the renewal task file its sleep toward the long claim's renewal, 200 s away.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let runs = slow_body_beside_a_duplicate(&idem, "short", Duration::from_secs(1)).await;

@@ -61,7 +61,8 @@ enum Attempt {
     Answered(Result<Claim, StoreError>, At),
 }
 
-/// When a claim was sent, and whether it was made on this thread just now.
+/// When a claim was sent (or, on the memory store, made), and whether it was made on
+/// this thread just now, so it needs no confirming before the body runs.
 #[derive(Clone, Copy)]
 struct At {
     sent: Instant,
@@ -76,14 +77,8 @@ enum Settled {
 }
 
 enum Decided {
-    /// Run the body at this epoch.
-    Execute {
-        epoch: u64,
-        /// When the claim was sent (or, on the memory store, made).
-        claimed_at: Instant,
-        /// Made on this thread just now, with no wait since: no need to confirm it.
-        at_once: bool,
-    },
+    /// Run the body at this epoch, claimed then.
+    Execute(u64, At),
     Replay(Replayed),
     Unprotected,
 }
@@ -146,11 +141,9 @@ where
                     tracing::warn!("store unreachable; running the body unprotected (fail_open)");
                     context::scope_body(self.op.id.shared(), 0, body()).await
                 }
-                Decided::Execute {
-                    epoch,
-                    claimed_at,
-                    at_once,
-                } => self.execute(epoch, claimed_at, at_once, body, &span).await,
+                Decided::Execute(epoch, at) => {
+                    self.execute(epoch, at.sent, at.at_once, body, &span).await
+                }
             }
         };
         // A span no subscriber wants records nothing: no wrapper to enter it on each poll.
@@ -187,7 +180,7 @@ where
             lease: self.op.lease,
             on_takeover: self.op.on_takeover,
         };
-        let attempt = match self.claim(&req).await {
+        let (retry_after, sent) = match self.claim(&req).await {
             Attempt::Replay(outcome) => return Ok(Decided::Replay(outcome)),
             Attempt::Answered(Err(e), _) => return self.store_down(e),
             Attempt::Answered(Ok(claim), at) => match self.settle(claim, at)? {
@@ -195,7 +188,6 @@ where
                 Settled::InFlight(retry_after) => (retry_after, at.sent),
             },
         };
-        let (retry_after, sent) = attempt;
         match self.op.in_flight {
             InFlight::Reject => Err(self.in_flight(retry_after)),
             // Boxed: the wait holds timers and a waiter, which the common call's future
@@ -243,11 +235,7 @@ where
                 } else {
                     tracing::debug!(epoch, "claimed");
                 }
-                Decided::Execute {
-                    epoch,
-                    claimed_at: at.sent,
-                    at_once: at.at_once,
-                }
+                Decided::Execute(epoch, at)
             }
             Claim::Completed(outcome) => Decided::Replay(Replayed::Read(outcome)),
             Claim::Mismatch => return Err(self.mismatch()),
@@ -466,7 +454,7 @@ where
         let id = &self.op.id;
         if let Some(memory) = self.idem.local() {
             // Answered at once and never fails: no retries, no cache to fill.
-            let fence = memory.record_now(id, epoch, Kept::from(outcome), self.op.retain);
+            let fence = memory.record_now(id, epoch, Kept::from(&outcome), self.op.retain);
             return self.recorded(epoch, fence, span);
         }
         // Boxed: its retries hold timers the memory store's calls should not carry in

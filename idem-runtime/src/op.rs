@@ -103,6 +103,19 @@ impl Drop for Id {
     }
 }
 
+/// Writes `part` into `out` as it is stored (keyed-hashed where `idem` asks for it), in
+/// place of what `out` held; returns the encoding's length before hashing, which is
+/// what the limits apply to.
+fn write_stored<K: KeyPart + ?Sized>(idem: Option<&Idem>, part: &K, out: &mut String) -> usize {
+    out.clear();
+    part.write_key(out);
+    let len = out.len();
+    if let Some(idem) = idem {
+        idem.store_key(out);
+    }
+    len
+}
+
 /// What a duplicate does when it finds the operation running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InFlight {
@@ -302,11 +315,7 @@ impl Operation {
         let mut id = Id::spare();
         let own = id.get_mut();
         own.name.push_str(name);
-        key.write_key(&mut own.key);
-        let key_len = own.key.len();
-        if let Some(idem) = &idem {
-            idem.store_key(&mut own.key);
-        }
+        let key_len = write_stored(idem.as_ref(), key, &mut own.key);
         let mut op = Operation {
             idem,
             id,
@@ -346,13 +355,7 @@ impl<P, U> Operation<P, U> {
     /// The namespace: a tenant, account or principal. The same key in two scopes is
     /// two operations. Default: the empty scope.
     pub fn scope<S: KeyPart + ?Sized>(mut self, scope: &S) -> Self {
-        let own = self.id.get_mut();
-        own.scope.clear();
-        scope.write_key(&mut own.scope);
-        let len = own.scope.len();
-        if let Some(idem) = &self.idem {
-            idem.store_key(&mut own.scope);
-        }
+        let len = write_stored(self.idem.as_ref(), scope, &mut self.id.get_mut().scope);
         if len > MAX_KEY_BYTES {
             self.fail(IdemError::ScopeTooLong {
                 name: self.id.name.clone(),

@@ -212,12 +212,13 @@ impl Kept {
     }
 }
 
-impl From<StoredOutcome> for Kept {
-    fn from(o: StoredOutcome) -> Kept {
+impl From<&StoredOutcome> for Kept {
+    /// The body copied once, into the shared allocation.
+    fn from(o: &StoredOutcome) -> Kept {
         Kept {
             is_err: o.is_err,
             version: o.version,
-            body: o.body.into(),
+            body: Arc::from(o.body.as_slice()),
         }
     }
 }
@@ -225,6 +226,13 @@ impl From<StoredOutcome> for Kept {
 impl Record {
     fn expired(&self, now: Tick) -> bool {
         self.state == State::Completed && self.expires_at <= now
+    }
+
+    /// Completes the record with `outcome`, kept until `expires_at`.
+    fn complete(&mut self, outcome: Kept, expires_at: Tick) {
+        self.state = State::Completed;
+        self.outcome = Some(outcome);
+        self.expires_at = expires_at;
     }
 }
 
@@ -261,7 +269,7 @@ impl Default for MemoryStore {
 impl MemoryStore {
     /// `at` as the records file it.
     fn tick(&self, at: Instant) -> Tick {
-        Tick(u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX))
+        Tick(0).after(at.saturating_duration_since(self.base))
     }
 
     fn now(&self) -> Tick {
@@ -295,9 +303,7 @@ impl MemoryStore {
         let mut map = self.lock();
         match map.get_mut(id) {
             Some(r) if r.epoch == epoch && r.state == State::InProgress => {
-                r.state = State::Completed;
-                r.outcome = Some(outcome);
-                r.expires_at = self.now().after(retain);
+                r.complete(outcome, self.now().after(retain));
                 Fence::Held
             }
             // This record again, retried after a reply was lost.
@@ -415,7 +421,7 @@ impl Store for MemoryStore {
         outcome: &StoredOutcome,
         retain: Duration,
     ) -> Result<Fence, StoreError> {
-        Ok(self.record_now(id, epoch, Kept::from(outcome.clone()), retain))
+        Ok(self.record_now(id, epoch, Kept::from(outcome), retain))
     }
 
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
@@ -457,10 +463,10 @@ impl Store for MemoryStore {
                     map.remove(id);
                 }
                 Some((outcome, retain)) => {
-                    let r = map.get_mut(id).expect("checked");
-                    r.state = State::Completed;
-                    r.outcome = Some(Kept::from(outcome.clone()));
-                    r.expires_at = self.now().after(retain);
+                    let expires_at = self.now().after(retain);
+                    map.get_mut(id)
+                        .expect("checked")
+                        .complete(Kept::from(outcome), expires_at);
                 }
             },
         ))
