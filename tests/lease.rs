@@ -225,11 +225,18 @@ async fn slow_body_beside_a_duplicate(
     runs.get()
 }
 
+/// A memory store reached through the `Store` trait, as a store of the application's
+/// own is: its claims are renewed from the handle's schedule. (`Idem::memory` pins its
+/// claims instead, with nothing to renew.)
+fn renewed_memory() -> idem_runtime::Idem {
+    idem_runtime::Idem::builder().store(idem_runtime::store::MemoryStore::default())
+}
+
 /// One handle renews many live claims of different leases from its one schedule: no
 /// duplicate takes any of them over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_live_bodies_are_renewed_from_one_schedule() {
-    let idem = idem_runtime::Idem::memory();
+    let idem = renewed_memory();
     let mut calls = Vec::new();
     for i in 0..16u64 {
         let idem = idem.clone();
@@ -249,7 +256,7 @@ async fn many_live_bodies_are_renewed_from_one_schedule() {
 /// it: the task would otherwise sleep past the short claim's lapse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_lease_wakes_a_schedule_asleep_for_a_long_one() {
-    let idem = idem_runtime::Idem::memory();
+    let idem = renewed_memory();
     let (long, _) = start_pending(&idem, "long", Duration::from_secs(600)).await;
     // Let the renewal task file its sleep toward the long claim's renewal, 200 s away.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -265,7 +272,7 @@ async fn a_short_lease_wakes_a_schedule_asleep_for_a_long_one() {
 /// a call on another runtime (that call renews on its own).
 #[test]
 fn a_call_on_another_runtime_is_renewed_there() {
-    let idem = idem_runtime::Idem::memory();
+    let idem = renewed_memory();
     let idle = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -296,7 +303,7 @@ fn a_call_on_another_runtime_is_renewed_there() {
 /// renewed there (the handle's renewal task ended with its runtime).
 #[test]
 fn calls_on_a_later_runtime_are_renewed() {
-    let idem = idem_runtime::Idem::memory();
+    let idem = renewed_memory();
     for round in 0..2 {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -308,5 +315,62 @@ fn calls_on_a_later_runtime_are_renewed() {
             Duration::from_secs(1),
         ));
         assert_eq!(runs, 1, "round {round}: the claim lapsed");
+    }
+}
+
+/// A claim in `Idem::memory`'s own store is held while its call lives, with no renewal
+/// to miss: a body that stalls its runtime's only thread for several leases (no renewal
+/// task could run there) keeps its claim, and a duplicate from another thread is told it
+/// is in flight. Renewed, the claim lapsed and the duplicate ran the body a second time.
+#[test]
+fn a_stalled_runtime_keeps_its_claim_on_the_memory_store() {
+    let idem = idem_runtime::Idem::memory();
+    let lease = Duration::from_millis(200);
+    let runs = Counter::default();
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let stalled = {
+        let (idem, runs) = (idem.clone(), runs.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(
+                idem.operation("stall", "s-1")
+                    .lease(lease)
+                    .run(move || async move {
+                        runs.hit();
+                        started_tx.send(()).unwrap();
+                        // Blocks the runtime's one thread until the duplicate has tried.
+                        done_rx.recv().unwrap();
+                        Ok::<_, IdemError>("first".to_string())
+                    }),
+            )
+        })
+    };
+    started_rx.recv().unwrap();
+    // Three leases with no renewal possible on the stalled runtime.
+    std::thread::sleep(lease * 3);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dup = rt.block_on(
+        idem.operation("stall", "s-1")
+            .lease(lease)
+            .in_flight(InFlight::Reject)
+            .run(|| async {
+                runs.hit();
+                Ok::<_, IdemError>("second".to_string())
+            }),
+    );
+    done_tx.send(()).unwrap();
+    let first = stalled.join().unwrap();
+    assert_eq!(runs.get(), 1, "the stalled call's claim was taken over");
+    assert_eq!(first.unwrap(), "first");
+    match dup {
+        Err(IdemError::InFlight { retry_after, .. }) => assert!(retry_after <= lease),
+        other => panic!("expected in flight, got {other:?}"),
     }
 }

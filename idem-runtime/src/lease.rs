@@ -3,7 +3,8 @@
 //! One task per [`Idem`] renews every live claim from a schedule ordered by due time, so
 //! a call pays for a map entry rather than a spawned task. A call on another runtime than
 //! the one that task runs on gets a renewal task of its own, so its renewals never wait
-//! on a runtime that is not being driven.
+//! on a runtime that is not being driven. A claim in [`Idem::memory`]'s own store is
+//! not renewed at all: it is pinned there while its call lives.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -15,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::idem::Idem;
-use crate::store::{Fence, OperationId, Store, StoreError};
+use crate::store::{Fence, MemoryStore, OperationId, Store, StoreError};
 
 /// When the claim lapses unless renewed again; `None` once a renewal found it gone.
 type Held = Arc<Mutex<Option<Instant>>>;
@@ -25,13 +26,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A claim's lease as this process knows it: renewed in the background (when renewal is
-/// on) until dropped.
-pub(crate) struct Lease {
-    held_until: Held,
-    renewal: Renewal,
+/// on), or pinned in the process's own memory store, until dropped.
+pub(crate) enum Lease<'a> {
+    Renewed {
+        held_until: Held,
+        renewal: Renewal,
+    },
+    /// Claimed pinned ([`MemoryStore::claim_now`]): held while this lives, with nothing
+    /// to renew; dropped unsettled, it lets the lease run from then. The store is taken
+    /// out once the claim is settled. (Small: every call's future holds it.)
+    Pinned {
+        store: Option<&'a MemoryStore>,
+        id: &'a OperationId,
+        epoch: u64,
+    },
 }
 
-enum Renewal {
+pub(crate) enum Renewal {
     None,
     /// An entry in the `Idem`'s schedule.
     Shared(Arc<Renewer>, u64),
@@ -39,11 +50,31 @@ enum Renewal {
     Own(JoinHandle<()>),
 }
 
-impl Lease {
-    /// When the claim lapses unless renewed again (the last confirmed renewal, or the
-    /// claim, plus the lease), or `None` when the store said it is no longer held.
-    pub(crate) fn held_until(&self) -> Option<Instant> {
-        *lock(&self.held_until)
+impl<'a> Lease<'a> {
+    /// When the claim of `lease` lapses unless renewed again (the last confirmed
+    /// renewal, or the claim, plus the lease), or `None` when the store said it is no
+    /// longer held. A pinned claim holds a whole lease from any moment.
+    pub(crate) fn held_until(&self, lease: Duration) -> Option<Instant> {
+        match self {
+            Lease::Renewed { held_until, .. } => *lock(held_until),
+            Lease::Pinned { .. } => Some(Instant::now() + lease),
+        }
+    }
+
+    /// The claim `epoch` of `id`, made pinned in `store`.
+    pub(crate) fn pinned(store: &'a MemoryStore, id: &'a OperationId, epoch: u64) -> Lease<'a> {
+        Lease::Pinned {
+            store: Some(store),
+            id,
+            epoch,
+        }
+    }
+
+    /// The claim was recorded: a pinned one has nothing left to undo.
+    pub(crate) fn settled(mut self) {
+        if let Lease::Pinned { store, .. } = &mut self {
+            *store = None;
+        }
     }
 
     /// Holds the claim `epoch` of `id` for `lease` from `claimed_at`, renewing it in the
@@ -54,7 +85,7 @@ impl Lease {
         epoch: u64,
         lease: Duration,
         claimed_at: Instant,
-    ) -> Lease {
+    ) -> Lease<'a> {
         let held_until = Arc::new(Mutex::new(Some(claimed_at + lease)));
         let renewal = if idem.renews_leases() {
             let claim = Claim {
@@ -68,19 +99,27 @@ impl Lease {
         } else {
             Renewal::None
         };
-        Lease {
+        Lease::Renewed {
             held_until,
             renewal,
         }
     }
 }
 
-impl Drop for Lease {
+impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        match &self.renewal {
-            Renewal::None => {}
-            Renewal::Shared(renewer, slot) => renewer.remove(*slot),
-            Renewal::Own(task) => task.abort(),
+        match self {
+            Lease::Renewed { renewal, .. } => match renewal {
+                Renewal::None => {}
+                Renewal::Shared(renewer, slot) => renewer.remove(*slot),
+                Renewal::Own(task) => task.abort(),
+            },
+            Lease::Pinned {
+                store: Some(store),
+                id,
+                epoch,
+            } => store.unpin(id, *epoch),
+            Lease::Pinned { store: None, .. } => {}
         }
     }
 }

@@ -199,7 +199,8 @@ where
     /// One claim: on the memory store directly, else through the store's trait.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Attempt {
         match self.idem.local() {
-            Some(memory) => match memory.claim_now(req) {
+            // Pinned where leases are renewed: see `MemoryStore::claim_now`.
+            Some(memory) => match memory.claim_now(req, self.idem.renews_leases()) {
                 (Claimed::Completed(outcome), _) => Attempt::Replay(Replayed::Kept(outcome)),
                 (Claimed::Decided(claim), made) => Attempt::Answered(
                     Ok(claim),
@@ -393,7 +394,11 @@ where
         // The operation's own identity, shared with the body's context and the lease's
         // renewals: no copy of its strings.
         let shared = self.op.id.shared();
-        let lease = Lease::hold(&self.idem, &shared, epoch, self.op.lease, claimed_at);
+        let lease = match self.idem.local() {
+            // Claimed pinned (`claim`): held while `lease` lives, nothing to renew.
+            Some(memory) if self.idem.renews_leases() => Lease::pinned(memory, id, epoch),
+            _ => Lease::hold(&self.idem, &shared, epoch, self.op.lease, claimed_at),
+        };
         // Timed only where the histogram exists: two clock reads per call otherwise.
         #[cfg(feature = "metrics")]
         let started = Instant::now();
@@ -433,6 +438,7 @@ where
             }
         };
         self.record(epoch, outcome, lease_end, span).await?;
+        lease.settled();
         context::report_run(epoch, true);
         result
     }
@@ -448,7 +454,7 @@ where
         &self,
         epoch: u64,
         outcome: StoredOutcome,
-        lease: &Lease,
+        lease: &Lease<'_>,
         span: &tracing::Span,
     ) -> Result<(), IdemError> {
         let id = &self.op.id;
@@ -466,7 +472,7 @@ where
         &self,
         epoch: u64,
         outcome: StoredOutcome,
-        lease: &Lease,
+        lease: &Lease<'_>,
         span: &tracing::Span,
     ) -> Result<(), IdemError> {
         let id = &self.op.id;
@@ -497,7 +503,7 @@ where
                 }
                 Err(e) => {
                     let now = Instant::now();
-                    let Some(held_until) = lease.held_until() else {
+                    let Some(held_until) = lease.held_until(self.op.lease) else {
                         // A renewal found the claim gone: taken over, resolved, or
                         // completed by this very record whose reply was lost. Records are
                         // fenced and idempotent per epoch, so one more attempt tells which.
@@ -553,7 +559,7 @@ where
     /// awaited: a rare path, kept out of every call's future); if that fails too the
     /// claim stays IN_PROGRESS and its lease lapses, which `on_takeover` then governs.
     /// Returns what became of the operation, for the caller's error message.
-    async fn settle_unknown(&self, epoch: u64, lease: &Lease) -> &'static str {
+    async fn settle_unknown(&self, epoch: u64, lease: &Lease<'_>) -> &'static str {
         let id = &self.op.id;
         loop {
             match self.idem.store().mark_unknown(id, epoch).await {
@@ -574,7 +580,7 @@ where
                 }
                 Err(e)
                     if lease
-                        .held_until()
+                        .held_until(self.op.lease)
                         .is_some_and(|t| Instant::now() + Duration::from_millis(50) < t) =>
                 {
                     tracing::warn!(epoch, error = %e, "could not mark UNKNOWN; retrying");

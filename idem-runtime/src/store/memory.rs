@@ -178,6 +178,10 @@ struct Record {
     state: State,
     epoch: u64,
     fingerprint: [u8; 32],
+    /// Held by a call alive in this process (see [`MemoryStore::claim_now`]): the lease
+    /// cannot lapse while it is, and `lease_until` keeps the claim's end as first set,
+    /// for the lease's length.
+    pinned: bool,
     lease_until: Tick,
     claimed_at: Tick,
     /// When a completed record expires ([`Tick::NEVER`] before it completes).
@@ -226,6 +230,16 @@ impl From<&StoredOutcome> for Kept {
 impl Record {
     fn expired(&self, now: Tick) -> bool {
         self.state == State::Completed && self.expires_at <= now
+    }
+
+    /// How long the lease still runs: a pinned claim's whole lease, since it is held
+    /// as long as its call lives.
+    fn lease_left(&self, now: Tick) -> Duration {
+        if self.pinned {
+            self.lease_until.since(self.claimed_at)
+        } else {
+            self.lease_until.since(now)
+        }
     }
 
     /// Completes the record with `outcome`, kept until `expires_at`.
@@ -287,9 +301,30 @@ impl MemoryStore {
     /// Claims at once, on this thread: a completed outcome comes back shared rather than
     /// copied, with the store's clock reading that the lease runs from. What
     /// [`Idem::memory`](crate::Idem::memory) calls in place of the boxed trait method.
-    pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>) -> (Claimed, Instant) {
+    ///
+    /// With `pin`, a claim acquired is held for as long as its call lives rather than
+    /// renewed: the call and the store share a process, so nothing but the call's end
+    /// can leave the claim orphaned, and a renewal could only lapse it falsely (a stalled
+    /// runtime). The caller must [`unpin`](Self::unpin) it when the call ends unsettled.
+    pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>, pin: bool) -> (Claimed, Instant) {
         let at = Instant::now();
-        (self.decide(req, self.tick(at)), at)
+        (self.decide(req, self.tick(at), pin), at)
+    }
+
+    /// A pinned claim's call ended without settling it (cancelled, or its body
+    /// panicked): its lease runs from now, as a renewed one would from its last renewal,
+    /// and a duplicate takes over once it lapses.
+    pub(crate) fn unpin(&self, id: &OperationId, epoch: u64) {
+        let now = self.now();
+        let mut map = self.lock();
+        if let Some(r) = map.get_mut(id)
+            && r.epoch == epoch
+            && r.state == State::InProgress
+            && r.pinned
+        {
+            r.pinned = false;
+            r.lease_until = now.after(r.lease_until.since(r.claimed_at));
+        }
     }
 
     /// Records at once, keeping `outcome` itself (the trait method must copy it).
@@ -318,12 +353,13 @@ impl MemoryStore {
         }
     }
 
-    fn decide(&self, req: &ClaimRequest<'_>, now: Tick) -> Claimed {
+    fn decide(&self, req: &ClaimRequest<'_>, now: Tick, pin: bool) -> Claimed {
         let mut map = self.lock();
         let fresh = |epoch| Record {
             state: State::InProgress,
             epoch,
             fingerprint: req.fingerprint,
+            pinned: pin,
             lease_until: now.after(req.lease),
             claimed_at: now,
             expires_at: Tick::NEVER,
@@ -358,12 +394,13 @@ impl MemoryStore {
                 epoch: rec.epoch,
                 now: false,
             },
-            State::InProgress if rec.lease_until > now => Claim::InFlight {
-                retry_after: rec.lease_until.since(now),
+            State::InProgress if rec.pinned || rec.lease_until > now => Claim::InFlight {
+                retry_after: rec.lease_left(now),
             },
             State::InProgress => match req.on_takeover {
                 Takeover::Rerun => {
                     rec.epoch = self.next_epoch();
+                    rec.pinned = pin;
                     rec.lease_until = now.after(req.lease);
                     rec.claimed_at = now;
                     Claim::Acquired {
@@ -408,7 +445,7 @@ impl Store for MemoryStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        Ok(match self.claim_now(req).0 {
+        Ok(match self.claim_now(req, false).0 {
             Claimed::Decided(claim) => claim,
             Claimed::Completed(outcome) => Claim::Completed(outcome.stored()),
         })
@@ -444,7 +481,11 @@ impl Store for MemoryStore {
     ) -> Result<Fence, StoreError> {
         Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
             let until = self.now().after(lease);
-            map.get_mut(id).expect("checked").lease_until = until;
+            let r = map.get_mut(id).expect("checked");
+            // A pinned claim is held already, and keeps its lease's length.
+            if !r.pinned {
+                r.lease_until = until;
+            }
         }))
     }
 
@@ -501,7 +542,7 @@ impl Store for MemoryStore {
                 epoch: r.epoch,
                 age: now.since(r.claimed_at),
             },
-            lease_remaining: (r.state == State::InProgress).then(|| r.lease_until.since(now)),
+            lease_remaining: (r.state == State::InProgress).then(|| r.lease_left(now)),
             expires_in: (r.state == State::Completed).then(|| {
                 if r.expires_at == Tick::NEVER {
                     Duration::MAX
