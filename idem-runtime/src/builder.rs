@@ -237,7 +237,9 @@ impl IdemBuilder {
 
     /// Whether a running body's lease is renewed in the background (default `true`).
     /// Turning it off makes a body that outlives its lease lose its claim; meant for
-    /// tests of takeover and fencing.
+    /// tests of takeover and fencing. ([`IdemBuilder::memory`]'s store, in the call's
+    /// own process, holds a running call's claim while the call lives instead of
+    /// renewing it; off, its leases lapse like any store's.)
     pub fn renew_leases(mut self, renew: bool) -> Self {
         self.renew_leases = renew;
         self

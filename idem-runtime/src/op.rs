@@ -298,7 +298,8 @@ pub struct Operation<P = ReleaseErrors, U = NoUpgrade> {
     pub(crate) idem: Option<Idem>,
     /// Shared, once running, with the body's context and the lease's renewals.
     pub(crate) id: Id,
-    pub(crate) invalid: Option<IdemError>,
+    /// Boxed: rare, and every call's future holds and moves the operation.
+    pub(crate) invalid: Option<Box<IdemError>>,
     pub(crate) fingerprint: FingerprintBuilder,
     pub(crate) retain: Duration,
     pub(crate) lease: Duration,
@@ -349,7 +350,7 @@ impl Operation {
 
 impl<P, U> Operation<P, U> {
     fn fail(&mut self, e: IdemError) {
-        self.invalid.get_or_insert(e);
+        self.invalid.get_or_insert_with(|| Box::new(e));
     }
 
     /// The namespace: a tenant, account or principal. The same key in two scopes is
@@ -550,7 +551,7 @@ impl<P, U> Operation<P, U> {
 
     /// The first error the builder met (an oversized key, a failed fingerprint).
     pub(crate) fn take_invalid(&mut self) -> Result<(), IdemError> {
-        self.invalid.take().map_or(Ok(()), Err)
+        self.invalid.take().map_or(Ok(()), |e| Err(*e))
     }
 
     pub(crate) fn idem_handle(&self) -> Result<Idem, IdemError> {
