@@ -111,6 +111,10 @@ where
     }
 
     /// A block, not an `async fn`, for the reason `run` gives.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
     fn go<F, Fut, E>(self, body: F) -> impl Future<Output = Result<T, E>>
     where
         F: FnOnce() -> Fut,
@@ -361,6 +365,10 @@ where
     }
 
     /// A block, not an `async fn`, for the reason `run` gives.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
     fn execute<'s, F, Fut, E>(
         self,
         epoch: u64,
