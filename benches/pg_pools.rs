@@ -1,7 +1,8 @@
 //! How idem's connections and group commit affect throughput on PostgreSQL: the same
 //! calls through `Idem::postgres` (idem's own connections for claims and records) and
 //! through `Idem::from_pool` on an application's sqlx pool, with and without sqlx's ping
-//! on acquire, and with group commit on and off, side by side in one run.
+//! on acquire, with group commit on and off, and with fewer connections than callers
+//! (where group commit gathers every claim), side by side in one run.
 //!
 //! ```text
 //! cargo bench --bench pg_pools
@@ -87,12 +88,12 @@ async fn main() -> Res<()> {
     // default `max_connections` at any caller count.
     let connections = callers.min(CALLERS) as u32;
     let pid = std::process::id();
-    let tables: Vec<String> = (0..5)
+    let tables: Vec<String> = (0..7)
         .map(|i| format!("idem_bench_pools_{pid}_{i}"))
         .collect();
 
     // The in-process replay cache is off: every replay reaches the database.
-    let own = |table: &String, group_commit: bool| {
+    let own_n = |table: &String, group_commit: bool, connections: u32| {
         Idem::builder()
             .table(table.clone())
             .replay_cache_bytes(0)
@@ -100,6 +101,7 @@ async fn main() -> Res<()> {
             .max_connections(connections)
             .postgres(&url)
     };
+    let own = |table: &String, group_commit: bool| own_n(table, group_commit, connections);
     let pinging = PgPoolOptions::new()
         .max_connections(connections)
         .connect(&url)
@@ -136,6 +138,15 @@ async fn main() -> Res<()> {
         (
             "Idem::postgres, group commit off",
             own(&tables[4], false).await?,
+        ),
+        // Fewer connections than callers, so claims queue and group commit gathers them.
+        (
+            "Idem::postgres, a quarter as many connections",
+            own_n(&tables[5], true, (connections / 4).max(1)).await?,
+        ),
+        (
+            "Idem::postgres, an eighth as many connections",
+            own_n(&tables[6], true, (connections / 8).max(1)).await?,
         ),
     ];
 
