@@ -616,3 +616,84 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
     drop(idem);
     drop_role(&pool, role_pool, &schema, &role).await;
 }
+
+/// A waiter on another handle (another process, as far as the store knows) whose poll
+/// interval is an hour gets the outcome when the first handle records it: the record
+/// found the waiter's flag on the row and sent the wake-up the waiter's handle listens
+/// for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_handle_wakes_waiters_through_notify() {
+    let test = "another_handle_wakes_waiters_through_notify";
+    let Some(pool) = pool(test, 2).await else {
+        return;
+    };
+    let schema = schema(&pool, test).await;
+    let table = format!("{schema}.idem_operations");
+    // The waiter's connections carry a name of their own, so its listener can be told
+    // from every other test's.
+    let sep = if postgres_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let waiter_url = format!("{}{sep}application_name={schema}", postgres_url());
+    let owner = uncached_builder(&table, true)
+        .poll_interval(Duration::from_millis(200))
+        .postgres(&postgres_url())
+        .await
+        .unwrap();
+    let waiter = uncached_builder(&table, true)
+        .poll_interval(Duration::from_secs(3600))
+        .postgres(&waiter_url)
+        .await
+        .unwrap();
+    // A wake-up sent before the waiter's handle listens would be missed.
+    let listening = "SELECT count(*) FROM pg_stat_activity \
+                     WHERE application_name = $1 AND query ILIKE 'LISTEN%'";
+    while sqlx::query_scalar::<_, i64>(listening)
+        .bind(&schema)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        == 0
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn(async move {
+        owner
+            .operation("send", "w-1")
+            .run(move || async move {
+                let _ = started_tx.send(());
+                let _ = go_rx.await;
+                Ok::<_, IdemError>(7)
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    let second = tokio::spawn(async move {
+        waiter
+            .operation("send", "w-1")
+            .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(3600)))
+            .run(|| async { Ok::<_, IdemError>(99) })
+            .await
+    });
+    // Finish only once the waiter has announced itself, so the wake-up is what ends
+    // its wait (its next poll is an hour away).
+    let flagged = format!("SELECT waiters FROM {table} WHERE name = 'send'");
+    while !sqlx::query_scalar::<_, bool>(&flagged)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    go_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), 7);
+    // A liveness bound, not a speed claim: without the wake-up the waiter sleeps an hour.
+    let woken = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the waiter was never woken");
+    assert_eq!(woken.unwrap().unwrap(), 7);
+}

@@ -489,6 +489,9 @@ struct Statements {
     resolve_record: Stmt,
     resolve_delete: Stmt,
     announce_wait: Option<Stmt>,
+    /// Sent after a record whose row says a caller waits, where the record does not
+    /// wake them itself.
+    wake: Option<Stmt>,
     purge: Stmt,
     purge_locked: Option<Stmt>,
     stats: Stmt,
@@ -516,6 +519,7 @@ impl Statements {
             resolve_record: r("resolve_record"),
             resolve_delete: r("resolve_delete"),
             announce_wait: optional("announce_wait"),
+            wake: optional("wake"),
             purge: r("purge"),
             purge_locked: optional("purge_locked"),
             stats: r("stats"),
@@ -944,8 +948,26 @@ impl<D: Dialect> Store for SqlStore<D> {
                 return fence(&rows.map_err(D::map_err)?);
             }
         }
-        self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
-            .await
+        let Some(wake) = &self.sql.wake else {
+            return self
+                .write_outcome(&self.sql.record, id, epoch, outcome, retain)
+                .await;
+        };
+        let Some(sql_epoch) = sql_epoch(epoch) else {
+            return Ok(Fence::Lost);
+        };
+        let payload = wake_payload(id)?;
+        let mut named = fenced_args(id, sql_epoch, &payload);
+        named.extend_from_slice(&outcome_args(outcome, retain));
+        let rows = self.rows(On::Hot, &self.sql.record, &named).await?;
+        if rows.iter().any(|r| r.flag("waiters").unwrap_or(false)) {
+            // Committed already: a waiter this misses still finds the outcome at its
+            // next poll, so a failure here fails nothing.
+            if let Err(e) = self.rows(On::Hot, wake, &named).await {
+                tracing::debug!(error = %e, "idem: could not wake the waiters of a record");
+            }
+        }
+        fence(&rows)
     }
 
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {

@@ -158,6 +158,7 @@ impl Dialect for Pg {
     statements!(
         "postgres",
         "announce_wait",
+        "wake",
         "peek",
         "claim_batch",
         "claim_conflict",
