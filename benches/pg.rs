@@ -457,7 +457,6 @@ impl Subject {
             .bind(&id.name)
             .bind(&id.key)
             .bind(epoch)
-            .bind(serde_json::to_string(&id)?)
             .bind(serde_json::to_vec(&1u32)?)
             .bind(false)
             .bind(1_i32)
@@ -1008,11 +1007,10 @@ fn idem_sql_script(sql: &Sql, replay: bool) -> String {
         ("$2", ":name::text"),
         ("$3", ":k::text"),
         ("$4", ":c_epoch::bigint"),
-        ("$5", ":payload::text"),
-        ("$6", ":outcome::bytea"),
-        ("$7", ":is_err::boolean"),
-        ("$8", ":version::integer"),
-        ("$9", ":retain"),
+        ("$5", ":outcome::bytea"),
+        ("$6", ":is_err::boolean"),
+        ("$7", ":version::integer"),
+        ("$8", ":retain"),
     ]
     .iter()
     .fold(sql.record.clone(), |s, (p, v)| s.replace(p, v));

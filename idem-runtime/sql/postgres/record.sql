@@ -8,4 +8,4 @@ SET state = 1, outcome = :outcome, outcome_is_err = :is_err, outcome_version = :
 WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch
   AND (state = 0 OR (state = 1 AND outcome = :outcome AND outcome_is_err = :is_err
                      AND outcome_version = :version))
-RETURNING 1 AS held, waiters
+RETURNING 1::bigint AS held, waiters
