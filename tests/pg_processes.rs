@@ -659,41 +659,12 @@ async fn another_handle_wakes_waiters_through_notify() {
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = tokio::spawn(async move {
-        owner
-            .operation("send", "w-1")
-            .run(move || async move {
-                let _ = started_tx.send(());
-                let _ = go_rx.await;
-                Ok::<_, IdemError>(7)
-            })
-            .await
-    });
-    started_rx.await.unwrap();
-    let second = tokio::spawn(async move {
-        waiter
-            .operation("send", "w-1")
-            .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(3600)))
-            .run(|| async { Ok::<_, IdemError>(99) })
-            .await
-    });
-    // Finish only once the waiter has announced itself, so the wake-up is what ends
-    // its wait (its next poll is an hour away).
     let flagged = format!("SELECT waiters FROM {table} WHERE name = 'send'");
-    while !sqlx::query_scalar::<_, bool>(&flagged)
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    go_tx.send(()).unwrap();
-    assert_eq!(first.await.unwrap().unwrap(), 7);
-    // A liveness bound, not a speed claim: without the wake-up the waiter sleeps an hour.
-    let woken = tokio::time::timeout(Duration::from_secs(30), second)
-        .await
-        .expect("the waiter was never woken");
-    assert_eq!(woken.unwrap().unwrap(), 7);
+    let flagged = || async {
+        sqlx::query_scalar::<_, bool>(&flagged)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(waiter_on_another_handle(owner, waiter, flagged).await, 7);
 }

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use idem_runtime::{Idem, IdemError, InFlight, OnStoreError};
+use idem_runtime::{Idem, IdemError, OnStoreError};
 
 /// Whether some record under `prefix` is flagged as waited on.
 async fn flagged(prefix: &str) -> bool {
@@ -72,43 +72,13 @@ async fn another_handle_wakes_waiters_through_pubsub() {
         open(Duration::from_millis(200)).await,
         open(Duration::from_secs(3600)).await,
     );
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = tokio::spawn(async move {
-        owner
-            .operation("send", "w-1")
-            .run(move || async move {
-                let _ = started_tx.send(());
-                let _ = go_rx.await;
-                Ok::<_, IdemError>(7)
-            })
-            .await
-    });
-    started_rx.await.unwrap();
     // Both handles subscribe in the background when they open; a wake-up published
     // before the waiter's handle has subscribed would be missed.
     while subscribers(&format!("{prefix}:wake")).await < 2 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let second = tokio::spawn(async move {
-        waiter
-            .operation("send", "w-1")
-            .in_flight(InFlight::Wait(Duration::from_secs(3600)))
-            .run(|| async { Ok::<_, IdemError>(99) })
-            .await
-    });
-    // Finish only once the waiter has announced itself, so the wake-up is what ends
-    // its wait (its next poll is an hour away).
-    while !flagged(&prefix).await {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    go_tx.send(()).unwrap();
-    assert_eq!(first.await.unwrap().unwrap(), 7);
-    // A liveness bound, not a speed claim: without the wake-up the waiter sleeps an hour.
-    let woken = tokio::time::timeout(Duration::from_secs(30), second)
-        .await
-        .expect("the waiter was never woken");
-    assert_eq!(woken.unwrap().unwrap(), 7, "the waiter replays the outcome");
+    let woken = common::waiter_on_another_handle(owner, waiter, || flagged(&prefix)).await;
+    assert_eq!(woken, 7, "the waiter replays the outcome");
     common::Cleanup::for_redis_prefix(&prefix).run().await;
 }
 

@@ -650,3 +650,49 @@ macro_rules! suite {
         }
     };
 }
+
+/// A call on `owner` whose body holds until a waiting duplicate on `waiter` (another
+/// handle, so another process as far as the store knows, whose poll interval should be
+/// an hour) has announced itself, as `flagged` reports; returns what the waiter got
+/// once the first call recorded 7. Panics if the waiter is not woken within 30 s, a
+/// liveness bound rather than a speed claim: unwoken, it would sleep an hour.
+pub async fn waiter_on_another_handle<F, Fut>(owner: Idem, waiter: Idem, flagged: F) -> u32
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn(async move {
+        owner
+            .operation("send", "w-1")
+            .run(move || async move {
+                let _ = started_tx.send(());
+                let _ = go_rx.await;
+                Ok::<_, IdemError>(7u32)
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    let second = tokio::spawn(async move {
+        waiter
+            .operation("send", "w-1")
+            .in_flight(idem_runtime::InFlight::Wait(
+                std::time::Duration::from_secs(3600),
+            ))
+            .run(|| async { Ok::<_, IdemError>(99u32) })
+            .await
+    });
+    // Finish only once the waiter has announced itself, so the wake-up is what ends
+    // its wait.
+    while !flagged().await {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    go_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), 7);
+    tokio::time::timeout(std::time::Duration::from_secs(30), second)
+        .await
+        .expect("the waiter was never woken")
+        .unwrap()
+        .unwrap()
+}
