@@ -238,6 +238,12 @@ impl Idem {
         self.inner.cfg.renew_leases
     }
 
+    /// Whether claims in the local memory store are pinned rather than renewed (see
+    /// `MemoryStore::claim_now`): the claim and the lease that unpins it must agree.
+    pub(crate) fn pins_claims(&self) -> bool {
+        self.renews_leases()
+    }
+
     pub(crate) fn store(&self) -> &dyn Store {
         &*self.inner.store
     }

@@ -208,8 +208,7 @@ where
     /// One claim: on the memory store directly, else through the store's trait.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Attempt {
         match self.idem.local() {
-            // Pinned where leases are renewed: see `MemoryStore::claim_now`.
-            Some(memory) => match memory.claim_now(req, self.idem.renews_leases()) {
+            Some(memory) => match memory.claim_now(req, self.idem.pins_claims()) {
                 (Claimed::Completed(outcome), _) => Attempt::Replay(Replayed::Kept(outcome)),
                 (Claimed::Decided(claim), made) => Attempt::Answered(
                     Ok(claim),
@@ -411,7 +410,7 @@ where
             let shared = self.op.id.shared();
             let lease = match self.idem.local() {
                 // Claimed pinned (`claim`): held while `lease` lives, nothing to renew.
-                Some(memory) if self.idem.renews_leases() => Lease::pinned(memory, id, epoch),
+                Some(memory) if self.idem.pins_claims() => Lease::pinned(memory, id, epoch),
                 _ => Lease::hold(&self.idem, &shared, epoch, self.op.lease, claimed_at),
             };
             // Timed only where the histogram exists: two clock reads per call otherwise.

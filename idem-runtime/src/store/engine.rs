@@ -489,8 +489,8 @@ struct Statements {
     resolve_record: Stmt,
     resolve_delete: Stmt,
     announce_wait: Option<Stmt>,
-    /// Sent after a record whose row says a caller waits, where the record does not
-    /// wake them itself.
+    /// Sent after a fenced write whose row says a caller waits, where the write does
+    /// not wake them itself.
     wake: Option<Stmt>,
     purge: Stmt,
     purge_locked: Option<Stmt>,
@@ -730,7 +730,9 @@ impl<D: Dialect> SqlStore<D> {
         self.dialect.fetch(on, stmt, args).await.map_err(D::map_err)
     }
 
-    /// A fenced write: held when the statement reports a row it changed.
+    /// A fenced write: held when the statement reports a row it changed. A statement
+    /// that returns the row's `waiters` flag rather than waking them itself (the
+    /// PostgreSQL record) is followed by the dialect's wake statement where it is set.
     async fn fenced(
         &self,
         stmt: &Stmt,
@@ -745,6 +747,15 @@ impl<D: Dialect> SqlStore<D> {
         let mut named = fenced_args(id, epoch, &payload);
         named.extend_from_slice(extra);
         let rows = self.rows(On::Hot, stmt, &named).await?;
+        if let Some(wake) = &self.sql.wake
+            && rows.iter().any(|r| r.flag("waiters").unwrap_or(false))
+        {
+            // Committed already: a waiter this misses still finds the outcome at its
+            // next poll, so a failure here fails nothing.
+            if let Err(e) = self.rows(On::Hot, wake, &named).await {
+                tracing::debug!(error = %e, "idem: could not wake the waiters of a write");
+            }
+        }
         fence(&rows)
     }
 
@@ -948,26 +959,8 @@ impl<D: Dialect> Store for SqlStore<D> {
                 return fence(&rows.map_err(D::map_err)?);
             }
         }
-        let Some(wake) = &self.sql.wake else {
-            return self
-                .write_outcome(&self.sql.record, id, epoch, outcome, retain)
-                .await;
-        };
-        let Some(sql_epoch) = sql_epoch(epoch) else {
-            return Ok(Fence::Lost);
-        };
-        let payload = wake_payload(id)?;
-        let mut named = fenced_args(id, sql_epoch, &payload);
-        named.extend_from_slice(&outcome_args(outcome, retain));
-        let rows = self.rows(On::Hot, &self.sql.record, &named).await?;
-        if rows.iter().any(|r| r.flag("waiters").unwrap_or(false)) {
-            // Committed already: a waiter this misses still finds the outcome at its
-            // next poll, so a failure here fails nothing.
-            if let Err(e) = self.rows(On::Hot, wake, &named).await {
-                tracing::debug!(error = %e, "idem: could not wake the waiters of a record");
-            }
-        }
-        fence(&rows)
+        self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
+            .await
     }
 
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
