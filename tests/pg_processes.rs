@@ -575,11 +575,13 @@ async fn a_purge_goes_past_a_row_another_transaction_holds() {
 }
 
 /// A fresh key is claimed by a plain insert (`claim_fresh.sql`), lighter than the
-/// full claim's upsert: under a role that may insert but not update, the claim of a
-/// new key still succeeds and its body runs (the upsert would be refused before it
-/// inserted anything); the record, an update, is then refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// full claim's upsert, alone and gathered into a batch (`claim_fresh_batch.sql`): under
+/// a role that may insert but not update, the claims of new keys still succeed and their
+/// bodies run (the upsert would be refused before it inserted anything); the records,
+/// updates, are then refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fresh_key_is_claimed_by_a_plain_insert() {
+    const GATHERED: usize = 8;
     let Some(pool) = pool("fresh_insert", 4).await else {
         return;
     };
@@ -589,21 +591,26 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
     let role = format!("{schema}_inserter");
     // UPDATE on idem's table only: opening records the key mode in its `_meta` table.
     let role_pool = role_pool(&pool, &schema, &role, &["UPDATE"]).await;
-    // Claims gathered into a batch (group commit, while every connection is busy) take
-    // the full claim: off here, so no busy moment of the small pool decides the path.
+    let call = |idem: &Idem, key: String, runs: &Counter| {
+        let (idem, runs) = (idem.clone(), runs.clone());
+        async move {
+            idem.operation("ship", &key)
+                .run(|| async {
+                    runs.hit();
+                    Ok::<_, IdemError>(1u32)
+                })
+                .await
+        }
+    };
+
+    // Alone: group commit off, so no busy moment of the small pool gathers the claim.
     let idem = uncached_builder(&table, false)
         .group_commit(false)
         .pool(role_pool.clone())
         .await
         .unwrap();
     let runs = Counter::default();
-    let result = idem
-        .operation("ship", "new-key")
-        .run(|| async {
-            runs.hit();
-            Ok::<_, IdemError>(1u32)
-        })
-        .await;
+    let result = call(&idem, "new-key".into(), &runs).await;
     assert_eq!(
         runs.get(),
         1,
@@ -612,6 +619,40 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
     assert!(
         matches!(result, Err(IdemError::Unrecorded { .. })),
         "{result:?}"
+    );
+    drop(idem);
+    sqlx::query(&format!("DELETE FROM {table}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // Gathered: every connection busy while the callers arrive.
+    let idem = uncached_builder(&table, false)
+        .pool(role_pool.clone())
+        .await
+        .unwrap();
+    let runs = Counter::default();
+    let held = hold_every_connection(&role_pool).await;
+    let callers = spawn_together(GATHERED, |i| call(&idem, format!("batch-{i}"), &runs));
+    let_callers_queue(held).await;
+    for caller in callers {
+        let result = caller.await.unwrap();
+        assert!(
+            matches!(result, Err(IdemError::Unrecorded { .. })),
+            "a gathered claim of a new key was refused: {result:?}"
+        );
+    }
+    assert_eq!(runs.get(), GATHERED);
+    let (rows, transactions): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*), count(DISTINCT xmin::text) FROM {table}"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, GATHERED as i64);
+    assert!(
+        transactions < rows,
+        "{rows} new keys claimed in {transactions} transactions: none were gathered"
     );
     drop(idem);
     drop_role(&pool, role_pool, &schema, &role).await;

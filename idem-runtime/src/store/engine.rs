@@ -232,6 +232,12 @@ pub(crate) enum On<'c, C> {
 #[derive(Debug)]
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Gathered {
+    /// The plain insert's parameters (`claim_fresh.sql`), for a key with no record.
+    Fresh {
+        id: OperationId,
+        fp: [u8; 32],
+        lease_ms: i64,
+    },
     /// The claim statement's parameters.
     Claim {
         id: OperationId,
@@ -254,7 +260,9 @@ impl Gathered {
     /// The operation it claims or records.
     pub(crate) fn id(&self) -> &OperationId {
         match self {
-            Gathered::Claim { id, .. } | Gathered::Record { id, .. } => id,
+            Gathered::Fresh { id, .. }
+            | Gathered::Claim { id, .. }
+            | Gathered::Record { id, .. } => id,
         }
     }
 
@@ -262,6 +270,7 @@ impl Gathered {
     /// engine binds them when it issues that statement itself.
     pub(crate) fn args(&self) -> Vec<(&'static str, Arg<'_>)> {
         match self {
+            Gathered::Fresh { id, fp, lease_ms } => claim_args(id, fp, *lease_ms, false),
             Gathered::Claim {
                 id,
                 fp,
@@ -586,16 +595,32 @@ fn wake_payload(id: &OperationId) -> Result<String, StoreError> {
 
 impl<D: Dialect> SqlStore<D> {
     /// Claims a key that has no record with a plain insert (`claim_fresh.sql`), where
-    /// the dialect has one and the claim is not gathered into a batch: the epoch, or
-    /// `None` when the key exists (or the insert conflicted), for the full claim.
-    async fn claim_fresh(&self, named: &[(&str, Arg<'_>)]) -> Result<Option<u64>, StoreError> {
+    /// the dialect has one, alone or gathered with other callers' (PostgreSQL's
+    /// `claim_fresh_batch.sql`): the epoch, or `None` when the key exists (or the
+    /// insert conflicted), for the full claim.
+    async fn claim_fresh(
+        &self,
+        req: &ClaimRequest<'_>,
+        named: &[(&str, Arg<'_>)],
+    ) -> Result<Option<u64>, StoreError> {
         let Some(stmt) = &self.sql.claim_fresh else {
             return Ok(None);
         };
-        if self.dialect.gathers() {
-            return Ok(None);
-        }
-        let rows = match self.dialect.fetch(On::Hot, stmt, stmt.args(named)?).await {
+        let gathered = if self.dialect.gathers() {
+            let op = Gathered::Fresh {
+                id: req.id.clone(),
+                fp: req.fingerprint,
+                lease_ms: millis(req.lease),
+            };
+            self.dialect.gathered(op).await
+        } else {
+            None
+        };
+        let rows = match gathered {
+            Some(rows) => rows,
+            None => self.dialect.fetch(On::Hot, stmt, stmt.args(named)?).await,
+        };
+        let rows = match rows {
             Ok(rows) => rows,
             Err(e) if D::is_conflict(&e) => return Ok(None),
             Err(e) => return Err(D::map_err(e)),
@@ -894,7 +919,7 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let to_unknown = req.on_takeover == Takeover::Unknown;
         let named = claim_args(req.id, &req.fingerprint, millis(req.lease), to_unknown);
-        let claim = match self.claim_fresh(&named).await? {
+        let claim = match self.claim_fresh(req, &named).await? {
             Some(epoch) => Claim::Acquired {
                 epoch,
                 takeover: false,

@@ -10,25 +10,46 @@ use tokio::sync::{Semaphore, oneshot};
 /// Writes waiting for a batch, and the permits of the tasks writing batches.
 #[derive(Debug)]
 pub(crate) struct Gather<P> {
-    waiting: Mutex<Vec<P>>,
+    waiting: Mutex<Queue<P>>,
     /// Held by each task writing a batch; FIFO, so no caller is starved.
     writers: Arc<Semaphore>,
+    /// Writer's permits callers were granted.
+    #[cfg(test)]
+    granted: std::sync::atomic::AtomicUsize,
+}
+
+/// The writes no batch has taken yet, numbered in arrival order.
+#[derive(Debug)]
+struct Queue<P> {
+    items: Vec<P>,
+    /// Writes queued so far.
+    pushed: u64,
+    /// Writes taken into batches so far (always the oldest: a batch takes every one).
+    taken: u64,
 }
 
 impl<P: Send + 'static> Gather<P> {
     /// At most `writers` batches in flight at once.
     pub(crate) fn new(writers: usize) -> Gather<P> {
         Gather {
-            waiting: Mutex::new(Vec::new()),
+            waiting: Mutex::new(Queue {
+                items: Vec::new(),
+                pushed: 0,
+                taken: 0,
+            }),
             writers: Arc::new(Semaphore::new(writers.max(1))),
+            #[cfg(test)]
+            granted: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
-    /// Queues `item` and waits for `answer`, which whoever writes its batch sends. While
-    /// it waits, a caller that gets a writer's permit takes every item waiting and hands
-    /// them to `write`, run in a task of its own: a caller that gives up mid-batch
-    /// cancels neither the batch nor its neighbours' answers. `None` when the batch
-    /// ended without answering (its task panicked).
+    /// Queues `item` and waits for `answer`, which whoever writes its batch sends. Until
+    /// a batch takes its item, a caller that gets a writer's permit takes every item
+    /// waiting and hands them to `write`, run in a task of its own: a caller that gives
+    /// up mid-batch cancels neither the batch nor its neighbours' answers. Once its
+    /// item is taken, a caller only waits for its answer: competing for permits then
+    /// would pass each freed permit down a line of callers with nothing to write.
+    /// `None` when the batch ended without answering (its task panicked).
     pub(crate) async fn submit<T, W, F>(
         &self,
         item: P,
@@ -39,8 +60,13 @@ impl<P: Send + 'static> Gather<P> {
         W: Fn(Vec<P>) -> F,
         F: Future<Output = ()> + Send + 'static,
     {
-        lock(&self.waiting).push(item);
-        loop {
+        let mine = {
+            let mut queue = lock(&self.waiting);
+            queue.items.push(item);
+            queue.pushed += 1;
+            queue.pushed
+        };
+        while lock(&self.waiting).taken < mine {
             let permit = tokio::select! {
                 biased;
                 done = &mut answer => return done.ok(),
@@ -48,17 +74,25 @@ impl<P: Send + 'static> Gather<P> {
             };
             // The semaphore is never closed.
             let Ok(permit) = permit else { continue };
-            let batch = std::mem::take(&mut *lock(&self.waiting));
-            if batch.is_empty() {
-                // An earlier writer took ours; its answer is on the way.
-                continue;
-            }
+            #[cfg(test)]
+            self.granted
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let batch = {
+                let mut queue = lock(&self.waiting);
+                if queue.taken >= mine {
+                    // An earlier writer took ours; its answer is on the way.
+                    break;
+                }
+                queue.taken = queue.pushed;
+                std::mem::take(&mut queue.items)
+            };
             let run = write(batch);
             tokio::spawn(async move {
                 run.await;
                 drop(permit);
             });
         }
+        answer.await.ok()
     }
 }
 
@@ -109,7 +143,7 @@ mod tests {
                 }
             }
         }
-        while queued.load(Ordering::SeqCst) < 9 || lock(&gather.waiting).len() < 8 {
+        while queued.load(Ordering::SeqCst) < 9 || lock(&gather.waiting).items.len() < 8 {
             tokio::task::yield_now().await;
         }
         release.send(true).unwrap();
@@ -117,5 +151,83 @@ mod tests {
             assert_eq!(caller.await.unwrap(), Some(n as u32 * 10));
         }
         assert_eq!(*lock(&batches), vec![1, 8]);
+    }
+
+    /// A caller whose write a batch has taken waits for its answer and asks for no
+    /// writer's permit again: a permit freed while that batch is in flight goes to each
+    /// such caller at most once, instead of round and round among them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_whose_write_was_taken_stops_asking_for_permits() {
+        type Item = (u32, oneshot::Sender<u32>);
+        let gather: Arc<Gather<Item>> = Arc::new(Gather::new(2));
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        // One gate per batch, in the order the batches start.
+        let gates: Vec<_> = (0..3).map(|_| tokio::sync::watch::channel(false)).collect();
+        let holds: Arc<Vec<_>> = Arc::new(gates.iter().map(|(_, rx)| rx.clone()).collect());
+        let write = {
+            let (sizes, holds) = (sizes.clone(), holds.clone());
+            move |batch: Vec<Item>| {
+                let nth = {
+                    let mut sizes = lock(&sizes);
+                    sizes.push(batch.len());
+                    sizes.len() - 1
+                };
+                let mut hold = holds[nth].clone();
+                async move {
+                    let _ = hold.wait_for(|go| *go).await;
+                    for (n, reply) in batch {
+                        let _ = reply.send(n);
+                    }
+                }
+            }
+        };
+        let submit = |n: u32| {
+            let (gather, write) = (gather.clone(), write.clone());
+            tokio::spawn(async move {
+                let (tx, rx) = oneshot::channel();
+                gather.submit((n, tx), rx, write).await
+            })
+        };
+        let batches = |n: usize| {
+            let sizes = sizes.clone();
+            async move {
+                while lock(&sizes).len() < n {
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+        // Two batches of one hold both permits; eight callers queue behind them.
+        let mut callers = vec![submit(0)];
+        batches(1).await;
+        callers.push(submit(1));
+        batches(2).await;
+        callers.extend((2..10).map(submit));
+        while lock(&gather.waiting).items.len() < 8 {
+            tokio::task::yield_now().await;
+        }
+        // The first permit freed goes to the first in line, which takes all eight.
+        gates[0].0.send(true).unwrap();
+        batches(3).await;
+        // The second is freed while those eight are in flight: it is passed along the
+        // line of callers with nothing left to write, given every chance to go round.
+        gates[1].0.send(true).unwrap();
+        let mut callers = callers.into_iter();
+        for n in 0..2 {
+            assert_eq!(callers.next().unwrap().await.unwrap(), Some(n));
+        }
+        for _ in 0..2_000 {
+            tokio::task::yield_now().await;
+        }
+        let granted = gather.granted.load(std::sync::atomic::Ordering::SeqCst);
+        gates[2].0.send(true).unwrap();
+        for (n, caller) in (2..).zip(callers) {
+            assert_eq!(caller.await.unwrap(), Some(n));
+        }
+        assert_eq!(*lock(&sizes), vec![1, 1, 8]);
+        // The three batches' writers, and the other seven callers once each at most.
+        assert!(
+            granted <= 10,
+            "permits granted {granted} times for three batches"
+        );
     }
 }

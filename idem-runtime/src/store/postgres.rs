@@ -161,6 +161,7 @@ impl Dialect for Pg {
         "wake",
         "peek",
         "claim_batch",
+        "claim_fresh_batch",
         "claim_conflict",
         "record_batch",
         "purge_locked",
@@ -212,6 +213,7 @@ impl Dialect for Pg {
     async fn gathered(&self, op: Gathered) -> Option<Result<Vec<Row>, sqlx::Error>> {
         let group = self.group.as_ref()?;
         let gather = match &op {
+            Gathered::Fresh { .. } => &group.fresh,
             Gathered::Claim { to_unknown, .. } => &group.claims[usize::from(*to_unknown)],
             Gathered::Record { .. } => &group.records,
         };
@@ -303,19 +305,25 @@ async fn hot(
 const GROUP_WRITERS: usize = 1;
 
 /// Group commit: concurrent claims (and concurrent records) are gathered into one
-/// statement over arrays (`claim_batch.sql`, `record_batch.sql`), one round trip and
-/// one commit for the lot, each row decided alone and answered to its caller. Claims
-/// gather by takeover policy, which the statement binds once.
+/// statement over arrays, one round trip and one commit for the lot, each row decided
+/// alone and answered to its caller. A claim first joins the plain inserts of new keys
+/// (`claim_fresh_batch.sql`), as a lone claim first tries `claim_fresh.sql`; one whose
+/// key exists then joins the full claims (`claim_batch.sql`), which gather by takeover
+/// policy, bound once per statement. Records: `record_batch.sql`.
 #[derive(Debug)]
 struct PgGroup {
     pool: PgPool,
     owned: Option<Arc<Conns>>,
+    claim_fresh: Stmt,
     claim: Stmt,
     record: Stmt,
+    claim_fresh_batch: Stmt,
     claim_batch: Stmt,
     record_batch: Stmt,
     /// Claims whose takeover reruns (`[0]`) or marks UNKNOWN (`[1]`).
     claims: [Gather<Waiting>; 2],
+    /// Plain inserts of keys with no record yet.
+    fresh: Gather<Waiting>,
     records: Gather<Waiting>,
 }
 
@@ -342,6 +350,7 @@ async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
             continue;
         }
         let stmt = match now[0].op {
+            Gathered::Fresh { .. } => &group.claim_fresh_batch,
             Gathered::Claim { .. } => &group.claim_batch,
             Gathered::Record { .. } => &group.record_batch,
         };
@@ -375,6 +384,7 @@ async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
 async fn alone(group: &PgGroup, each: Vec<Waiting>) {
     for w in each {
         let stmt = match w.op {
+            Gathered::Fresh { .. } => &group.claim_fresh,
             Gathered::Claim { .. } => &group.claim,
             Gathered::Record { .. } => &group.record,
         };
@@ -576,12 +586,15 @@ async fn prepare(
     let group = PgGroup {
         pool: pool.clone(),
         owned: owned.clone(),
+        claim_fresh: Stmt::render::<Pg>(Pg::sql("claim_fresh"), &table),
         claim: Stmt::render::<Pg>(Pg::sql("claim"), &table),
+        claim_fresh_batch: Stmt::render::<Pg>(Pg::sql("claim_fresh_batch"), &table),
         record: Stmt::render::<Pg>(Pg::sql("record"), &table),
         claim_batch: Stmt::render::<Pg>(Pg::sql("claim_batch"), &table),
         record_batch: Stmt::render::<Pg>(Pg::sql("record_batch"), &table),
         claims: [Gather::new(GROUP_WRITERS), Gather::new(GROUP_WRITERS)],
         records: Gather::new(GROUP_WRITERS),
+        fresh: Gather::new(GROUP_WRITERS),
     };
     let dialect = Pg {
         pool,
