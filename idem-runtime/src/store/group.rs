@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 /// Writes waiting for a batch, and the permits of the tasks writing batches.
 #[derive(Debug)]
@@ -45,11 +45,11 @@ impl<P: Send + 'static> Gather<P> {
 
     /// Queues `item` and waits for `answer`, which whoever writes its batch sends. Until
     /// a batch takes its item, a caller that gets a writer's permit takes every item
-    /// waiting and hands them to `write`, run in a task of its own: a caller that gives
-    /// up mid-batch cancels neither the batch nor its neighbours' answers. Once its
+    /// waiting and hands them to `write`, which it runs itself; a caller that gives up
+    /// mid-batch cancels neither the batch nor its neighbours' answers ([`Writing`]). Once its
     /// item is taken, a caller only waits for its answer: competing for permits then
     /// would pass each freed permit down a line of callers with nothing to write.
-    /// `None` when the batch ended without answering (its task panicked).
+    /// `None` when the batch ended without answering (its write panicked).
     pub(crate) async fn submit<T, W, F>(
         &self,
         item: P,
@@ -86,13 +86,47 @@ impl<P: Send + 'static> Gather<P> {
                 queue.taken = queue.pushed;
                 std::mem::take(&mut queue.items)
             };
-            let run = write(batch);
-            tokio::spawn(async move {
+            let mut writing = Writing {
+                run: Some(Box::pin(write(batch))),
+                permit: Some(permit),
+            };
+            if let Some(run) = writing.run.as_mut() {
+                run.as_mut().await;
+            }
+            writing.run = None;
+        }
+        answer.await.ok()
+    }
+}
+
+/// A batch being written by the caller that took it, on the caller's own task (a hop to
+/// another task costs each batch a wake-up on a machine whose cores the database
+/// shares). If that caller gives up mid-batch, the rest of the batch goes on in a task
+/// of its own, so neither the batch nor its neighbours' answers are cancelled.
+struct Writing<F: Future<Output = ()> + Send + 'static> {
+    /// The batch's write; `None` once it finished.
+    run: Option<std::pin::Pin<Box<F>>>,
+    /// The writer's permit, held until the write ends.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<F: Future<Output = ()> + Send + 'static> Drop for Writing<F> {
+    fn drop(&mut self) {
+        let (Some(run), permit) = (self.run.take(), self.permit.take()) else {
+            return;
+        };
+        // A write that panicked is not resumed; outside a runtime (one shutting down)
+        // there is nowhere to resume it. Either way the batch ends here, and its callers
+        // are told it ended without answering.
+        if std::thread::panicking() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
                 run.await;
                 drop(permit);
             });
         }
-        answer.await.ok()
     }
 }
 
@@ -229,5 +263,68 @@ mod tests {
             granted <= 10,
             "permits granted {granted} times for three batches"
         );
+    }
+
+    /// The caller writing a batch gives up mid-batch (its task is aborted): the batch
+    /// goes on without it, and its neighbours in that batch get their answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_that_gives_up_leaves_its_batch_running() {
+        type Item = (u32, oneshot::Sender<u32>);
+        let gather: Arc<Gather<Item>> = Arc::new(Gather::new(1));
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let gates: Vec<_> = (0..2).map(|_| tokio::sync::watch::channel(false)).collect();
+        let holds: Arc<Vec<_>> = Arc::new(gates.iter().map(|(_, rx)| rx.clone()).collect());
+        let write = {
+            let (sizes, holds) = (sizes.clone(), holds.clone());
+            move |batch: Vec<Item>| {
+                let nth = {
+                    let mut sizes = lock(&sizes);
+                    sizes.push(batch.len());
+                    sizes.len() - 1
+                };
+                let mut hold = holds[nth].clone();
+                async move {
+                    let _ = hold.wait_for(|go| *go).await;
+                    for (n, reply) in batch {
+                        let _ = reply.send(n);
+                    }
+                }
+            }
+        };
+        let submit = |n: u32| {
+            let (gather, write) = (gather.clone(), write.clone());
+            tokio::spawn(async move {
+                let (tx, rx) = oneshot::channel();
+                gather.submit((n, tx), rx, write).await
+            })
+        };
+        // A first batch holds the one permit while three callers queue behind it.
+        let first = submit(0);
+        while lock(&sizes).is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let callers: Vec<_> = (1..4).map(submit).collect();
+        while lock(&gather.waiting).items.len() < 3 {
+            tokio::task::yield_now().await;
+        }
+        // The first in line takes all three and writes them; it gives up mid-batch.
+        gates[0].0.send(true).unwrap();
+        assert_eq!(first.await.unwrap(), Some(0));
+        while lock(&sizes).len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let mut callers = callers.into_iter();
+        let writer = callers.next().unwrap();
+        writer.abort();
+        assert!(writer.await.unwrap_err().is_cancelled());
+        gates[1].0.send(true).unwrap();
+        for (n, caller) in (2..).zip(callers) {
+            assert_eq!(
+                caller.await.unwrap(),
+                Some(n),
+                "a neighbour lost its answer"
+            );
+        }
+        assert_eq!(*lock(&sizes), vec![1, 3]);
     }
 }

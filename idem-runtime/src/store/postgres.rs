@@ -222,7 +222,7 @@ impl Dialect for Pg {
         let rows = gather.submit(Waiting { op, reply }, answer, write).await;
         Some(rows.unwrap_or_else(|| {
             Err(sqlx::Error::Protocol(
-                "a group-commit batch ended without answering (its task panicked)".into(),
+                "a group-commit batch ended without answering (its write panicked)".into(),
             ))
         }))
     }

@@ -136,7 +136,9 @@ async fn write(
 }
 
 fn lost_batch() -> sqlx::Error {
-    sqlx::Error::Protocol("a group-commit batch ended without answering (its task panicked)".into())
+    sqlx::Error::Protocol(
+        "a group-commit batch ended without answering (its write panicked)".into(),
+    )
 }
 
 /// Writes `batch` in one transaction and answers each write. If any write or the commit
