@@ -300,8 +300,9 @@ async fn hot(
 }
 
 /// Batches of one kind in flight at once. One: while it waits for its commit, every
-/// caller arriving joins the next batch. Two measured the same at 64 callers; four and
-/// more ran below them (smaller batches, each paying its own commit).
+/// caller arriving joins the next batch. Two measured the same at 64 callers, within
+/// the noise (measured twice, the second time with batches written on the caller's own
+/// task); four and more ran below them (smaller batches, each paying its own commit).
 const GROUP_WRITERS: usize = 1;
 
 /// Group commit: concurrent claims (and concurrent records) are gathered into one
