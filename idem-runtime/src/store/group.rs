@@ -187,20 +187,36 @@ mod tests {
         assert_eq!(*lock(&batches), vec![1, 8]);
     }
 
-    /// A caller whose write a batch has taken waits for its answer and asks for no
-    /// writer's permit again: a permit freed while that batch is in flight goes to each
-    /// such caller at most once, instead of round and round among them.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_caller_whose_write_was_taken_stops_asking_for_permits() {
-        type Item = (u32, oneshot::Sender<u32>);
-        let gather: Arc<Gather<Item>> = Arc::new(Gather::new(2));
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        // One gate per batch, in the order the batches start.
-        let gates: Vec<_> = (0..3).map(|_| tokio::sync::watch::channel(false)).collect();
-        let holds: Arc<Vec<_>> = Arc::new(gates.iter().map(|(_, rx)| rx.clone()).collect());
-        let write = {
-            let (sizes, holds) = (sizes.clone(), holds.clone());
-            move |batch: Vec<Item>| {
+    type Item = (u32, oneshot::Sender<u32>);
+
+    /// A gather whose batches each wait at a gate of their own (the first batch to
+    /// start at the first gate, and so on) and then answer every caller its number.
+    struct Gated {
+        gather: Arc<Gather<Item>>,
+        /// Each batch's size, in the order they started.
+        sizes: Arc<Mutex<Vec<usize>>>,
+        gates: Vec<tokio::sync::watch::Sender<bool>>,
+        holds: Arc<Vec<tokio::sync::watch::Receiver<bool>>>,
+    }
+
+    impl Gated {
+        fn new(writers: usize, batches: usize) -> Gated {
+            let (gates, holds) = (0..batches)
+                .map(|_| tokio::sync::watch::channel(false))
+                .unzip();
+            Gated {
+                gather: Arc::new(Gather::new(writers)),
+                sizes: Arc::default(),
+                gates,
+                holds: Arc::new(holds),
+            }
+        }
+
+        /// A caller submitting `n`, in a task of its own.
+        fn submit(&self, n: u32) -> tokio::task::JoinHandle<Option<u32>> {
+            let (gather, sizes, holds) =
+                (self.gather.clone(), self.sizes.clone(), self.holds.clone());
+            let write = move |batch: Vec<Item>| {
                 let nth = {
                     let mut sizes = lock(&sizes);
                     sizes.push(batch.len());
@@ -213,38 +229,52 @@ mod tests {
                         let _ = reply.send(n);
                     }
                 }
-            }
-        };
-        let submit = |n: u32| {
-            let (gather, write) = (gather.clone(), write.clone());
+            };
             tokio::spawn(async move {
                 let (tx, rx) = oneshot::channel();
                 gather.submit((n, tx), rx, write).await
             })
-        };
-        let batches = |n: usize| {
-            let sizes = sizes.clone();
-            async move {
-                while lock(&sizes).len() < n {
-                    tokio::task::yield_now().await;
-                }
-            }
-        };
-        // Two batches of one hold both permits; eight callers queue behind them.
-        let mut callers = vec![submit(0)];
-        batches(1).await;
-        callers.push(submit(1));
-        batches(2).await;
-        callers.extend((2..10).map(submit));
-        while lock(&gather.waiting).items.len() < 8 {
-            tokio::task::yield_now().await;
         }
+
+        /// Opens the gate of the `nth` batch.
+        fn open(&self, nth: usize) {
+            self.gates[nth].send(true).unwrap();
+        }
+
+        /// Waits until `n` batches have started.
+        async fn started(&self, n: usize) {
+            while lock(&self.sizes).len() < n {
+                tokio::task::yield_now().await;
+            }
+        }
+
+        /// Waits until `n` callers wait for a batch to take them.
+        async fn queued(&self, n: usize) {
+            while lock(&self.gather.waiting).items.len() < n {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    /// A caller whose write a batch has taken waits for its answer and asks for no
+    /// writer's permit again: a permit freed while that batch is in flight goes to each
+    /// such caller at most once, instead of round and round among them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_whose_write_was_taken_stops_asking_for_permits() {
+        let g = Gated::new(2, 3);
+        // Two batches of one hold both permits; eight callers queue behind them.
+        let mut callers = vec![g.submit(0)];
+        g.started(1).await;
+        callers.push(g.submit(1));
+        g.started(2).await;
+        callers.extend((2..10).map(|n| g.submit(n)));
+        g.queued(8).await;
         // The first permit freed goes to the first in line, which takes all eight.
-        gates[0].0.send(true).unwrap();
-        batches(3).await;
+        g.open(0);
+        g.started(3).await;
         // The second is freed while those eight are in flight: it is passed along the
         // line of callers with nothing left to write, given every chance to go round.
-        gates[1].0.send(true).unwrap();
+        g.open(1);
         let mut callers = callers.into_iter();
         for n in 0..2 {
             assert_eq!(callers.next().unwrap().await.unwrap(), Some(n));
@@ -252,12 +282,12 @@ mod tests {
         for _ in 0..2_000 {
             tokio::task::yield_now().await;
         }
-        let granted = gather.granted.load(std::sync::atomic::Ordering::SeqCst);
-        gates[2].0.send(true).unwrap();
+        let granted = g.gather.granted.load(Ordering::SeqCst);
+        g.open(2);
         for (n, caller) in (2..).zip(callers) {
             assert_eq!(caller.await.unwrap(), Some(n));
         }
-        assert_eq!(*lock(&sizes), vec![1, 1, 8]);
+        assert_eq!(*lock(&g.sizes), vec![1, 1, 8]);
         // The three batches' writers, and the other seven callers once each at most.
         assert!(
             granted <= 10,
@@ -269,55 +299,21 @@ mod tests {
     /// goes on without it, and its neighbours in that batch get their answers.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_writer_that_gives_up_leaves_its_batch_running() {
-        type Item = (u32, oneshot::Sender<u32>);
-        let gather: Arc<Gather<Item>> = Arc::new(Gather::new(1));
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        let gates: Vec<_> = (0..2).map(|_| tokio::sync::watch::channel(false)).collect();
-        let holds: Arc<Vec<_>> = Arc::new(gates.iter().map(|(_, rx)| rx.clone()).collect());
-        let write = {
-            let (sizes, holds) = (sizes.clone(), holds.clone());
-            move |batch: Vec<Item>| {
-                let nth = {
-                    let mut sizes = lock(&sizes);
-                    sizes.push(batch.len());
-                    sizes.len() - 1
-                };
-                let mut hold = holds[nth].clone();
-                async move {
-                    let _ = hold.wait_for(|go| *go).await;
-                    for (n, reply) in batch {
-                        let _ = reply.send(n);
-                    }
-                }
-            }
-        };
-        let submit = |n: u32| {
-            let (gather, write) = (gather.clone(), write.clone());
-            tokio::spawn(async move {
-                let (tx, rx) = oneshot::channel();
-                gather.submit((n, tx), rx, write).await
-            })
-        };
+        let g = Gated::new(1, 2);
         // A first batch holds the one permit while three callers queue behind it.
-        let first = submit(0);
-        while lock(&sizes).is_empty() {
-            tokio::task::yield_now().await;
-        }
-        let callers: Vec<_> = (1..4).map(submit).collect();
-        while lock(&gather.waiting).items.len() < 3 {
-            tokio::task::yield_now().await;
-        }
+        let first = g.submit(0);
+        g.started(1).await;
+        let callers: Vec<_> = (1..4).map(|n| g.submit(n)).collect();
+        g.queued(3).await;
         // The first in line takes all three and writes them; it gives up mid-batch.
-        gates[0].0.send(true).unwrap();
+        g.open(0);
         assert_eq!(first.await.unwrap(), Some(0));
-        while lock(&sizes).len() < 2 {
-            tokio::task::yield_now().await;
-        }
+        g.started(2).await;
         let mut callers = callers.into_iter();
         let writer = callers.next().unwrap();
         writer.abort();
         assert!(writer.await.unwrap_err().is_cancelled());
-        gates[1].0.send(true).unwrap();
+        g.open(1);
         for (n, caller) in (2..).zip(callers) {
             assert_eq!(
                 caller.await.unwrap(),
@@ -325,6 +321,6 @@ mod tests {
                 "a neighbour lost its answer"
             );
         }
-        assert_eq!(*lock(&sizes), vec![1, 3]);
+        assert_eq!(*lock(&g.sizes), vec![1, 3]);
     }
 }
