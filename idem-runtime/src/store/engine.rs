@@ -594,6 +594,23 @@ fn wake_payload(id: &OperationId) -> Result<String, StoreError> {
 }
 
 impl<D: Dialect> SqlStore<D> {
+    /// Issues `stmt` on the claim's and record's connections, or, where the dialect
+    /// gathers at this moment, hands `op` to the next batch instead. The outer error is
+    /// a parameter `stmt` cannot bind; the inner, the database's answer.
+    async fn hot_or_gathered(
+        &self,
+        op: impl FnOnce() -> Gathered,
+        stmt: &Stmt,
+        named: &[(&str, Arg<'_>)],
+    ) -> Result<Result<Vec<Row>, sqlx::Error>, StoreError> {
+        if self.dialect.gathers()
+            && let Some(rows) = self.dialect.gathered(op()).await
+        {
+            return Ok(rows);
+        }
+        Ok(self.dialect.fetch(On::Hot, stmt, stmt.args(named)?).await)
+    }
+
     /// Claims a key that has no record with a plain insert (`claim_fresh.sql`), where
     /// the dialect has one, alone or gathered with other callers' (PostgreSQL's
     /// `claim_fresh_batch.sql`): the epoch, or `None` when the key exists (or the
@@ -606,21 +623,12 @@ impl<D: Dialect> SqlStore<D> {
         let Some(stmt) = &self.sql.claim_fresh else {
             return Ok(None);
         };
-        let gathered = if self.dialect.gathers() {
-            let op = Gathered::Fresh {
-                id: req.id.clone(),
-                fp: req.fingerprint,
-                lease_ms: millis(req.lease),
-            };
-            self.dialect.gathered(op).await
-        } else {
-            None
+        let fresh = || Gathered::Fresh {
+            id: req.id.clone(),
+            fp: req.fingerprint,
+            lease_ms: millis(req.lease),
         };
-        let rows = match gathered {
-            Some(rows) => rows,
-            None => self.dialect.fetch(On::Hot, stmt, stmt.args(named)?).await,
-        };
-        let rows = match rows {
+        let rows = match self.hot_or_gathered(fresh, stmt, named).await? {
             Ok(rows) => rows,
             Err(e) if D::is_conflict(&e) => return Ok(None),
             Err(e) => return Err(D::map_err(e)),
@@ -650,25 +658,13 @@ impl<D: Dialect> SqlStore<D> {
             if let Some(token) = token {
                 named.push(("token", Arg::Int(token)));
             }
-            let gathered = if self.dialect.gathers() {
-                let op = Gathered::Claim {
-                    id: req.id.clone(),
-                    fp: req.fingerprint,
-                    lease_ms: millis(req.lease),
-                    to_unknown: req.on_takeover == Takeover::Unknown,
-                };
-                self.dialect.gathered(op).await
-            } else {
-                None
+            let claim = || Gathered::Claim {
+                id: req.id.clone(),
+                fp: req.fingerprint,
+                lease_ms: millis(req.lease),
+                to_unknown: req.on_takeover == Takeover::Unknown,
             };
-            let rows = match gathered {
-                Some(rows) => rows,
-                None => {
-                    let args = self.sql.claim.args(&named)?;
-                    self.dialect.fetch(On::Hot, &self.sql.claim, args).await
-                }
-            };
-            let rows = match rows {
+            let rows = match self.hot_or_gathered(claim, &self.sql.claim, &named).await? {
                 // Under SERIALIZABLE or REPEATABLE READ the snapshot race surfaces as a
                 // serialization failure; the statement is its own transaction, so
                 // issuing it again is safe.

@@ -24,8 +24,14 @@ struct Queue<P> {
     items: Vec<P>,
     /// Writes queued so far.
     pushed: u64,
-    /// Writes taken into batches so far (always the oldest: a batch takes every one).
-    taken: u64,
+}
+
+impl<P> Queue<P> {
+    /// Writes taken into batches so far: always the oldest, as a batch takes every
+    /// write waiting.
+    fn taken(&self) -> u64 {
+        self.pushed - self.items.len() as u64
+    }
 }
 
 impl<P: Send + 'static> Gather<P> {
@@ -35,7 +41,6 @@ impl<P: Send + 'static> Gather<P> {
             waiting: Mutex::new(Queue {
                 items: Vec::new(),
                 pushed: 0,
-                taken: 0,
             }),
             writers: Arc::new(Semaphore::new(writers.max(1))),
             #[cfg(test)]
@@ -46,9 +51,10 @@ impl<P: Send + 'static> Gather<P> {
     /// Queues `item` and waits for `answer`, which whoever writes its batch sends. Until
     /// a batch takes its item, a caller that gets a writer's permit takes every item
     /// waiting and hands them to `write`, which it runs itself; a caller that gives up
-    /// mid-batch cancels neither the batch nor its neighbours' answers ([`Writing`]). Once its
-    /// item is taken, a caller only waits for its answer: competing for permits then
-    /// would pass each freed permit down a line of callers with nothing to write.
+    /// mid-batch cancels neither the batch nor its neighbours' answers ([`Writing`]).
+    /// Once its item is taken, a caller only waits for its answer: competing for
+    /// permits then would pass each freed permit down a line of callers with nothing to
+    /// write.
     /// `None` when the batch ended without answering (its write panicked).
     pub(crate) async fn submit<T, W, F>(
         &self,
@@ -66,7 +72,7 @@ impl<P: Send + 'static> Gather<P> {
             queue.pushed += 1;
             queue.pushed
         };
-        while lock(&self.waiting).taken < mine {
+        while lock(&self.waiting).taken() < mine {
             let permit = tokio::select! {
                 biased;
                 done = &mut answer => return done.ok(),
@@ -79,11 +85,10 @@ impl<P: Send + 'static> Gather<P> {
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let batch = {
                 let mut queue = lock(&self.waiting);
-                if queue.taken >= mine {
+                if queue.taken() >= mine {
                     // An earlier writer took ours; its answer is on the way.
                     break;
                 }
-                queue.taken = queue.pushed;
                 std::mem::take(&mut queue.items)
             };
             let mut writing = Writing {
