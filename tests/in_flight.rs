@@ -3,7 +3,6 @@ mod common;
 use common::*;
 use idem_runtime::{IdemError, InFlight};
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 suite!(
     reject_answers_at_once_with_retry_after,
@@ -11,32 +10,6 @@ suite!(
     waiter_mismatch_is_checked_first,
     waiters_are_capped
 );
-
-/// Holds a claim on `key` until the returned sender fires.
-async fn hold(
-    idem: &idem_runtime::Idem,
-    key: &'static str,
-    payload: u32,
-) -> (
-    oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<u32, IdemError>>,
-) {
-    let (started_tx, started_rx) = oneshot::channel();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
-    let idem = idem.clone();
-    let task = tokio::spawn(async move {
-        idem.operation("send", key)
-            .fingerprint(&payload)
-            .run(move || async move {
-                let _ = started_tx.send(());
-                let _ = go_rx.await;
-                Ok::<_, IdemError>(payload)
-            })
-            .await
-    });
-    started_rx.await.unwrap();
-    (go_tx, task)
-}
 
 async fn reject_answers_at_once_with_retry_after(ctx: Ctx) {
     let (go, task) = hold(&ctx.idem, "m-1", 1).await;

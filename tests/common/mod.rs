@@ -651,6 +651,33 @@ macro_rules! suite {
     };
 }
 
+/// Holds a claim on `key` (operation `send`, fingerprint `payload`) until the returned
+/// sender fires; the call then records `payload`.
+pub async fn hold(
+    idem: &Idem,
+    key: &'static str,
+    payload: u32,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<u32, IdemError>>,
+) {
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let idem = idem.clone();
+    let task = tokio::spawn(async move {
+        idem.operation("send", key)
+            .fingerprint(&payload)
+            .run(move || async move {
+                let _ = started_tx.send(());
+                let _ = go_rx.await;
+                Ok::<_, IdemError>(payload)
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    (go_tx, task)
+}
+
 /// A call on `owner` whose body holds until a waiting duplicate on `waiter` (another
 /// handle, so another process as far as the store knows, whose poll interval should be
 /// an hour) has announced itself, as `flagged` reports; returns what the waiter got
@@ -661,22 +688,11 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = tokio::spawn(async move {
-        owner
-            .operation("send", "w-1")
-            .run(move || async move {
-                let _ = started_tx.send(());
-                let _ = go_rx.await;
-                Ok::<_, IdemError>(7u32)
-            })
-            .await
-    });
-    started_rx.await.unwrap();
+    let (go_tx, first) = hold(&owner, "w-1", 7).await;
     let second = tokio::spawn(async move {
         waiter
             .operation("send", "w-1")
+            .fingerprint(&7u32)
             .in_flight(idem_runtime::InFlight::Wait(
                 std::time::Duration::from_secs(3600),
             ))
