@@ -1,6 +1,7 @@
 //! The in-process figures under criterion, idem beside the `idempotent` crate on their
 //! memory stores: the bare body, a fresh call, a replay, and idem's fingerprint of a
-//! small request and of a 4 KiB one.
+//! small request and of a 4 KiB one; and the hash inside each library's fingerprint
+//! (SHA-256 for idem, xxh3 for the peer), for what a replay spends on it.
 //!
 //! ```text
 //! cargo bench --manifest-path benches/peers/Cargo.toml --bench in_process
@@ -14,6 +15,7 @@ use std::time::Instant;
 use criterion::{Criterion, criterion_group, criterion_main};
 use idem_peer_bench::{body, charge, idem_call, peer_call, peer_memory};
 use idem_runtime::Idem;
+use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
 
 /// Keys recorded before the replay benches; replays cycle through them.
 const REPLAY_KEYS: u64 = 1_000;
@@ -37,7 +39,8 @@ fn in_process(c: &mut Criterion) {
     let mut g = c.benchmark_group("call");
     let request = charge(7);
     g.bench_function("bare body", |b| {
-        b.to_async(&rt).iter(|| async { black_box(body(black_box(&request))) })
+        b.to_async(&rt)
+            .iter(|| async { black_box(body(black_box(&request))) })
     });
     // Each sample on a store of its own, empty at its start: one store kept across
     // samples grows to millions of records, and its table's doublings land in some
@@ -79,6 +82,18 @@ fn in_process(c: &mut Criterion) {
     });
     g.bench_function(format!("{size}-byte request"), |b| {
         b.iter(|| idem_runtime::fingerprint(black_box(&large)))
+    });
+    // What the hash alone costs: idem's canonical encoding of the small request is
+    // 150 bytes (three SHA-256 blocks with the padding); the peer hashes its JSON with
+    // xxh3, a 64-bit hash that is not collision resistant.
+    g.bench_function("sha256 of 150 bytes", |b| {
+        b.iter(|| <sha2::Sha256 as sha2::Digest>::digest(black_box([7u8; 150])))
+    });
+    g.bench_function("idempotent's fingerprint (JSON, xxh3)", |b| {
+        b.iter(|| {
+            let json = serde_json::to_vec(black_box(&small)).expect("json");
+            DefaultFingerprintStrategy.compute("charge", &json)
+        })
     });
     g.finish();
 }

@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_runtime::Idem;
 use idem_peer_bench::{Res, idem_call, peer_call, peer_memory};
+use idem_runtime::Idem;
 use idempotent::store::IdempotencyStore;
 
 type Call = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = Res<()>> + Send>> + Send + Sync>;
@@ -164,17 +164,17 @@ fn peer_calls<S: IdempotencyStore>(store: Arc<S>) -> Call {
 
 /// Fresh and replay rates for each system at each caller count, interleaved by round.
 async fn compare(
-    systems: &[(&str, Call)],
+    systems: &[Measured],
     callers: &[usize],
     args: &Args,
     base: &AtomicU64,
 ) -> Res<Vec<Row>> {
     let mut rows: Vec<Row> = Vec::new();
-    let systems: Vec<&(&str, Call)> = systems
+    let systems: Vec<&Measured> = systems
         .iter()
-        .filter(|(name, _)| args.only.as_deref().is_none_or(|o| o == *name))
+        .filter(|s| args.only.as_deref().is_none_or(|o| o == s.name))
         .collect();
-    for (name, call) in &systems {
+    for Measured { name, call, .. } in &systems {
         // Record the replay keys once, below the fresh keys' range.
         for k in 0..REPLAY_KEYS {
             call(k).await?;
@@ -190,12 +190,14 @@ async fn compare(
     }
     for _ in 0..args.rounds {
         let mut i = 0;
-        for (_, call) in &systems {
+        for Measured { call, empty, .. } in &systems {
             for &c in callers {
                 let b = base.fetch_add(1 << 32, Ordering::Relaxed);
+                let fresh = empty.map_or_else(|| call.clone(), |empty| empty());
                 rows[i]
                     .samples
-                    .push(rate(call, c, args.secs, b, None).await?);
+                    .push(rate(&fresh, c, args.secs, b, None).await?);
+                drop(fresh);
                 rows[i + 1]
                     .samples
                     .push(rate(call, c, args.secs, 0, Some(REPLAY_KEYS)).await?);
@@ -415,12 +417,46 @@ fn main() -> Res<()> {
     redis_half(&args, &base)
 }
 
+/// One system measured: its calls, and for a store in memory, how to make an empty one.
+struct Measured {
+    name: &'static str,
+    call: Call,
+    /// Each fresh-call sample of a memory store starts on an empty store of its own: one
+    /// store kept across samples grows to millions of records, and its table's doublings
+    /// land in some samples and not others.
+    empty: Option<fn() -> Call>,
+}
+
+impl Measured {
+    /// A system whose store is kept across samples (a database keeps its table).
+    fn kept(name: &'static str, call: Call) -> Self {
+        Measured {
+            name,
+            call,
+            empty: None,
+        }
+    }
+}
+
+fn idem_memory() -> Call {
+    idem_calls(Idem::memory())
+}
+
+fn peer_in_memory() -> Call {
+    peer_calls(Arc::new(peer_memory()))
+}
+
 /// Both libraries on their memory stores (inside a runtime: the peer's store spawns a task).
-fn memory_systems() -> [(&'static str, Call); 2] {
+fn memory_systems() -> [Measured; 2] {
     [
-        ("idem", idem_calls(Idem::memory())),
-        ("idempotent", peer_calls(Arc::new(peer_memory()))),
+        ("idem", idem_memory as fn() -> Call),
+        ("idempotent", peer_in_memory),
     ]
+    .map(|(name, empty)| Measured {
+        name,
+        call: empty(),
+        empty: Some(empty),
+    })
 }
 
 fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
@@ -431,9 +467,9 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
         .build()?;
     let (idem_b, peer_b) = mem_rt.block_on(async {
         let b = base.fetch_add(1 << 32, Ordering::Relaxed);
-        let idem = idem_calls(Idem::memory());
+        let idem = idem_memory();
         let idem_b = bytes_per_record(&idem, args.records, b).await?;
-        let peer = peer_calls(Arc::new(peer_memory()));
+        let peer = peer_in_memory();
         let peer_b = bytes_per_record(&peer, args.records, b).await?;
         Res::Ok((idem_b, peer_b))
     })?;
@@ -458,7 +494,7 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     let rows64 = multi.block_on(async { compare(&memory_systems(), &[64], args, base).await })?;
     let peaks = multi.block_on(async {
         let mut peaks = Vec::new();
-        for (name, call) in memory_systems() {
+        for Measured { name, call, .. } in memory_systems() {
             for k in 0..REPLAY_KEYS {
                 call(k).await?;
             }
@@ -501,7 +537,7 @@ fn sqlite_file(args: &Args, base: &AtomicU64) -> Res<()> {
     let rows = rt.block_on(async {
         let idem = Idem::builder().replay_cache_bytes(0).sqlite(&url).await?;
         compare(
-            &[("idem sqlite", idem_calls(idem))],
+            &[Measured::kept("idem sqlite", idem_calls(idem))],
             &[1, 16, 64],
             args,
             base,
@@ -543,9 +579,9 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
         let peer =
             idempotent::store::valkey::ValkeyStore::new(redis::Client::open(url.as_str())?).await?;
         let systems = [
-            ("idem", idem_calls(uncached)),
-            ("idem (replay cache)", idem_calls(cached)),
-            ("idempotent", peer_calls(Arc::new(peer))),
+            Measured::kept("idem", idem_calls(uncached)),
+            Measured::kept("idem (replay cache)", idem_calls(cached)),
+            Measured::kept("idempotent", peer_calls(Arc::new(peer))),
         ];
         compare(&systems, &[1, 16], args, base).await
     })?;
