@@ -202,13 +202,17 @@ async fn a_server_crash_mid_run_loses_nothing_and_duplicates_nothing() {
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
     let outage_errors = Arc::new(AtomicU64::new(0));
+    // The second half of the keys waits for the crash, so that callers are still at work
+    // when the server dies however fast the first half goes.
+    let (crashed, after_crash) = tokio::sync::watch::channel(false);
     let callers: Vec<_> = (0..CALLERS)
         .map(|_| {
-            let (idem, next, done, errors) = (
+            let (idem, next, done, errors, mut after_crash) = (
                 idem.clone(),
                 next.clone(),
                 done.clone(),
                 outage_errors.clone(),
+                after_crash.clone(),
             );
             let (http, url) = (http.clone(), provider.url());
             tokio::spawn(async move {
@@ -216,6 +220,9 @@ async fn a_server_crash_mid_run_loses_nothing_and_duplicates_nothing() {
                     let key = next.fetch_add(1, Ordering::SeqCst);
                     if key >= KEYS {
                         return;
+                    }
+                    if key >= KEYS / 2 {
+                        after_crash.wait_for(|c| *c).await.unwrap();
                     }
                     loop {
                         let r = idem
@@ -253,6 +260,7 @@ async fn a_server_crash_mid_run_loses_nothing_and_duplicates_nothing() {
         }
         // A crash, not a clean shutdown: connections die mid-statement.
         server.pg_ctl(&["-m", "immediate", "stop"]);
+        crashed.send(true).unwrap();
 
         let ran = Arc::new(AtomicUsize::new(0));
         let probe = |policy: OnStoreError| {
@@ -283,6 +291,12 @@ async fn a_server_crash_mid_run_loses_nothing_and_duplicates_nothing() {
             "{logged}"
         );
 
+        // Down until callers have met the outage, however quickly the probes above ran
+        // (or until none is left to meet it: a caller that panicked is reported below).
+        while outage_errors.load(Ordering::SeqCst) == 0 && !callers.iter().all(|c| c.is_finished())
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         server.pg_ctl(&["start", "-w"]);
         for caller in callers {
             caller.await.unwrap();
