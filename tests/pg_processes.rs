@@ -664,11 +664,25 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
 /// for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn another_handle_wakes_waiters_through_notify() {
-    let test = "another_handle_wakes_waiters_through_notify";
-    let Some(pool) = pool(test, 2).await else {
+    waiter_woken_through_notify("another_handle_wakes_waiters_through_notify", false).await;
+}
+
+/// The same where the first handle's record is gathered for group commit (every
+/// connection of its pool is in use as its body ends) and issued alone, as a batch of
+/// one is: the record statement returns the waiter's flag, and the wake-up follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gathered_record_wakes_waiters_through_notify() {
+    waiter_woken_through_notify("a_gathered_record_wakes_waiters_through_notify", true).await;
+}
+
+async fn waiter_woken_through_notify(test: &str, gathered: bool) {
+    let Some(db) = pool(test, 2).await else {
         return;
     };
-    let schema = schema(&pool, test).await;
+    // Gathered: the first handle works on a small pool of its own, which the test holds
+    // whole as that handle's body ends.
+    let owner_pool = if gathered { pool(test, 2).await } else { None };
+    let schema = schema(&db, test).await;
     let table = format!("{schema}.idem_operations");
     // The waiter's connections carry a name of their own, so its listener can be told
     // from every other test's.
@@ -678,11 +692,12 @@ async fn another_handle_wakes_waiters_through_notify() {
         '?'
     };
     let waiter_url = format!("{}{sep}application_name={schema}", postgres_url());
-    let owner = uncached_builder(&table, true)
-        .poll_interval(Duration::from_millis(200))
-        .postgres(&postgres_url())
-        .await
-        .unwrap();
+    let owner = uncached_builder(&table, true).poll_interval(Duration::from_millis(200));
+    let owner = match &owner_pool {
+        Some(owner_pool) => owner.pool(owner_pool.clone()).await,
+        None => owner.postgres(&postgres_url()).await,
+    }
+    .unwrap();
     let waiter = uncached_builder(&table, true)
         .poll_interval(Duration::from_secs(3600))
         .postgres(&waiter_url)
@@ -693,7 +708,7 @@ async fn another_handle_wakes_waiters_through_notify() {
                      WHERE application_name = $1 AND query ILIKE 'LISTEN%'";
     while sqlx::query_scalar::<_, i64>(listening)
         .bind(&schema)
-        .fetch_one(&pool)
+        .fetch_one(&db)
         .await
         .unwrap()
         == 0
@@ -703,9 +718,19 @@ async fn another_handle_wakes_waiters_through_notify() {
     let flagged = format!("SELECT waiters FROM {table} WHERE name = 'send'");
     let flagged = || async {
         sqlx::query_scalar::<_, bool>(&flagged)
-            .fetch_one(&pool)
+            .fetch_one(&db)
             .await
             .unwrap()
     };
-    assert_eq!(waiter_on_another_handle(owner, waiter, flagged).await, 7);
+    let finish = async |go: tokio::sync::oneshot::Sender<()>| match &owner_pool {
+        // The body ends while every connection is in use: its record is gathered.
+        Some(owner_pool) => {
+            let held = hold_every_connection(owner_pool).await;
+            go.send(()).unwrap();
+            let_callers_queue(held).await;
+        }
+        None => go.send(()).unwrap(),
+    };
+    let woken = waiter_on_another_handle_finishing(owner, waiter, flagged, finish).await;
+    assert_eq!(woken, 7);
 }

@@ -688,6 +688,22 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    let finish = async |go: tokio::sync::oneshot::Sender<()>| go.send(()).unwrap();
+    waiter_on_another_handle_finishing(owner, waiter, flagged, finish).await
+}
+
+/// As [`waiter_on_another_handle`], where `finish` lets the first call's body end (by
+/// sending on the sender it is given) in circumstances of the test's choosing.
+pub async fn waiter_on_another_handle_finishing<F, Fut>(
+    owner: Idem,
+    waiter: Idem,
+    flagged: F,
+    finish: impl AsyncFnOnce(tokio::sync::oneshot::Sender<()>),
+) -> u32
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let (go_tx, first) = hold(&owner, "w-1", 7).await;
     let second = tokio::spawn(async move {
         waiter
@@ -704,7 +720,7 @@ where
     while !flagged().await {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    go_tx.send(()).unwrap();
+    finish(go_tx).await;
     assert_eq!(first.await.unwrap().unwrap(), 7);
     tokio::time::timeout(std::time::Duration::from_secs(30), second)
         .await

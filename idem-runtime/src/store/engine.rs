@@ -751,9 +751,32 @@ impl<D: Dialect> SqlStore<D> {
         self.dialect.fetch(on, stmt, args).await.map_err(D::map_err)
     }
 
-    /// A fenced write: held when the statement reports a row it changed. A statement
-    /// that returns the row's `waiters` flag rather than waking them itself (the
-    /// PostgreSQL record) is followed by the dialect's wake statement where it is set.
+    /// Wakes the callers waiting on `id` where a write's rows carry the `waiters` flag,
+    /// which a write returns instead of waking them itself (the PostgreSQL record, alone
+    /// or issued alone from a batch): the dialect's wake statement follows it. The write
+    /// has committed: a waiter this misses still finds the outcome at its next poll, so
+    /// a failure here fails nothing.
+    async fn wake_waiters(&self, rows: &[Row], id: &OperationId) {
+        let Some(wake) = &self.sql.wake else {
+            return;
+        };
+        if !rows.iter().any(|r| r.flag("waiters").unwrap_or(false)) {
+            return;
+        }
+        let woke = match wake_payload(id) {
+            Ok(payload) => {
+                self.rows(On::Hot, wake, &[("payload", Arg::Text(&payload))])
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = woke {
+            tracing::debug!(error = %e, "idem: could not wake the waiters of a write");
+        }
+    }
+
+    /// A fenced write: held when the statement reports a row it changed, then wakes
+    /// the waiters the row reports ([`wake_waiters`](Self::wake_waiters)).
     async fn fenced(
         &self,
         stmt: &Stmt,
@@ -768,15 +791,7 @@ impl<D: Dialect> SqlStore<D> {
         let mut named = fenced_args(id, epoch, &payload);
         named.extend_from_slice(extra);
         let rows = self.rows(On::Hot, stmt, &named).await?;
-        if let Some(wake) = &self.sql.wake
-            && rows.iter().any(|r| r.flag("waiters").unwrap_or(false))
-        {
-            // Committed already: a waiter this misses still finds the outcome at its
-            // next poll, so a failure here fails nothing.
-            if let Err(e) = self.rows(On::Hot, wake, &named).await {
-                tracing::debug!(error = %e, "idem: could not wake the waiters of a write");
-            }
-        }
+        self.wake_waiters(&rows, id).await;
         fence(&rows)
     }
 
@@ -977,7 +992,10 @@ impl<D: Dialect> Store for SqlStore<D> {
                 payload: wake_payload(id)?,
             };
             if let Some(rows) = self.dialect.gathered(op).await {
-                return fence(&rows.map_err(D::map_err)?);
+                // A batch's own statement wakes its waiters; one issued alone does not.
+                let rows = rows.map_err(D::map_err)?;
+                self.wake_waiters(&rows, id).await;
+                return fence(&rows);
             }
         }
         self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
