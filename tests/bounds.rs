@@ -1,10 +1,11 @@
 //! Caps on keys, scopes and outcomes are errors, never truncations.
 mod common;
 use common::*;
-use idem_runtime::{IdemError, ListFilter};
+use idem_runtime::{IdemError, ListFilter, idempotent};
 
 suite!(
     oversized_key_is_refused,
+    empty_key_is_refused,
     oversized_scope_is_refused,
     oversized_outcome_is_refused_and_not_rerun,
     absurd_durations_are_refused_before_anything_is_written,
@@ -69,6 +70,61 @@ async fn an_operators_outcome_is_capped_too(ctx: Ctx) {
     );
     // Still UNKNOWN: nothing was recorded.
     assert_eq!(idem.list(&ListFilter::unknown()).await.unwrap().len(), 1);
+}
+
+/// The attribute's form of an operation keyed on an order id that may arrive empty.
+#[idempotent(store = idem, key = order_id, retain = "1d")]
+async fn charge_order(
+    idem: &idem_runtime::Idem,
+    order_id: &str,
+    cents: u64,
+    #[idem(skip)] runs: &Counter,
+) -> Result<u64, IdemError> {
+    runs.hit();
+    Ok(cents)
+}
+
+/// An empty key, or a composite with an empty text part, is refused before anything is
+/// written: two customers whose order id went missing are not one operation.
+async fn empty_key_is_refused(ctx: Ctx) {
+    use std::time::Duration;
+    let runs = Counter::default();
+    for cents in [500, 500, 700] {
+        let r = charge_order(&ctx.idem, "", cents, &runs).await;
+        assert!(
+            matches!(&r, Err(IdemError::EmptyKey { name }) if name == "charge_order"),
+            "attribute, {cents}: {r:?}"
+        );
+    }
+    let keys: [&dyn Fn(&idem_runtime::Idem) -> idem_runtime::Operation; 3] = [
+        &|idem| idem.operation("op", ""),
+        &|idem| idem.operation("op", &("acme", "")),
+        &|idem| idem.operation("op", &(7u64, String::new())),
+    ];
+    for (i, op) in keys.iter().enumerate() {
+        let r = op(&ctx.idem)
+            .retain(Duration::from_secs(60))
+            .fingerprint_none()
+            .run(|| async {
+                runs.hit();
+                Ok::<_, IdemError>(())
+            })
+            .await;
+        assert!(
+            matches!(&r, Err(IdemError::EmptyKey { name }) if name == "op"),
+            "builder, key {i}: {r:?}"
+        );
+        assert!(r.unwrap_err().to_string().contains("empty"));
+    }
+    assert_eq!(runs.get(), 0, "a body ran under an empty key");
+    let written = ctx.idem.list(&ListFilter::default()).await.unwrap();
+    assert!(written.is_empty(), "an empty key wrote {written:?}");
+    // A non-empty key beside an integer part is a key.
+    assert_eq!(
+        charge_order(&ctx.idem, "o-1", 500, &runs).await.unwrap(),
+        500
+    );
+    assert_eq!(runs.get(), 1);
 }
 
 async fn oversized_key_is_refused(ctx: Ctx) {

@@ -32,6 +32,10 @@ struct Flaky {
     /// process); `claim_landed` is notified once the claim is in the store.
     hold_claim_reply: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     claim_landed: tokio::sync::Notify,
+    /// The next renewal is held, before it reaches the store, until this fires;
+    /// `renew_sent` is notified when it is.
+    hold_renew: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    renew_sent: tokio::sync::Notify,
 }
 
 fn refusal() -> StoreError {
@@ -105,6 +109,11 @@ impl Store for Flaky {
         epoch: u64,
         lease: Duration,
     ) -> Result<Fence, StoreError> {
+        let held = self.hold_renew.lock().unwrap().take();
+        if let Some(held) = held {
+            self.renew_sent.notify_one();
+            let _ = held.await;
+        }
         let fence = self.inner.renew(id, epoch, lease).await;
         if matches!(fence, Ok(Fence::Lost)) {
             self.renewal_found_lost.notify_one();
@@ -472,4 +481,86 @@ async fn a_layer_around_the_memory_store_sees_every_call() {
         "the layer's failing claim did not reach the call: {r:?}"
     );
     assert_eq!(runs.get(), 0);
+}
+
+/// A caller that goes away while its claim is on the wire ran no body: the claim the
+/// store made for it is released, so the next caller runs the body, even with
+/// `on_takeover = unknown`, which would otherwise park the lapsed claim in UNKNOWN.
+#[tokio::test]
+async fn a_claim_cancelled_before_its_body_started_is_released() {
+    let (f, idem) = flaky();
+    let (reply, held) = tokio::sync::oneshot::channel();
+    *f.hold_claim_reply.lock().unwrap() = Some(held);
+    let op = |idem: &Idem| {
+        idem.operation("email", "welcome-7")
+            .lease(Duration::from_millis(200))
+            .on_takeover(idem_runtime::Takeover::Unknown)
+            .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(30)))
+    };
+    let ran_first = Arc::new(AtomicBool::new(false));
+    let first = {
+        let (idem, ran_first) = (idem.clone(), ran_first.clone());
+        tokio::spawn(async move {
+            op(&idem)
+                .run(|| async move {
+                    ran_first.store(true, Ordering::SeqCst);
+                    Ok::<_, IdemError>(1)
+                })
+                .await
+        })
+    };
+    f.claim_landed.notified().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    // The store answers the abandoned claim only now.
+    let _ = reply.send(());
+    let mut ran = false;
+    let second = op(&idem)
+        .run(|| async {
+            ran = true;
+            Ok::<_, IdemError>(2)
+        })
+        .await;
+    assert_eq!(
+        second.unwrap(),
+        2,
+        "the unstarted claim was not released: the next caller did not run the body"
+    );
+    assert!(ran);
+    assert!(!ran_first.load(Ordering::SeqCst));
+}
+
+/// A claim answered late is confirmed before its body starts; a caller that goes away
+/// during that confirmation ran no body either, and its claim is released.
+#[tokio::test]
+async fn a_claim_cancelled_while_confirmed_is_released() {
+    let (f, idem) = flaky();
+    let (claim_reply, claim_held) = tokio::sync::oneshot::channel();
+    *f.hold_claim_reply.lock().unwrap() = Some(claim_held);
+    let (_renew_reply, renew_held) = tokio::sync::oneshot::channel::<()>();
+    *f.hold_renew.lock().unwrap() = Some(renew_held);
+    let lease = Duration::from_millis(400);
+    let op = move |idem: &Idem| {
+        idem.operation("email", "welcome-8")
+            .lease(lease)
+            .on_takeover(idem_runtime::Takeover::Unknown)
+            .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(30)))
+    };
+    let first = {
+        let idem = idem.clone();
+        tokio::spawn(async move { op(&idem).run(|| async { Ok::<_, IdemError>(1) }).await })
+    };
+    f.claim_landed.notified().await;
+    // Answered after half the lease: the call confirms its claim before the body.
+    tokio::time::sleep(lease / 2 + Duration::from_millis(20)).await;
+    let _ = claim_reply.send(());
+    f.renew_sent.notified().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let second = op(&idem).run(|| async { Ok::<_, IdemError>(2) }).await;
+    assert_eq!(
+        second.unwrap(),
+        2,
+        "the claim cancelled while confirmed was not released"
+    );
 }

@@ -36,7 +36,13 @@ impl Current {
         &self.id.key
     }
 
-    /// The epoch of this attempt: 1 at first, higher after a takeover.
+    /// The epoch of this attempt: the fence that identifies this claim. Epochs come from
+    /// the store's counter (shared by every operation of a table, prefix or process), so
+    /// the first attempt's epoch is any positive number, not 1; a takeover's is always
+    /// higher than the claim it took over, and no epoch repeats for an operation. A body
+    /// run unprotected under `fail_open` sees 0. Use it to tell attempts apart in logs,
+    /// not as an attempt count; [`downstream_key`](Self::downstream_key) does not
+    /// depend on it.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }

@@ -77,6 +77,19 @@ pub enum IdemError {
         max: usize,
     },
 
+    /// The key is empty, or one of its text parts is: an empty identifier is almost
+    /// always a missing one (a field defaulted to `""`, an unset header), and taking it
+    /// as a key would make every such request one operation. Nothing was written.
+    #[error(
+        "the key of operation `{name}` is empty or has an empty text part; an empty \
+         identifier is almost always a missing one (an unset field or header), so refuse \
+         the request before the call or pass its real identifier"
+    )]
+    EmptyKey {
+        /// The operation's name.
+        name: String,
+    },
+
     /// The encoded scope is over the cap.
     #[error(
         "the scope of operation `{name}` encodes to {len} bytes, over the cap of {max}; \

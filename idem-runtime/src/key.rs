@@ -12,9 +12,34 @@
 /// assert_ne!(("a:b", "c").encode_key(), ("a", "b:c").encode_key());
 /// assert_eq!(42u8.encode_key(), 42i64.encode_key());
 /// ```
+///
+/// # Empty keys
+///
+/// A key with an empty text part (`""`, or `("acme", "")`) is refused with
+/// [`IdemError::EmptyKey`](crate::IdemError::EmptyKey) before anything is written: an
+/// empty identifier is almost always a missing one (a field defaulted to `""`, an unset
+/// header), and accepting it would answer every such request with the first one's
+/// outcome. Every part of a composite key is checked, since `(tenant, "")` is just as
+/// much a missing order id. Integers, booleans, `()`, `None` and UUIDs are values, never
+/// empty. The scope may be empty: the empty scope is the documented default namespace,
+/// and a missing tenant is caught by authorization, which runs before the call.
+///
+/// ```
+/// use idem_runtime::KeyPart;
+/// assert!("".is_empty_key());
+/// assert!(("acme", "").is_empty_key());
+/// assert!(("", 7).is_empty_key());
+/// assert!(!0u64.is_empty_key());
+/// ```
 pub trait KeyPart {
     /// Appends this value's encoding to `out`.
     fn write_key(&self, out: &mut String);
+
+    /// Whether this value, or any text part of it, is empty (see [Empty keys](#empty-keys)).
+    /// Implementations for types without text keep the default, `false`.
+    fn is_empty_key(&self) -> bool {
+        false
+    }
 
     /// This value's encoding on its own.
     fn encode_key(&self) -> String {
@@ -37,17 +62,26 @@ impl KeyPart for str {
     fn write_key(&self, out: &mut String) {
         write_str('s', self, out);
     }
+    fn is_empty_key(&self) -> bool {
+        self.is_empty()
+    }
 }
 
 impl KeyPart for String {
     fn write_key(&self, out: &mut String) {
         self.as_str().write_key(out);
     }
+    fn is_empty_key(&self) -> bool {
+        self.is_empty()
+    }
 }
 
 impl KeyPart for std::borrow::Cow<'_, str> {
     fn write_key(&self, out: &mut String) {
         self.as_ref().write_key(out);
+    }
+    fn is_empty_key(&self) -> bool {
+        self.is_empty()
     }
 }
 
@@ -86,11 +120,17 @@ impl<T: KeyPart + ?Sized> KeyPart for &T {
     fn write_key(&self, out: &mut String) {
         (**self).write_key(out);
     }
+    fn is_empty_key(&self) -> bool {
+        (**self).is_empty_key()
+    }
 }
 
 impl<T: KeyPart + ?Sized> KeyPart for &mut T {
     fn write_key(&self, out: &mut String) {
         (**self).write_key(out);
+    }
+    fn is_empty_key(&self) -> bool {
+        (**self).is_empty_key()
     }
 }
 
@@ -98,11 +138,17 @@ impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
     fn write_key(&self, out: &mut String) {
         (**self).write_key(out);
     }
+    fn is_empty_key(&self) -> bool {
+        (**self).is_empty_key()
+    }
 }
 
 impl<T: KeyPart + ?Sized> KeyPart for std::sync::Arc<T> {
     fn write_key(&self, out: &mut String) {
         (**self).write_key(out);
+    }
+    fn is_empty_key(&self) -> bool {
+        (**self).is_empty_key()
     }
 }
 
@@ -115,6 +161,9 @@ impl<T: KeyPart> KeyPart for Option<T> {
                 v.write_key(out);
             }
         }
+    }
+    fn is_empty_key(&self) -> bool {
+        self.as_ref().is_some_and(KeyPart::is_empty_key)
     }
 }
 
@@ -139,6 +188,11 @@ macro_rules! tuple_key {
                 out.push_str(concat!("t", $n, "("));
                 $($name.write_key(out);)+
                 out.push(')');
+            }
+            fn is_empty_key(&self) -> bool {
+                #[allow(non_snake_case)]
+                let ($($name,)+) = self;
+                false $(|| $name.is_empty_key())+
             }
         }
     };
@@ -166,5 +220,19 @@ mod tests {
         assert_eq!(7u16.encode_key(), 7i128.encode_key());
         assert_eq!(String::from("k").encode_key(), "k".encode_key());
         assert_eq!("héllo".encode_key(), "s6:héllo");
+    }
+
+    #[test]
+    fn empty_text_anywhere_is_an_empty_key() {
+        assert!("".is_empty_key());
+        assert!(String::new().is_empty_key());
+        assert!((&"").is_empty_key());
+        assert!(("acme", "").is_empty_key());
+        assert!((1, ("", 2)).is_empty_key());
+        assert!(Some("").is_empty_key());
+        assert!(!"k".is_empty_key());
+        assert!(!(0u64, false).is_empty_key());
+        assert!(!None::<&str>.is_empty_key());
+        assert!(!().is_empty_key());
     }
 }

@@ -220,7 +220,7 @@ where
             },
             None => {
                 let sent = Instant::now();
-                let answer = self.idem.store().claim(req).await;
+                let answer = ClaimInFlight::send(&self.idem, self.op.id.shared(), req).await;
                 Attempt::Answered(
                     answer,
                     At {
@@ -384,6 +384,8 @@ where
     {
         async move {
             let id = &self.op.id;
+            // Released if the caller goes away before the body starts: nothing ran.
+            let unstarted = Unstarted::arm(&self.idem, &self.op.id, epoch, at_once);
             // A claim answered late (a stalled process, a starved scheduler) may have lapsed
             // and been taken over before its body starts: confirm it first rather than run
             // a second body beside the taker's.
@@ -391,6 +393,7 @@ where
                 match self.idem.store().renew(id, epoch, self.op.lease).await {
                     Ok(Fence::Held) => {}
                     Ok(Fence::Lost) => {
+                        unstarted.disarm();
                         tracing::warn!(parent: span, epoch, "claim lapsed before the body started; not running it");
                         metrics::count(metrics::FENCED, self.name());
                         return Err(IdemError::Fenced {
@@ -400,9 +403,13 @@ where
                         .into());
                     }
                     // Not known to be ours: leave it to lapse rather than risk a second body.
-                    Err(e) => return Err(IdemError::store("claim", e).into()),
+                    Err(e) => {
+                        unstarted.disarm();
+                        return Err(IdemError::store("claim", e).into());
+                    }
                 }
             }
+            unstarted.disarm();
             // Renewed until the outcome is settled, so a record retried after a slow body
             // still has the lease the renewals kept alive.
             // The operation's own identity, shared with the body's context and the lease's
@@ -608,6 +615,137 @@ where
                 }
             }
         }
+    }
+}
+
+/// A claim sent to the store, owned so that it can outlive the call: if the caller goes
+/// away before the store answers, the claim may still be made, with an epoch nobody
+/// knows. Dropped unanswered, it finishes on a task of its own and releases what it
+/// acquired, since no body ran; otherwise the claim would lapse, and with
+/// `on_takeover = unknown` turn into UNKNOWN although nothing happened.
+struct ClaimInFlight {
+    claim: Option<ClaimFuture>,
+    idem: Idem,
+    id: Arc<crate::store::OperationId>,
+}
+
+type ClaimFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<Claim, StoreError>> + Send + 'static>>;
+
+impl ClaimInFlight {
+    fn send(idem: &Idem, id: Arc<crate::store::OperationId>, req: &ClaimRequest<'_>) -> Self {
+        let (store, owned, fingerprint, lease, on_takeover) = (
+            idem.store_arc(),
+            id.clone(),
+            req.fingerprint,
+            req.lease,
+            req.on_takeover,
+        );
+        let claim = Box::pin(async move {
+            let req = ClaimRequest {
+                id: &owned,
+                fingerprint,
+                lease,
+                on_takeover,
+            };
+            store.claim(&req).await
+        });
+        ClaimInFlight {
+            claim: Some(claim),
+            idem: idem.clone(),
+            id,
+        }
+    }
+}
+
+impl Future for ClaimInFlight {
+    type Output = Result<Claim, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let claim = self
+            .claim
+            .as_mut()
+            .expect("a claim is not polled after it answered");
+        let answer = std::task::ready!(claim.as_mut().poll(cx));
+        self.claim = None;
+        std::task::Poll::Ready(answer)
+    }
+}
+
+impl Drop for ClaimInFlight {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        let (idem, id) = (self.idem.clone(), self.id.clone());
+        spawn_cleanup(async move {
+            if let Ok(Claim::Acquired { epoch, .. }) = claim.await {
+                release_unstarted(&idem, &id, epoch).await;
+            }
+        });
+    }
+}
+
+/// A claim this call holds whose body has not started; released if dropped armed.
+struct Unstarted<'a> {
+    armed: Option<(&'a Idem, &'a Arc<crate::store::OperationId>, u64)>,
+}
+
+impl<'a> Unstarted<'a> {
+    /// Armed only where there is a window to cancel in: a claim made at once (the memory
+    /// store's) goes straight to its body.
+    fn arm(idem: &'a Idem, id: &'a crate::op::Id, epoch: u64, at_once: bool) -> Unstarted<'a> {
+        Unstarted {
+            armed: (!at_once).then(|| (idem, id.arc_ref(), epoch)),
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for Unstarted<'_> {
+    fn drop(&mut self) {
+        if let Some((idem, id, epoch)) = self.armed.take() {
+            let (idem, id) = (idem.clone(), id.clone());
+            spawn_cleanup(async move { release_unstarted(&idem, &id, epoch).await });
+        }
+    }
+}
+
+/// Runs `cleanup` on the current runtime, if there is one: a future dropped outside a
+/// runtime leaves its claim to lapse.
+fn spawn_cleanup(cleanup: impl Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(cleanup);
+        }
+        Err(_) => tracing::warn!(
+            "a cancelled call's unstarted claim cannot be released outside a Tokio runtime; \
+             it lapses with its lease"
+        ),
+    }
+}
+
+async fn release_unstarted(idem: &Idem, id: &crate::store::OperationId, epoch: u64) {
+    match idem.store().release(id, epoch).await {
+        Ok(Fence::Held) => {
+            tracing::debug!(
+                epoch,
+                "released a cancelled call's claim; its body never ran"
+            );
+            idem.wake(id);
+        }
+        Ok(Fence::Lost) => {}
+        Err(e) => tracing::warn!(
+            epoch,
+            error = %e,
+            "could not release a cancelled call's unstarted claim; it lapses with its lease"
+        ),
     }
 }
 

@@ -55,6 +55,11 @@ impl Id {
             .expect("an identity is taken only when dropped")
     }
 
+    /// The shared identity, borrowed.
+    pub(crate) fn arc_ref(&self) -> &Arc<OperationId> {
+        self.arc()
+    }
+
     /// The identity shared, for the body's context and the lease.
     pub(crate) fn shared(&self) -> Arc<OperationId> {
         self.arc().clone()
@@ -337,6 +342,11 @@ impl Operation {
                 max: MAX_KEY_BYTES,
             });
         }
+        if key.is_empty_key() {
+            op.fail(IdemError::EmptyKey {
+                name: name.to_owned(),
+            });
+        }
         if key_len > MAX_KEY_BYTES {
             op.fail(IdemError::KeyTooLong {
                 name: name.to_owned(),
@@ -433,6 +443,13 @@ impl<P, U> Operation<P, U> {
     /// is refused with [`IdemError::Mismatch`]. May be called more than once.
     pub fn fingerprint<F: Serialize + ?Sized>(self, value: &F) -> Self {
         self.fingerprint_part("", value)
+    }
+
+    /// Binds nothing to the key: any call with the same key is the same request. For
+    /// operations whose key alone is the whole request (a message id, a webhook event
+    /// id); where the payload can differ, use [`fingerprint`](Self::fingerprint).
+    pub fn fingerprint_none(self) -> Self {
+        self
     }
 
     /// Like [`fingerprint`](Self::fingerprint), naming the part (the attribute passes

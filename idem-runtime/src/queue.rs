@@ -226,6 +226,7 @@ impl Policy {
                 verdict(Action::Terminate, Cause::Unknown)
             }
             IdemError::KeyTooLong { .. }
+            | IdemError::EmptyKey { .. }
             | IdemError::ScopeTooLong { .. }
             | IdemError::BadName { .. }
             | IdemError::Codec { .. } => verdict(Action::Terminate, Cause::Invalid),

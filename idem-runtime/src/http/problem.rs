@@ -201,6 +201,7 @@ impl From<&IdemError> for Problem {
                  key for a new request",
             ),
             IdemError::KeyTooLong { len, .. } => KeyRejection::TooLong { len: *len }.into(),
+            IdemError::EmptyKey { .. } => KeyRejection::Empty.into(),
             IdemError::Store { .. } | IdemError::NoStore => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 types::STORE_UNAVAILABLE,
