@@ -127,6 +127,8 @@ impl Subject {
             Side::Idem(idem) => {
                 let got = idem
                     .operation(NAME, &key)
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint_none()
                     .run(|| async { Ok::<_, IdemError>(1u32) })
                     .await?;
                 check(got == 1, "idem returned another outcome")

@@ -381,6 +381,8 @@ impl Subject {
             (Side::Idem(idem), Phase::Fresh | Phase::Replay { .. } | Phase::Mix { .. }) => {
                 let got = idem
                     .operation(NAME, &key)
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint_none()
                     .run(|| async {
                         self.runs.fetch_add(1, Ordering::Relaxed);
                         Ok::<_, IdemError>(1u32)
@@ -390,8 +392,12 @@ impl Subject {
             }
             (Side::Idem(idem), Phase::Tx) => {
                 let mut tx = self.pool.begin().await?;
-                let step: TxStep<u32, TxError, _> =
-                    idem.operation(NAME, &key).begin_tx(&mut tx).await?;
+                let step: TxStep<u32, TxError, _> = idem
+                    .operation(NAME, &key)
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint_none()
+                    .begin_tx(&mut tx)
+                    .await?;
                 let TxStep::Run(guard) = step else {
                     return Err("a fresh key was replayed".into());
                 };

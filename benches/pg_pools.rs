@@ -57,6 +57,8 @@ async fn measure(
                         i
                     };
                     idem.operation("pools", &key)
+                        .retain(std::time::Duration::from_secs(86_400))
+                        .fingerprint_none()
                         .run(|| async { Ok::<_, IdemError>(1u32) })
                         .await?;
                     done += 1;
@@ -155,6 +157,8 @@ async fn main() -> Res<()> {
         // The replay keys, recorded once per table; also warms every connection.
         for key in 0..REPLAY_KEYS {
             idem.operation("pools", &key)
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async { Ok::<_, IdemError>(1u32) })
                 .await?;
         }

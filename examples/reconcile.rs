@@ -90,6 +90,8 @@ async fn charge(
             ChargeError::Timeout => Disposition::Unknown,
             ChargeError::Idem(_) => Disposition::Release,
         })
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             let charge: Charge = http
                 .post(format!("{provider}/charges"))

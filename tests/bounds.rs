@@ -18,13 +18,19 @@ async fn absurd_durations_are_refused_before_anything_is_written(ctx: Ctx) {
     for (what, op) in [
         (
             "lease",
-            ctx.idem.operation("op", "forever").lease(Duration::MAX),
+            ctx.idem
+                .operation("op", "forever")
+                .lease(Duration::MAX)
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none(),
         ),
         (
             "wait",
             ctx.idem
                 .operation("op", "forever")
-                .in_flight(idem_runtime::InFlight::Wait(Duration::MAX)),
+                .in_flight(idem_runtime::InFlight::Wait(Duration::MAX))
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none(),
         ),
     ] {
         let r = op
@@ -52,6 +58,8 @@ async fn an_operators_outcome_is_capped_too(ctx: Ctx) {
     let op = || {
         idem.operation("op", "parked")
             .classify(|_: &AppError| idem_runtime::Disposition::Unknown)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
     };
     let r = op()
         .run(|| async { Err::<u8, AppError>(AppError::Timeout) })
@@ -96,7 +104,7 @@ async fn empty_key_is_refused(ctx: Ctx) {
             "attribute, {cents}: {r:?}"
         );
     }
-    let keys: [&dyn Fn(&idem_runtime::Idem) -> idem_runtime::Operation; 3] = [
+    let keys: [&dyn Fn(&idem_runtime::Idem) -> idem_runtime::NewOperation; 3] = [
         &|idem| idem.operation("op", ""),
         &|idem| idem.operation("op", &("acme", "")),
         &|idem| idem.operation("op", &(7u64, String::new())),
@@ -133,6 +141,8 @@ async fn oversized_key_is_refused(ctx: Ctx) {
     let r = ctx
         .idem
         .operation("op", &key)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             runs.hit();
             Ok::<_, IdemError>(())
@@ -146,6 +156,8 @@ async fn oversized_key_is_refused(ctx: Ctx) {
     // Just under the cap is fine ("s250:" + 250 bytes = 255).
     ctx.idem
         .operation("op", &"k".repeat(250))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(()) })
         .await
         .unwrap();
@@ -156,6 +168,8 @@ async fn oversized_scope_is_refused(ctx: Ctx) {
         .idem
         .operation("op", "k")
         .scope(&"t".repeat(256))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(()) })
         .await;
     assert!(matches!(r, Err(IdemError::ScopeTooLong { .. })), "{r:?}");
@@ -166,10 +180,13 @@ async fn oversized_outcome_is_refused_and_not_rerun(ctx: Ctx) {
     let runs = Counter::default();
     let call = || {
         let runs = runs.clone();
-        idem.operation("export", "big").run(move || async move {
-            runs.hit();
-            Ok::<_, IdemError>("x".repeat(4096))
-        })
+        idem.operation("export", "big")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
+            .run(move || async move {
+                runs.hit();
+                Ok::<_, IdemError>("x".repeat(4096))
+            })
     };
     let r = call().await;
     assert!(

@@ -16,6 +16,7 @@ async fn first_call_runs(ctx: Ctx) {
         .idem
         .operation("charge", "order-1")
         .fingerprint(&1999)
+        .retain(std::time::Duration::from_secs(86_400))
         .run(|| async {
             runs.hit();
             Ok::<_, IdemError>("receipt-1".to_string())
@@ -33,6 +34,7 @@ async fn mismatch_is_refused(ctx: Ctx) {
         ctx.idem
             .operation("charge", "order-2")
             .fingerprint(&amount)
+            .retain(std::time::Duration::from_secs(86_400))
             .run(move || async move {
                 runs.hit();
                 Ok::<_, IdemError>(amount)
@@ -55,6 +57,7 @@ async fn scopes_separate_operations(ctx: Ctx) {
             .operation("charge", "order-3")
             .scope(tenant)
             .fingerprint(&tenant)
+            .retain(std::time::Duration::from_secs(86_400))
             .run(|| async {
                 runs.hit();
                 Ok::<_, IdemError>(tenant.to_string())
@@ -78,25 +81,39 @@ async fn keys_are_typed(ctx: Ctx) {
     };
     ctx.idem
         .operation("op", &42)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(body.clone())
         .await
         .unwrap();
     ctx.idem
         .operation("op", "42")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(body.clone())
         .await
         .unwrap();
     ctx.idem
         .operation("op", &("a:b", "c"))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(body.clone())
         .await
         .unwrap();
     ctx.idem
         .operation("op", &("a", "b:c"))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(body.clone())
         .await
         .unwrap();
-    ctx.idem.operation("op", &42u8).run(body).await.unwrap();
+    ctx.idem
+        .operation("op", &42u8)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
+        .run(body)
+        .await
+        .unwrap();
     assert_eq!(
         runs.get(),
         4,
@@ -113,6 +130,8 @@ async fn hashed_keys_never_reach_the_store() {
     for _ in 0..2 {
         idem.operation("email", "alice@example.com")
             .scope("tenant\0with-nul@example.com")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async {
                 runs.hit();
                 Ok::<_, IdemError>(())
@@ -154,6 +173,8 @@ async fn a_table_keeps_its_key_mode() {
         .unwrap();
     hashed
         .operation("email", "bob@example.com")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(1) })
         .await
         .unwrap();
@@ -175,6 +196,8 @@ async fn a_table_keeps_its_key_mode() {
         .unwrap();
     let replayed = again
         .operation("email", "bob@example.com")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(2) })
         .await
         .unwrap();

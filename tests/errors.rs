@@ -15,13 +15,17 @@ async fn released_error_runs_again(ctx: Ctx) {
     let runs = Counter::default();
     let call = || {
         let runs = runs.clone();
-        ctx.idem.operation("charge", "o-1").run(move || async move {
-            if runs.hit() == 1 {
-                Err(AppError::Timeout)
-            } else {
-                Ok("paid".to_string())
-            }
-        })
+        ctx.idem
+            .operation("charge", "o-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
+            .run(move || async move {
+                if runs.hit() == 1 {
+                    Err(AppError::Timeout)
+                } else {
+                    Ok("paid".to_string())
+                }
+            })
     };
     assert_eq!(call().await, Err(AppError::Timeout));
     assert_eq!(call().await.unwrap(), "paid");
@@ -36,6 +40,8 @@ async fn recorded_error_replays(ctx: Ctx) {
         ctx.idem
             .operation("charge", "o-2")
             .record_errors()
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(move || async move {
                 runs.hit();
                 Err::<String, _>(AppError::Declined("card expired".into()))
@@ -62,6 +68,8 @@ async fn classified_unknown_blocks_until_resolved(ctx: Ctx) {
         ctx.idem
             .operation("charge", "o-3")
             .classify(classify)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(move || async move {
                 if runs.hit() == 1 {
                     Err(AppError::Timeout)
@@ -109,6 +117,8 @@ async fn resolve_completed_replays(ctx: Ctx) {
         ctx.idem
             .operation("email", "e-1")
             .classify(classify)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(move || async move {
                 runs.hit();
                 Err::<u32, _>(AppError::Timeout)

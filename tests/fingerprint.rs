@@ -62,6 +62,7 @@ async fn fingerprint_survives_release_and_takeover_checks(ctx: Ctx) {
         ctx.idem
             .operation("place", "order-7")
             .fingerprint(&order())
+            .retain(std::time::Duration::from_secs(86_400))
             .run(|| async { Ok::<_, IdemError>(1) })
             .await
             .unwrap();
@@ -72,6 +73,7 @@ async fn fingerprint_survives_release_and_takeover_checks(ctx: Ctx) {
         .idem
         .operation("place", "order-7")
         .fingerprint(&changed)
+        .retain(std::time::Duration::from_secs(86_400))
         .run(|| async { Ok::<_, IdemError>(2) })
         .await;
     assert!(matches!(r, Err(IdemError::Mismatch { .. })), "{r:?}");

@@ -740,12 +740,13 @@ async fn layer_records_final_responses_only() {
             "x".repeat(100)
         }
     };
+    // "done" with its content-type is 72 bytes as the layer counts it; "x" × 100, 168.
     let router = axum::Router::new()
         .route("/flaky", axum::routing::post(flaky))
         .route("/big", axum::routing::post(big))
         .route_layer(
             idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
-                .max_response_bytes(50),
+                .max_response_bytes(150),
         );
     let base = serve_as_alice(router).await;
     let client = reqwest::Client::new();
@@ -781,6 +782,161 @@ async fn layer_records_final_responses_only() {
     again.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, types::OUTCOME_UNKNOWN);
     // It ran once: an effect that may have happened is not run again.
     assert_eq!(big_runs.load(Ordering::SeqCst), 1);
+}
+
+/// Serves one route behind `IdempotencyLayer` on a SQLite store with the default
+/// outcome cap, answering 201 with `body` and `headers` (`x-note` recorded too), and
+/// posts to it twice with one key: the first answer and its replay must both be the
+/// route's response byte for byte, the replay marked, and the route run once.
+async fn layer_replays_byte_for_byte(body: Vec<u8>, headers: &[(&'static str, &'static [u8])]) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let route = {
+        let (runs, body, headers) = (runs.clone(), body.clone(), headers.to_vec());
+        axum::routing::post(move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let mut res = axum::response::Response::new(axum::body::Body::from(body));
+            *res.status_mut() = StatusCode::CREATED;
+            for (name, value) in headers {
+                let value = reqwest::header::HeaderValue::from_bytes(value).unwrap();
+                res.headers_mut().insert(name, value);
+            }
+            res
+        })
+    };
+    let idem = idem_runtime::Idem::sqlite("sqlite::memory:").await.unwrap();
+    let router = axum::Router::new().route("/r", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem)
+            .record_header(reqwest::header::HeaderName::from_static("x-note")),
+    );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    for replayed in [false, true] {
+        let res = client
+            .post(format!("{base}/r"))
+            .header("idempotency-key", "k")
+            .send()
+            .await
+            .unwrap();
+        let (status, got) = (res.status(), res.headers().clone());
+        let bytes = res.bytes().await.unwrap();
+        let shown = format!("replayed {replayed}: {status} {got:?}");
+        assert_eq!(status, StatusCode::CREATED, "{shown}: {bytes:?}");
+        assert!(bytes[..] == body[..], "{shown}: the body differs");
+        for (name, value) in headers {
+            let got = got.get(*name).map(|v| v.as_bytes());
+            assert_eq!(got, Some(*value), "{shown}: header {name}");
+        }
+        assert_eq!(
+            got.get("idempotent-replayed").map(|v| v.as_bytes()),
+            replayed.then_some(&b"true"[..]),
+            "{shown}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the route ran once");
+}
+
+/// 48 KB of JSON full of quotes, over the store's 64 KiB cap once escaped as a string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_replays_a_48_kb_json_response_byte_for_byte() {
+    let json = serde_json::to_vec(&vec!["ab"; 9_599]).unwrap();
+    assert!((47_000..=48_000).contains(&json.len()), "{}", json.len());
+    layer_replays_byte_for_byte(json, &[("content-type", b"application/json")]).await;
+}
+
+/// 40 KB of binary, over the store's 64 KiB cap in hex.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_replays_a_40_kb_binary_response_byte_for_byte() {
+    let binary: Vec<u8> = (0..40_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    assert!(std::str::from_utf8(&binary).is_err());
+    layer_replays_byte_for_byte(binary, &[("content-type", b"application/octet-stream")]).await;
+}
+
+/// Recorded header values that are not ASCII, in UTF-8 and in Latin-1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_replays_non_ascii_header_values_byte_for_byte() {
+    layer_replays_byte_for_byte(
+        b"ok".to_vec(),
+        &[
+            ("content-language", "de-CH, Zürich".as_bytes()),
+            ("x-note", b"caf\xe9 cr\xe8me"),
+        ],
+    )
+    .await;
+}
+
+/// A key idem refuses as empty (here from a request body, not the header, which the
+/// extractor already checks) is a 400 problem+json, like an empty header; the handler
+/// does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_key_reaching_the_runtime_is_400() {
+    use axum::extract::State;
+    use idem_runtime::http::{Principal, Problem};
+    use idem_runtime::{Idem, IdemError, idempotent};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Order {
+        reference: String,
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Placed {
+        reference: String,
+    }
+
+    impl axum::response::IntoResponse for Placed {
+        fn into_response(self) -> axum::response::Response {
+            axum::Json(self).into_response()
+        }
+    }
+
+    struct ApiError(Problem);
+
+    impl From<IdemError> for ApiError {
+        fn from(e: IdemError) -> Self {
+            ApiError(e.into())
+        }
+    }
+
+    impl axum::response::IntoResponse for ApiError {
+        fn into_response(self) -> axum::response::Response {
+            self.0.into_response()
+        }
+    }
+
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+    #[idempotent(store = idem, key = order.reference, scope = principal, retain = "1h")]
+    async fn place(
+        #[idem(skip)] State(idem): State<Idem>,
+        #[idem(skip)] principal: Principal,
+        axum::Json(order): axum::Json<Order>,
+    ) -> Result<Placed, ApiError> {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+        Ok(Placed {
+            reference: order.reference,
+        })
+    }
+
+    let router = axum::Router::new()
+        .route("/orders", axum::routing::post(place))
+        .with_state(Idem::memory());
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |reference: &str| {
+        client
+            .post(format!("{base}/orders"))
+            .json(&json!({ "reference": reference }))
+            .send()
+    };
+    let r = Reply::read(post("").await.unwrap()).await;
+    r.assert_problem(StatusCode::BAD_REQUEST, types::INVALID_KEY);
+    assert_eq!(r.body["rule"], KeyRejection::Empty.rule(), "{r:?}");
+    assert_eq!(RUNS.load(Ordering::SeqCst), 0, "the handler ran");
+    let placed = post("o-1").await.unwrap();
+    assert_eq!(placed.status(), StatusCode::OK);
+    assert_eq!(RUNS.load(Ordering::SeqCst), 1);
 }
 
 /// `Option<IdempotencyKey>`: no header is `None`, an invalid one is still a 400.

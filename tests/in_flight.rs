@@ -18,6 +18,7 @@ async fn reject_answers_at_once_with_retry_after(ctx: Ctx) {
         .operation("send", "m-1")
         .fingerprint(&1)
         .in_flight(InFlight::Reject)
+        .retain(std::time::Duration::from_secs(86_400))
         .run(|| async { Ok::<_, IdemError>(9) })
         .await;
     match r {
@@ -42,6 +43,7 @@ async fn waiter_gets_the_outcome(ctx: Ctx) {
         idem.operation("send", "m-2")
             .fingerprint(&2)
             .in_flight(InFlight::Wait(Duration::from_secs(30)))
+            .retain(std::time::Duration::from_secs(86_400))
             .run(|| async { Ok::<_, IdemError>(99) })
             .await
     });
@@ -58,6 +60,7 @@ async fn waiter_mismatch_is_checked_first(ctx: Ctx) {
         .operation("send", "m-3")
         .fingerprint(&4)
         .in_flight(InFlight::Wait(Duration::from_secs(30)))
+        .retain(std::time::Duration::from_secs(86_400))
         .run(|| async { Ok::<_, IdemError>(4) })
         .await;
     assert!(matches!(r, Err(IdemError::Mismatch { .. })), "{r:?}");
@@ -75,6 +78,7 @@ async fn waiters_are_capped(ctx: Ctx) {
                 idem.operation("send", "m-4")
                     .fingerprint(&4)
                     .in_flight(InFlight::Wait(Duration::from_secs(60)))
+                    .retain(std::time::Duration::from_secs(86_400))
                     .run(|| async { Ok::<_, IdemError>(0) })
                     .await
             })

@@ -30,6 +30,8 @@ async fn start_pending(
         idem2
             .operation("ship", &key2)
             .lease(lease)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(move || async move {
                 let _ = tx.send((current().downstream_key("carrier"), current().epoch()));
                 std::future::pending::<()>().await;
@@ -61,6 +63,8 @@ async fn cancelled_body_keeps_claim_until_lease_then_taken_over(ctx: Ctx) {
         .idem
         .operation("ship", "parcel-1")
         .in_flight(InFlight::Reject)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(1u64) })
         .await;
     match r {
@@ -76,6 +80,8 @@ async fn cancelled_body_keeps_claim_until_lease_then_taken_over(ctx: Ctx) {
         ctx.idem
             .operation("ship", "parcel-1")
             .in_flight(InFlight::Wait(Duration::from_secs(30)))
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async {
                 let cur = current();
                 Ok::<_, IdemError>((cur.epoch(), cur.downstream_key("carrier")))
@@ -98,6 +104,8 @@ async fn lapsed_claim_goes_unknown_when_asked(ctx: Ctx) {
         .operation("ship", "parcel-2")
         .on_takeover(Takeover::Unknown)
         .in_flight(InFlight::Wait(Duration::from_secs(30)))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             runs.hit();
             Ok::<_, IdemError>(1u64)
@@ -132,6 +140,8 @@ async fn late_finisher_is_fenced(ctx: Ctx) {
         tokio::spawn(async move {
             idem.operation("refund", "f-1")
                 .lease(lease)
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(move || async move {
                     let _ = started_tx.send(current().epoch());
                     let _ = finish_rx.await;
@@ -145,6 +155,8 @@ async fn late_finisher_is_fenced(ctx: Ctx) {
         .operation("refund", "f-1")
         .lease(Duration::from_secs(30))
         .in_flight(InFlight::Wait(Duration::from_secs(30)))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(current().epoch()) })
         .await
         .unwrap();
@@ -158,6 +170,8 @@ async fn late_finisher_is_fenced(ctx: Ctx) {
     // The late outcome was not written over the takeover's.
     let again = idem
         .operation("refund", "f-1")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(0) })
         .await
         .unwrap();
@@ -168,6 +182,8 @@ async fn panicked_body_keeps_claim(ctx: Ctx) {
     let idem = ctx.idem.clone();
     let crashed = tokio::spawn(async move {
         idem.operation("ship", "parcel-p")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async {
                 if true {
                     panic!("the body crashed");
@@ -183,6 +199,8 @@ async fn panicked_body_keeps_claim(ctx: Ctx) {
         .idem
         .operation("ship", "parcel-p")
         .in_flight(InFlight::Reject)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(1u64) })
         .await;
     assert!(matches!(r, Err(IdemError::InFlight { .. })), "{r:?}");
@@ -203,6 +221,8 @@ async fn slow_body_beside_a_duplicate(
         tokio::spawn(async move {
             idem.operation("report", &key)
                 .lease(lease)
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(move || async move {
                     runs.hit();
                     let _ = started_tx.send(());
@@ -217,6 +237,8 @@ async fn slow_body_beside_a_duplicate(
         .operation("report", key)
         .lease(lease)
         .in_flight(InFlight::Wait(Duration::from_secs(30)))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             runs.hit();
             Ok::<_, IdemError>("duplicate".to_string())
@@ -345,6 +367,8 @@ fn a_stalled_runtime_keeps_its_claim_on_the_memory_store() {
             rt.block_on(
                 idem.operation("stall", "s-1")
                     .lease(lease)
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint_none()
                     .run(move || async move {
                         runs.hit();
                         started_tx.send(()).unwrap();
@@ -366,6 +390,8 @@ fn a_stalled_runtime_keeps_its_claim_on_the_memory_store() {
         idem.operation("stall", "s-1")
             .lease(lease)
             .in_flight(InFlight::Reject)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async {
                 runs.hit();
                 Ok::<_, IdemError>("second".to_string())

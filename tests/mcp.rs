@@ -423,3 +423,149 @@ async fn killed_mid_body_then_retried_sends_once() {
     assert_eq!(rows[0].key, "crash-1");
     assert_eq!(first["message_id"], rows[0].id);
 }
+
+/// An in-process server, driven by rmcp's client over a duplex pipe, for what the
+/// example does not reach: a tool whose result is over the store's outcome cap, and
+/// keys and scopes idem refuses.
+mod exports {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use idem_runtime::mcp::{Principal, ToolError};
+    use idem_runtime::{Idem, idempotent};
+    use rmcp::handler::server::router::tool::ToolRouter;
+    use rmcp::handler::server::wrapper::Parameters;
+    use rmcp::model::Extensions;
+    use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    use super::Client;
+
+    /// The store's outcome cap on this server, in bytes.
+    pub const CAP: usize = 1024;
+
+    #[derive(Debug, Serialize, Deserialize, JsonSchema)]
+    pub struct Export {
+        /// The order whose export this is: the key, as a tool keyed on a business id has it.
+        order_id: String,
+        /// How large a report to produce.
+        bytes: usize,
+    }
+
+    #[derive(Clone)]
+    pub struct Exports {
+        idem: Idem,
+        principal: Principal,
+        pub runs: Arc<AtomicUsize>,
+        tool_router: ToolRouter<Self>,
+    }
+
+    #[tool_router]
+    impl Exports {
+        #[idempotent(
+            store = self.idem,
+            key = args.order_id,
+            scope = Principal::caller(&ext, &self.principal)?,
+            retain = "1h"
+        )]
+        #[tool(description = "Export an order's report.")]
+        async fn export(
+            &self,
+            Parameters(args): Parameters<Export>,
+            #[idem(skip)] ext: Extensions,
+        ) -> Result<String, ToolError> {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            Ok("r".repeat(args.bytes))
+        }
+    }
+
+    #[tool_handler(router = self.tool_router)]
+    impl ServerHandler for Exports {}
+
+    /// Serves a fresh store, as `principal`, to a client of its own.
+    pub async fn serve(principal: &str) -> (Client, Arc<AtomicUsize>) {
+        let idem = Idem::builder()
+            .max_outcome_bytes(CAP)
+            .sqlite("sqlite::memory:")
+            .await
+            .unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let server = Exports {
+            idem,
+            principal: Principal::new(principal),
+            runs: runs.clone(),
+            tool_router: Exports::tool_router(),
+        };
+        let (server_io, client_io) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let running = server.serve(server_io).await.unwrap();
+            let _ = running.waiting().await;
+        });
+        (().serve(client_io).await.unwrap(), runs)
+    }
+}
+
+/// A call whose tool ran and whose result is over the outcome cap is answered as its
+/// retry is: an `outcome_unknown` tool result the model can act on, never a protocol
+/// error; and the tool does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcome_over_the_cap_is_outcome_unknown_on_the_call_and_its_retry() {
+    let (client, runs) = exports::serve("ana").await;
+    let args = json!({ "order_id": "o-1", "bytes": 4 * exports::CAP });
+    for attempt in ["the call", "its retry"] {
+        let Value::Object(args) = args.clone() else {
+            unreachable!()
+        };
+        let answer = client
+            .call_tool(CallToolRequestParams::new("export").with_arguments(args))
+            .await;
+        let result = match answer {
+            Ok(result) => result,
+            Err(e) => panic!("{attempt}: a protocol error where a tool result was due: {e:?}"),
+        };
+        assert_eq!(result.is_error, Some(true), "{attempt}: {result:?}");
+        let body = result.structured_content.clone().unwrap();
+        assert_eq!(body["code"], "outcome_unknown", "{attempt}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("new key"),
+            "{attempt}: {body}"
+        );
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    client.cancel().await.unwrap();
+}
+
+/// A key idem refuses (empty, or over its cap) and a scope over its cap are
+/// `invalid_params`, as an `IdempotencyKey` argument that fails validation is; the tool
+/// does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_keys_and_scopes_are_invalid_params() {
+    let long_key = "k".repeat(300);
+    let long_principal = "p".repeat(300);
+    let cases = [
+        ("ana", "", "empty_key"),
+        ("ana", long_key.as_str(), "key_too_long"),
+        (long_principal.as_str(), "o-1", "scope_too_long"),
+    ];
+    for (principal, key, code) in cases {
+        let (client, runs) = exports::serve(principal).await;
+        let Value::Object(args) = json!({ "order_id": key, "bytes": 1 }) else {
+            unreachable!()
+        };
+        let answer = client
+            .call_tool(CallToolRequestParams::new("export").with_arguments(args))
+            .await;
+        let Err(rmcp::ServiceError::McpError(error)) = answer else {
+            panic!("{code}: expected a protocol error, got {answer:?}")
+        };
+        assert_eq!(
+            error.code,
+            rmcp::model::ErrorCode::INVALID_PARAMS,
+            "{code}: {error:?}"
+        );
+        assert_eq!(error.data.unwrap()["code"], code);
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0, "{code}");
+        client.cancel().await.unwrap();
+    }
+}

@@ -85,6 +85,7 @@ async fn every_answer_is_counted_by_operation_name() {
     let call = |key: &'static str, amount: u32| {
         idem.operation(op, key)
             .fingerprint(&amount)
+            .retain(std::time::Duration::from_secs(86_400))
             .run(move || async move { Ok::<_, IdemError>(amount) })
     };
     call("k1", 5).await.unwrap();
@@ -106,6 +107,8 @@ async fn every_answer_is_counted_by_operation_name() {
         let idem = idem.clone();
         tokio::spawn(async move {
             idem.operation(op, "k2")
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async {
                     started_tx.send(()).unwrap();
                     release.await.unwrap();
@@ -118,6 +121,8 @@ async fn every_answer_is_counted_by_operation_name() {
     let rejected = idem
         .operation(op, "k2")
         .in_flight(InFlight::Reject)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(2) })
         .await;
     assert!(matches!(rejected, Err(IdemError::InFlight { .. })));
@@ -129,6 +134,8 @@ async fn every_answer_is_counted_by_operation_name() {
     let doubtful = idem
         .operation(op, "k3")
         .classify(|_: &AppError| Disposition::Unknown)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Err::<u8, _>(AppError::Timeout) })
         .await;
     assert!(matches!(doubtful, Err(AppError::Timeout)));
@@ -147,6 +154,8 @@ async fn every_answer_is_counted_by_operation_name() {
         tokio::spawn(async move {
             idem.operation(op, "k4")
                 .lease(Duration::from_millis(50))
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async {
                     stalled_tx.send(()).unwrap();
                     wake.await.unwrap();
@@ -160,6 +169,8 @@ async fn every_answer_is_counted_by_operation_name() {
         let r = idem
             .operation(op, "k4")
             .in_flight(InFlight::Reject)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(2) })
             .await;
         match r {

@@ -60,6 +60,9 @@ enum Behavior {
     Effect,
     Stall,
     Cancel,
+    /// The caller goes away within a few milliseconds: before its claim is sent, while
+    /// it is on the wire, or once the body runs.
+    CancelEarly,
 }
 
 #[derive(Debug)]
@@ -90,6 +93,11 @@ struct Leases {
     extended: HashMap<Claimed, Vec<(Instant, Instant)>>,
     /// Record attempts per claim: when sent.
     records: HashMap<Claimed, Vec<Instant>>,
+    /// Claims the store made whose reply the fault injection dropped: nobody knows
+    /// their epoch, so they lapse unrun.
+    lost_replies: HashSet<Claimed>,
+    /// Releases the fault injection failed: their claims lapse.
+    failed_releases: HashSet<Claimed>,
 }
 
 impl Leases {
@@ -262,7 +270,20 @@ impl Store for Faulty {
                 .or_default()
                 .push((sent, answered));
         }
+        // A reply in transit for a while: a caller may go away meanwhile.
+        let transit = self
+            .on
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| self.rng.lock().unwrap().gen_range(0..4000u64))
+            .filter(|us| *us > 1000);
+        if let Some(us) = transit {
+            tokio::time::sleep(Duration::from_micros(us)).await;
+        }
         if self.roll(0.03) {
+            if let Claim::Acquired { epoch, .. } = c {
+                let claimed = (req.id.clone(), epoch);
+                self.leases.lock().unwrap().lost_replies.insert(claimed);
+            }
             return Err(fault("claim reply lost"));
         }
         Ok(c)
@@ -294,6 +315,8 @@ impl Store for Faulty {
     }
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         if self.roll(0.05) {
+            let claimed = (id.clone(), epoch);
+            self.leases.lock().unwrap().failed_releases.insert(claimed);
             return Err(fault("release"));
         }
         self.inner.release(id, epoch).await
@@ -458,8 +481,26 @@ fn op_id(idem: &Idem, key: usize) -> OperationId {
         .clone()
 }
 
-/// One call with the given behaviour; records its answer in the model.
-async fn call(w: &World, key: usize, payload: u8, behavior: Behavior, reject: bool) {
+/// The last key's lapsed claims go to UNKNOWN rather than run again, so a claim that
+/// lapses without a body (one nobody released) shows as an UNKNOWN with no execution.
+fn on_takeover(key: usize) -> idem_runtime::Takeover {
+    if key == KEYS - 1 {
+        idem_runtime::Takeover::Unknown
+    } else {
+        idem_runtime::Takeover::Rerun
+    }
+}
+
+/// One call with the given behaviour; records its answer in the model. `early` is how
+/// long a `CancelEarly` caller waits before it goes away.
+async fn call(
+    w: &World,
+    key: usize,
+    payload: u8,
+    behavior: Behavior,
+    reject: bool,
+    early: Duration,
+) {
     let generation = *w.model.lock().unwrap().generation.get(&key).unwrap_or(&0);
     let model = w.model.clone();
     let faulty = w.faulty.clone();
@@ -511,15 +552,22 @@ async fn call(w: &World, key: usize, payload: u8, behavior: Behavior, reject: bo
         .retain(RETAIN)
         .lease(LEASE)
         .in_flight(in_flight)
+        .on_takeover(on_takeover(key))
         .classify(classify)
         .run(body);
-    let out = if behavior == Behavior::Cancel {
-        match tokio::time::timeout(LEASE / 2, fut).await {
-            Ok(out) => out,
-            Err(_) => return,
+    let out = match behavior {
+        Behavior::Cancel | Behavior::CancelEarly => {
+            let after = if behavior == Behavior::Cancel {
+                LEASE / 2
+            } else {
+                early
+            };
+            match tokio::time::timeout(after, fut).await {
+                Ok(out) => out,
+                Err(_) => return,
+            }
         }
-    } else {
-        fut.await
+        _ => fut.await,
     };
     let mut m = w.model.lock().unwrap();
     match out {
@@ -595,10 +643,12 @@ async fn run_seed(backend: Backend, seed: u64) {
                         40..50 => Behavior::Slow,
                         50..70 => Behavior::Released,
                         70..75 => Behavior::Effect,
-                        75..88 => Behavior::Stall,
+                        75..85 => Behavior::Stall,
+                        85..95 => Behavior::CancelEarly,
                         _ => Behavior::Cancel,
                     };
-                    call(&w, key, payload, behavior, rng.gen_bool(0.3)).await;
+                    let early = Duration::from_micros(rng.gen_range(0..4000));
+                    call(&w, key, payload, behavior, rng.gen_bool(0.3), early).await;
                 } else if roll < 80 {
                     operator(&w, key, &mut rng).await;
                 } else if roll < 85 {
@@ -634,6 +684,7 @@ async fn run_seed(backend: Backend, seed: u64) {
                 .retain(RETAIN)
                 .lease(LEASE)
                 .in_flight(InFlight::Reject)
+                .on_takeover(on_takeover(key))
                 .classify(classify)
                 .run(|| async { Ok::<usize, ModelErr>(usize::MAX) })
                 .await;
@@ -647,6 +698,17 @@ async fn run_seed(backend: Backend, seed: u64) {
         }
     }
 
+    // An UNKNOWN record names an attempt whose effect is in doubt: one whose body ran.
+    // A claim whose caller went away before its body started is released, never parked.
+    let unknown = w
+        .idem
+        .list(&ListFilter {
+            limit: Some(1000),
+            ..ListFilter::unknown()
+        })
+        .await
+        .expect("list UNKNOWN records");
+
     let leases = std::mem::take(&mut *w.faulty.leases.lock().unwrap());
     // The guard lives in this block only, so no lock is held across the cleanup's awaits.
     let violations = {
@@ -657,6 +719,21 @@ async fn run_seed(backend: Backend, seed: u64) {
                 .into_iter()
                 .map(|b| format!("blocked past one lease: {b}")),
         );
+        for row in &unknown {
+            let ran = m
+                .execs
+                .iter()
+                .any(|e| e.op == row.id && e.epoch == row.epoch);
+            let claimed = (row.id.clone(), row.epoch);
+            let lost =
+                leases.lost_replies.contains(&claimed) || leases.failed_releases.contains(&claimed);
+            if !ran && !lost {
+                violations.push(format!(
+                    "{:?} is UNKNOWN at epoch {}, but no body ran at that epoch",
+                    row.id, row.epoch
+                ));
+            }
+        }
         let mut ok_exec: HashMap<usize, usize> = HashMap::new();
         for &(key, payload, exec) in &m.oks {
             let e = &m.execs[exec];
@@ -749,6 +826,23 @@ async fn run_seed(backend: Backend, seed: u64) {
     }
 }
 
+/// Runs every seed on `backend` and says what ran, past the test harness's capture, so
+/// CI's log shows the schedules and the seeds that reproduce them.
+async fn run_seeds(backend: Backend, default_runs: u64) {
+    let seeds = seeds(default_runs);
+    for &seed in &seeds {
+        run_seed(backend, seed).await;
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "model on {backend:?}: {} schedules of {CALLERS} callers x {STEPS} steps passed, \
+         seeds {:?} (IDEM_MODEL_SEED=N replays one)",
+        seeds.len(),
+        seeds
+    );
+}
+
 fn seeds(default_runs: u64) -> Vec<u64> {
     if let Ok(seed) = std::env::var("IDEM_MODEL_SEED") {
         return vec![seed.parse().expect("IDEM_MODEL_SEED is a number")];
@@ -766,9 +860,7 @@ fn seeds(default_runs: u64) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_memory() {
-    for seed in seeds(6) {
-        run_seed(Backend::Memory, seed).await;
-    }
+    run_seeds(Backend::Memory, 6).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -776,9 +868,7 @@ async fn model_redis() {
     if common::redis_skip("model_redis").is_some() {
         return;
     }
-    for seed in seeds(4) {
-        run_seed(Backend::Redis, seed).await;
-    }
+    run_seeds(Backend::Redis, 4).await;
 }
 
 #[cfg(feature = "postgres")]
@@ -787,9 +877,7 @@ async fn model_postgres() {
     if common::postgres_skip("model_postgres").is_some() {
         return;
     }
-    for seed in seeds(4) {
-        run_seed(Backend::Postgres, seed).await;
-    }
+    run_seeds(Backend::Postgres, 4).await;
 }
 
 #[cfg(feature = "mysql")]
@@ -798,14 +886,10 @@ async fn model_mysql() {
     if common::mysql_skip("model_mysql").is_some() {
         return;
     }
-    for seed in seeds(4) {
-        run_seed(Backend::MySql, seed).await;
-    }
+    run_seeds(Backend::MySql, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_sqlite_file() {
-    for seed in seeds(4) {
-        run_seed(Backend::SqliteFile, seed).await;
-    }
+    run_seeds(Backend::SqliteFile, 4).await;
 }

@@ -1,7 +1,7 @@
 //! What is MySQL/MariaDB's own: two OS processes racing in transactional mode, a
 //! lock-wait timeout surfacing as a retryable store error, processes opening at once
-//! under the migrations' named lock, the shipped schema without migrations, and a
-//! replay that reads past a held row lock.
+//! under the migrations' named lock, the shipped schema without migrations, a replay
+//! that reads past a held row lock, and a transactional body that loses a deadlock.
 #![cfg(feature = "mysql")]
 mod common;
 use common::*;
@@ -89,7 +89,11 @@ async fn lock_wait_timeout_is_a_retryable_store_error() {
         return;
     };
     let idem = Idem::from_pool(pool.clone()).await.unwrap();
-    let op = || idem.operation("book", "seat-1");
+    let op = || {
+        idem.operation("book", "seat-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
+    };
     let mut first = pool.begin().await.unwrap();
     let guard = match op()
         .begin_tx::<_, u32, IdemError>(&mut first)
@@ -167,10 +171,13 @@ async fn a_replay_reads_past_a_held_row_lock() {
         .unwrap();
     let runs = AtomicU32::new(0);
     let charge = || {
-        idem.operation("charge", "c-1").run(|| async {
-            runs.fetch_add(1, Ordering::SeqCst);
-            Ok::<u32, IdemError>(7)
-        })
+        idem.operation("charge", "c-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
+            .run(|| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<u32, IdemError>(7)
+            })
     };
     assert_eq!(charge().await.unwrap(), 7);
     // A first replay, decided by the claim: the store reads first only after replays.
@@ -241,6 +248,8 @@ async fn shipped_schema_works_without_migrate() {
         .unwrap();
     let run = || {
         idem.operation("charge", "o-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(42u32) })
     };
     assert_eq!(run().await.unwrap(), 42);
@@ -261,6 +270,8 @@ async fn fail_open_does_not_run_on_a_lock_wait_timeout() {
     let mut tx = pool.begin().await.unwrap();
     let TxStep::Run(guard) = holder
         .operation("notify", "k")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .begin_tx::<_, u32, IdemError>(&mut tx)
         .await
         .unwrap()
@@ -290,6 +301,8 @@ async fn fail_open_does_not_run_on_a_lock_wait_timeout() {
     let r = other
         .operation("notify", "k")
         .on_store_error(idem_runtime::OnStoreError::FailOpen)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             ran = true;
             Ok::<_, IdemError>(1u32)
@@ -305,5 +318,146 @@ async fn fail_open_does_not_run_on_a_lock_wait_timeout() {
     );
     drop(guard);
     tx.rollback().await.unwrap();
+    drop_database(&pool, &db).await;
+}
+
+/// A body's error, recorded under `errors = record`: the database's refusal of its
+/// statement, or idem's error (never recorded).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum BookError {
+    Refused(String),
+    #[serde(skip)]
+    Idem(IdemError),
+}
+
+impl From<IdemError> for BookError {
+    fn from(e: IdemError) -> Self {
+        BookError::Idem(e)
+    }
+}
+
+fn take(seat: u32) -> String {
+    format!("UPDATE seats SET taken = taken + 1 WHERE id = {seat}")
+}
+
+/// Runs a body on `tx` whose statement is a deadlock's victim (1213): `tx` takes seat 1,
+/// another transaction seat 2, then each wants the other's. The other's 200 inserted
+/// rows make it the heavier, so InnoDB rolls back `tx`. Returns the body's result once
+/// the other transaction has committed.
+async fn lose_a_deadlock(
+    pool: &sqlx::MySqlPool,
+    tx: &mut sqlx::Transaction<'static, sqlx::MySql>,
+) -> Result<u32, BookError> {
+    let (ready_tx, ready) = tokio::sync::oneshot::channel::<()>();
+    let (locked_tx, locked) = tokio::sync::oneshot::channel::<()>();
+    let other = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(
+                "INSERT INTO ballast (id) WITH RECURSIVE n (i) AS \
+                 (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200) SELECT i FROM n",
+            )
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            sqlx::query(&take(2)).execute(&mut *tx).await.unwrap();
+            ready_tx.send(()).unwrap();
+            locked.await.unwrap();
+            sqlx::query(&take(1))
+                .execute(&mut *tx)
+                .await
+                .expect("the heavier transaction was chosen as the victim");
+            tx.commit().await.unwrap();
+        }
+    });
+    ready.await.unwrap();
+    sqlx::query(&take(1)).execute(&mut **tx).await.unwrap();
+    locked_tx.send(()).unwrap();
+    let out = sqlx::query(&take(2))
+        .execute(&mut **tx)
+        .await
+        .map(|_| 2u32)
+        .map_err(|e| BookError::Refused(e.to_string()));
+    assert!(
+        matches!(&out, Err(BookError::Refused(m)) if m.contains("1213")),
+        "the body's statement was not the deadlock's victim: {out:?}"
+    );
+    other.await.unwrap();
+    out
+}
+
+/// What the caller of a body that lost a deadlock must get: a retryable `Store` error
+/// saying to retry the whole transaction, never a savepoint error.
+fn assert_retry_whole(got: Result<u32, BookError>) {
+    match got {
+        Err(BookError::Idem(e @ IdemError::Store { .. })) => {
+            assert!(e.is_retryable(), "{e}");
+            assert!(e.to_string().contains("retry the whole transaction"), "{e}");
+        }
+        other => panic!("expected a retryable store error, got {other:?}"),
+    }
+}
+
+/// A body whose statement is a deadlock's victim: InnoDB rolled the whole transaction
+/// back, idem's savepoints and claim with it. Whether the error is recorded or
+/// released, the caller is told to retry the whole transaction, and that retry runs the
+/// body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_victim_is_told_to_retry_the_whole_transaction() {
+    let Some((db, _url, pool)) = database("mysql_deadlock").await else {
+        return;
+    };
+    for stmt in [
+        "CREATE TABLE seats (id INT PRIMARY KEY, taken INT NOT NULL)",
+        "INSERT INTO seats VALUES (1, 0), (2, 0)",
+        "CREATE TABLE ballast (id INT NOT NULL)",
+    ] {
+        sqlx::query(stmt).execute(&pool).await.unwrap();
+    }
+    let idem = Idem::from_pool(pool.clone()).await.unwrap();
+    let book = || {
+        idem.operation("book", "seat-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
+    };
+
+    // `errors = record`: the error would be recorded, but the claim is gone.
+    let mut tx = pool.begin().await.unwrap();
+    let TxStep::Run(guard) = book()
+        .record_errors()
+        .begin_tx::<_, u32, BookError>(&mut tx)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key replayed");
+    };
+    let out = lose_a_deadlock(&pool, &mut tx).await;
+    assert_retry_whole(guard.finish(&mut tx, out).await);
+    drop(tx);
+
+    // `errors = release`: the savepoint to roll back to is gone too.
+    let mut tx = pool.begin().await.unwrap();
+    let TxStep::Run(guard) = book().begin_tx::<_, u32, BookError>(&mut tx).await.unwrap() else {
+        panic!("replayed a call whose transaction was rolled back");
+    };
+    let out = lose_a_deadlock(&pool, &mut tx).await;
+    assert_retry_whole(guard.finish(&mut tx, out).await);
+    drop(tx);
+
+    // Nothing was recorded: the retry of the whole transaction runs the body.
+    let mut tx = pool.begin().await.unwrap();
+    let TxStep::Run(guard) = book()
+        .record_errors()
+        .begin_tx::<_, u32, BookError>(&mut tx)
+        .await
+        .unwrap()
+    else {
+        panic!("replayed a call whose transaction was rolled back");
+    };
+    sqlx::query(&take(2)).execute(&mut *tx).await.unwrap();
+    let done = guard.finish(&mut tx, Ok::<u32, BookError>(2)).await;
+    assert!(matches!(done, Ok(2)), "{done:?}");
+    tx.commit().await.unwrap();
     drop_database(&pool, &db).await;
 }

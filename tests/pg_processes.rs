@@ -85,6 +85,8 @@ where
 /// The call the replay tests repeat: a quote of 42 under one key.
 async fn quote(idem: &Idem) -> u32 {
     idem.operation("quote", "q-1")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(42u32) })
         .await
         .unwrap()
@@ -152,7 +154,11 @@ async fn repeatable_read_conflict_is_a_retryable_store_error() {
     };
     let schema = schema(&pool, "repeatable_read").await;
     let idem = idem_on(&pool, &schema).await;
-    let op = || idem.operation("book", "seat-1");
+    let op = || {
+        idem.operation("book", "seat-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
+    };
 
     let mut first = pool.begin().await.unwrap();
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -178,6 +184,8 @@ async fn repeatable_read_conflict_is_a_retryable_store_error() {
     let blocked = tokio::spawn(async move {
         let r = idem
             .operation("book", "seat-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .begin_tx::<_, u32, IdemError>(&mut second)
             .await;
         r.map(|_| ())
@@ -345,6 +353,8 @@ async fn fresh_calls_together(idem: &Idem, pool: &sqlx::PgPool, table: &str) -> 
             let (claimed, finish) = (claimed.clone(), finish.clone());
             tokio::spawn(async move {
                 idem.operation("ship", &i)
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint_none()
                     .run(move || async move {
                         runs.hit();
                         claimed.wait().await;
@@ -424,6 +434,8 @@ async fn a_refused_claim_fails_alone_in_its_batch() {
             };
             async move {
                 idem.operation("ship", &key)
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint_none()
                     .run(move || async move {
                         runs.hit();
                         Ok::<_, IdemError>(i)
@@ -467,6 +479,8 @@ async fn a_batch_of_new_and_recorded_keys_answers_each() {
         let (idem, claimed, finish) = (idem.clone(), claimed.clone(), finish.clone());
         async move {
             idem.operation("ship", &key)
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(move || async move {
                     runs.hit();
                     if hold {
@@ -535,6 +549,7 @@ async fn a_purge_goes_past_a_row_another_transaction_holds() {
     for key in ["k0", "k1", "k2"] {
         idem.operation("ship", key)
             .retain(Duration::from_millis(50))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(()) })
             .await
             .unwrap();
@@ -595,6 +610,8 @@ async fn a_fresh_key_is_claimed_by_a_plain_insert() {
         let (idem, runs) = (idem.clone(), runs.clone());
         async move {
             idem.operation("ship", &key)
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async {
                     runs.hit();
                     Ok::<_, IdemError>(1u32)

@@ -22,6 +22,8 @@ async fn calls_succeed_after_the_server_drops_idle_connections() {
         .unwrap();
     let call = |key: &'static str| {
         idem.operation("ship", key)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(key.len()) })
     };
     assert_eq!(call("first").await.unwrap(), 5);

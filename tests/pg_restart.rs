@@ -229,6 +229,8 @@ async fn a_server_crash_mid_run_loses_nothing_and_duplicates_nothing() {
                             .operation("charge", &key)
                             .lease(Duration::from_secs(1))
                             .in_flight(InFlight::Reject)
+                            .retain(std::time::Duration::from_secs(86_400))
+                            .fingerprint_none()
                             .run(|| charge(http.clone(), url.clone(), key))
                             .await;
                         match r {
@@ -267,6 +269,8 @@ async fn a_server_crash_mid_run_loses_nothing_and_duplicates_nothing() {
             let ran = ran.clone();
             idem.operation("probe", "while-down")
                 .on_store_error(policy)
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(move || async move {
                     ran.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, IdemError>(())

@@ -297,6 +297,7 @@ async fn in_flight_elsewhere_is_redelivered_then_acked_as_a_replay() {
             idem.operation("apply_payment", &msg.payment_id)
                 .fingerprint(&&msg)
                 .lease(Duration::from_secs(3))
+                .retain(std::time::Duration::from_secs(86_400))
                 .run(|| async {
                     started_tx.send(()).unwrap();
                     release.await.unwrap();
@@ -395,5 +396,29 @@ async fn a_released_error_is_redelivered_and_then_succeeds() {
     );
     assert_eq!(setup.payments().await, (3, 3));
     assert_eq!(setup.pending().await, (0, 0));
+    setup.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_payment_id_is_terminated_as_invalid_with_an_alert() {
+    let Some(setup) = Setup::new("emptykey").await else {
+        return;
+    };
+    // A producer that lost the id: keyed on "", every such message would be one payment.
+    setup.publish("", 100).await;
+    setup.publish("p-1", 200).await;
+    let seen = setup.drain(5, &[]).await;
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("payment_id= delivery=1 cause=Invalid action=Terminate")),
+        "{seen:#?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with("stderr") && l.contains("message needs attention")),
+        "the alert event: {seen:#?}"
+    );
+    assert_eq!(setup.payments().await, (1, 1), "p-1 only");
+    assert_eq!(setup.pending().await, (0, 0), "terminated, not redelivered");
     setup.delete().await;
 }

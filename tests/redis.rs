@@ -140,6 +140,8 @@ async fn lost_server_is_unreachable() {
     let idem = idem.expect("the throwaway server never answered");
     assert_eq!(
         idem.operation("send", "u-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(1) })
             .await
             .unwrap(),
@@ -150,6 +152,8 @@ async fn lost_server_is_unreachable() {
 
     let closed = idem
         .operation("send", "u-2")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(2) })
         .await;
     match closed {
@@ -159,6 +163,8 @@ async fn lost_server_is_unreachable() {
     let open = idem
         .operation("send", "u-3")
         .on_store_error(OnStoreError::FailOpen)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(3) })
         .await;
     assert_eq!(
@@ -223,6 +229,7 @@ async fn records_expire_by_themselves_and_counters_outlive_them() {
         owner
             .operation("send", "t-1")
             .retain(hour)
+            .fingerprint_none()
             .run(move || async move {
                 let _ = started_tx.send(());
                 let _ = go_rx.await;
@@ -254,6 +261,8 @@ async fn records_expire_by_themselves_and_counters_outlive_them() {
     // Released: the record is gone, the counter stays a month.
     let released = idem
         .operation("send", "t-2")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             Err::<u32, IdemError>(IdemError::Config {
                 message: "no".into(),
@@ -363,6 +372,8 @@ async fn scripts_per_fresh_call_replay_and_run_of_replays() {
         let idem = idem.clone();
         async move {
             idem.operation("send", key)
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async { Ok::<_, IdemError>(7u32) })
                 .await
                 .unwrap()
@@ -395,6 +406,7 @@ async fn scripts_per_fresh_call_replay_and_run_of_replays() {
     let mismatch = idem
         .operation("send", "k")
         .fingerprint(&1u8)
+        .retain(std::time::Duration::from_secs(86_400))
         .run(|| async { Ok::<_, IdemError>(8u32) })
         .await;
     assert!(
@@ -418,4 +430,38 @@ async fn scripts_per_fresh_call_replay_and_run_of_replays() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(brief().await.unwrap(), 9);
     assert_eq!(runs.get(), 3, "an expired record replayed");
+}
+
+/// A `hash_keys` secret shorter than 16 bytes is refused on Redis as on every store,
+/// before anything is opened; a long enough one opens.
+#[tokio::test]
+async fn a_short_hash_keys_secret_is_refused() {
+    let refused = |r: Result<Idem, IdemError>| match r {
+        Err(IdemError::Config { message }) => {
+            assert!(message.contains("`hash_keys` secret"), "{message}")
+        }
+        other => panic!("expected a Config error, got {other:?}"),
+    };
+    refused(
+        Idem::builder()
+            .hash_keys(b"short")
+            .redis(&common::redis_url())
+            .await,
+    );
+    refused(
+        Idem::builder()
+            .hash_keys(b"fifteen bytes..")
+            .redis_cluster(&["redis://127.0.0.1:1"])
+            .await,
+    );
+    let test = "a_short_hash_keys_secret_is_refused";
+    if common::redis_skip(test).is_some() {
+        return;
+    }
+    Idem::builder()
+        .hash_keys(b"sixteen bytes...")
+        .key_prefix(common::unique_prefix(test))
+        .redis(&common::redis_url())
+        .await
+        .unwrap();
 }

@@ -16,6 +16,8 @@ async fn a_replayed_recorded_error_is_a_replay(ctx: Ctx) {
         ctx.idem
             .operation("charge", "declined-1")
             .record_errors()
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Err::<u32, AppError>(AppError::Declined("card".into())) })
     };
     let (first, info) = observe(call()).await;
@@ -39,6 +41,8 @@ async fn completed_duplicate_replays(ctx: Ctx) {
         let runs = runs.clone();
         ctx.idem
             .operation("charge", "order-9")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(move || async move {
                 let n = runs.hit();
                 Ok::<_, IdemError>(Receipt {
@@ -62,12 +66,16 @@ async fn replay_survives_a_new_handle(ctx: Ctx) {
     let first = ctx
         .idem
         .operation("email", "welcome-7")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(7u32) })
         .await
         .unwrap();
     let again = ctx.handle(|b| b).await.unwrap();
     let replayed = again
         .operation("email", "welcome-7")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(8u32) })
         .await
         .unwrap();
@@ -78,6 +86,8 @@ async fn observe_tells_replays_apart(ctx: Ctx) {
     let call = || {
         ctx.idem
             .operation("webhook", "evt-1")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(1) })
     };
     let (out, info) = observe(call()).await;

@@ -42,16 +42,21 @@ async fn purge_removes_only_expired_completed(ctx: Ctx) {
     // One completed and expiring, one completed and kept, one UNKNOWN, one in progress.
     idem.operation("a", "expiring")
         .retain(Duration::from_millis(100))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(()) })
         .await
         .unwrap();
     idem.operation("a", "kept")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(()) })
         .await
         .unwrap();
     let _ = idem
         .operation("a", "unknown")
         .classify(|_: &AppError| idem_runtime::Disposition::Unknown)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Err::<(), _>(AppError::Timeout) })
         .await;
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -60,6 +65,8 @@ async fn purge_removes_only_expired_completed(ctx: Ctx) {
         tokio::spawn(async move {
             idem.operation("a", "running")
                 .lease(Duration::from_millis(50))
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(move || async move {
                     let _ = tx.send(());
                     std::future::pending::<()>().await;
@@ -90,6 +97,8 @@ async fn purge_removes_only_expired_completed(ctx: Ctx) {
     let r = idem
         .operation("a", "running")
         .in_flight(InFlight::Reject)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(()) })
         .await;
     assert!(r.is_ok(), "{r:?}");
@@ -100,6 +109,7 @@ async fn reaper_purges_in_the_background_until_dropped() {
     let idem = idem_runtime::Idem::memory();
     idem.operation("a", "short")
         .retain(Duration::from_millis(20))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(()) })
         .await
         .unwrap();
@@ -114,6 +124,7 @@ async fn reaper_purges_in_the_background_until_dropped() {
     // Stopped: a newly expired record stays until purged by hand.
     idem.operation("a", "short2")
         .retain(Duration::from_millis(20))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(()) })
         .await
         .unwrap();

@@ -46,6 +46,8 @@ async fn a_refused_write_fails_alone_in_a_shared_transaction() {
                 let poisoned = key.starts_with("poison");
                 let r = idem
                     .operation("ship", &key)
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint_none()
                     .run(|| async {
                         if poisoned {
                             poisoned_runs.hit();
@@ -77,6 +79,8 @@ async fn a_refused_write_fails_alone_in_a_shared_transaction() {
         for i in (0..CALLERS).filter(|&i| i != CALLERS / 2) {
             let got = idem
                 .operation("ship", &format!("k-{round}-{i}"))
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async {
                     replayed.hit();
                     Ok::<_, IdemError>(usize::MAX)

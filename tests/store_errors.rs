@@ -158,6 +158,8 @@ async fn fail_closed_does_not_run_the_body() {
     let mut ran = false;
     let r = idem
         .operation("charge", "k")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             ran = true;
             Ok::<_, IdemError>(())
@@ -177,6 +179,8 @@ async fn fail_open_runs_the_body_unprotected() {
     let r = idem
         .operation("notify", "k")
         .on_store_error(OnStoreError::FailOpen)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(idem_runtime::current().epoch()) })
         .await;
     assert_eq!(r.unwrap(), 0, "an unprotected run has no epoch");
@@ -192,6 +196,8 @@ async fn unrecorded_outcome_is_reported_and_not_rerun() {
     let r = idem
         .operation("charge", "k2")
         .lease(Duration::from_millis(300))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             runs += 1;
             Ok::<_, IdemError>(())
@@ -217,6 +223,8 @@ async fn unrecorded_outcome_is_reported_and_not_rerun() {
 #[tokio::test]
 async fn no_store_is_a_clear_error() {
     let r = idem_runtime::__private::global_operation("x", "k")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(()) })
         .await;
     assert!(matches!(r, Err(IdemError::NoStore)), "{r:?}");
@@ -230,6 +238,7 @@ async fn recent_outcomes_replay_from_this_process_without_the_store() {
         let call = |amount: u32| {
             idem.operation("charge", "k3")
                 .fingerprint(&amount)
+                .retain(std::time::Duration::from_secs(86_400))
                 .run(move || async move { Ok::<_, IdemError>(amount) })
         };
         assert_eq!(call(5).await.unwrap(), 5);
@@ -255,6 +264,8 @@ async fn a_record_whose_reply_was_lost_is_not_reported_as_fenced() {
     let mut runs = 0;
     let r = idem
         .operation("charge", "k4")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             runs += 1;
             Ok::<_, IdemError>(7u32)
@@ -268,6 +279,8 @@ async fn a_record_whose_reply_was_lost_is_not_reported_as_fenced() {
     assert_eq!(runs, 1);
     let again = idem
         .operation("charge", "k4")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(8u32) })
         .await;
     assert_eq!(again.unwrap(), 7);
@@ -284,6 +297,8 @@ async fn fail_open_never_runs_a_duplicate_of_a_call_known_to_be_running() {
         let idem = idem.clone();
         tokio::spawn(async move {
             idem.operation("notify", "k5")
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(move || async move {
                     let _ = started_tx.send(());
                     let _ = go_rx.await;
@@ -298,6 +313,8 @@ async fn fail_open_never_runs_a_duplicate_of_a_call_known_to_be_running() {
         .operation("notify", "k5")
         .on_store_error(OnStoreError::FailOpen)
         .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(1)))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             ran = true;
             Ok::<_, IdemError>(2u8)
@@ -318,6 +335,8 @@ async fn fail_open_runs_nothing_when_the_store_answers_with_a_refusal() {
         let r = idem
             .operation("notify", "k6")
             .on_store_error(OnStoreError::FailOpen)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async {
                 ran = true;
                 Ok::<_, IdemError>(())
@@ -339,6 +358,8 @@ async fn a_waiter_rides_out_transient_claim_errors() {
         let idem = idem.clone();
         tokio::spawn(async move {
             idem.operation("charge", "k7")
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(move || async move {
                     let _ = started_tx.send(());
                     let _ = go_rx.await;
@@ -353,6 +374,8 @@ async fn a_waiter_rides_out_transient_claim_errors() {
         tokio::spawn(async move {
             idem.operation("charge", "k7")
                 .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(60)))
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async { Ok::<_, IdemError>(2u8) })
                 .await
         })
@@ -384,6 +407,8 @@ async fn fail_open_does_not_run_on_a_postgres_refusal() {
         .idem
         .operation("notify", "a\0b")
         .on_store_error(OnStoreError::FailOpen)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             ran = true;
             Ok::<_, IdemError>(())
@@ -405,6 +430,8 @@ async fn a_claim_answered_after_its_lease_lapsed_runs_no_body() {
         tokio::spawn(async move {
             idem.operation("charge", "k")
                 .lease(Duration::from_millis(100))
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async move {
                     ran_late.store(true, Ordering::SeqCst);
                     Ok::<_, IdemError>(1)
@@ -420,6 +447,8 @@ async fn a_claim_answered_after_its_lease_lapsed_runs_no_body() {
             .operation("charge", "k")
             .lease(Duration::from_secs(30))
             .in_flight(idem_runtime::InFlight::Reject)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async {
                 // Only now does the late claimant hear it won.
                 let _ = reply.take().unwrap().send(());
@@ -450,8 +479,10 @@ async fn a_lost_record_reply_after_the_renewal_saw_it_settled_is_still_ours() {
     f.lost_reply_after_renewal.store(true, Ordering::SeqCst);
     let r = idem
         .operation("charge", "k5")
-        // Short, so the renewal runs while the record's reply is in flight.
+        // Short.retain(std::time::Duration::from_secs(86_400)).fingerprint_none(), so the renewal runs while the record's reply is in flight.
         .lease(Duration::from_millis(90))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(7u32) })
         .await;
     assert_eq!(r.unwrap(), 7, "the record landed: not Fenced");
@@ -496,6 +527,8 @@ async fn a_claim_cancelled_before_its_body_started_is_released() {
             .lease(Duration::from_millis(200))
             .on_takeover(idem_runtime::Takeover::Unknown)
             .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(30)))
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
     };
     let ran_first = Arc::new(AtomicBool::new(false));
     let first = {
@@ -545,6 +578,8 @@ async fn a_claim_cancelled_while_confirmed_is_released() {
             .lease(lease)
             .on_takeover(idem_runtime::Takeover::Unknown)
             .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(30)))
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
     };
     let first = {
         let idem = idem.clone();

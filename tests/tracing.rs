@@ -77,6 +77,7 @@ fn claim_replay_and_mismatch_events_carry_the_operation() {
                 idem.operation("charge", "order-1")
                     .scope("acme")
                     .fingerprint(&amount)
+                    .retain(std::time::Duration::from_secs(86_400))
                     .run(move || async move {
                         tracing::info!("inside the body");
                         Ok::<_, IdemError>(amount)

@@ -25,7 +25,7 @@ macro_rules! tx_suite {
                 qty: i64,
                 fail: bool,
             ) -> Result<i64, AppError> {
-                let op = idem.operation("place_order", order).fingerprint(&qty);
+                let op = idem.operation("place_order", order).fingerprint(&qty).retain(std::time::Duration::from_secs(86_400));
                 let guard = match op.begin_tx(&mut *tx).await? {
                     TxStep::Replay(out) => return out,
                     TxStep::Run(g) => g,
@@ -114,6 +114,28 @@ macro_rules! tx_suite {
                 drop_orders(&pool, &_t).await;
             }
 
+            /// A body that rolls back to idem's savepoint takes the claim with it: its
+            /// `Ok` is refused with a `Config` error, never answered as if recorded (a
+            /// commit and a retry would then run the body twice).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_claim_the_body_rolled_back_is_refused() {
+                let Some((pool, idem, orders_table, _dir)) = setup("claim_rolled_back").await else { return };
+                let mut tx = $begin(&pool).await;
+                let op = idem
+                    .operation("place_order", "o-10")
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint(&1i64);
+                let TxStep::Run(guard) = op.begin_tx::<_, i64, AppError>(&mut tx).await.unwrap() else {
+                    panic!("fresh key replayed");
+                };
+                sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_body").execute(&mut *tx).await.unwrap();
+                insert(&mut tx, "o-10", 1).await.unwrap();
+                let r = guard.finish(&mut tx, Ok(7)).await;
+                assert!(matches!(&r, Err(AppError::Idem(m)) if m.contains("vanished")), "{r:?}");
+                drop(tx);
+                drop_orders(&pool, &orders_table).await;
+            }
+
             #[idem_runtime::idempotent(store = idem, key = order, retain = "1d", tx = tx)]
             async fn ship(
                 idem: &Idem,
@@ -138,6 +160,126 @@ macro_rules! tx_suite {
                 drop_orders(&pool, &orders_table).await;
             }
 
+            /// Random schedules of transactional calls on a few keys: callers commit or
+            /// roll back, bodies fail with a released error, roll back to idem's own
+            /// savepoint, or are cancelled mid-way. Whatever the schedule, each key
+            /// commits at most one body's writes, and every committed `Ok` answer is
+            /// that body's value. `IDEM_MODEL_SEED` / `IDEM_MODEL_RUNS` as in
+            /// tests/model.rs.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn model_random_schedules() {
+                use rand::{Rng, SeedableRng};
+                let Some((pool, idem, orders_table, _dir)) = setup("tx_model").await else { return };
+                let seeds = tx_model_seeds();
+                for &seed in &seeds {
+                    // (key, value answered, whether the caller committed)
+                    let answers = Arc::new(std::sync::Mutex::new(Vec::<(String, i64, bool)>::new()));
+                    let mut callers = Vec::new();
+                    for caller in 0..4u64 {
+                        let (pool, idem, answers) = (pool.clone(), idem.clone(), answers.clone());
+                        callers.push(tokio::spawn(async move {
+                            let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 100 + caller);
+                            for step in 0..8u64 {
+                                let key = format!("m{seed}-{}", rng.gen_range(0..3));
+                                let behavior = rng.gen_range(0..100);
+                                let cancel_after = std::time::Duration::from_micros(rng.gen_range(0..3000));
+                                let mut tx = $begin(&pool).await;
+                                let op = idem
+                                    .operation("tx_model", key.as_str())
+                                    .fingerprint_none()
+                                    .retain(std::time::Duration::from_secs(3600))
+                                    .lease(std::time::Duration::from_millis(300));
+                                let call = async {
+                                    let guard = match op.begin_tx::<_, i64, AppError>(&mut tx).await? {
+                                        TxStep::Replay(out) => return out,
+                                        TxStep::Run(g) => g,
+                                    };
+                                    let value = (caller * 100 + step) as i64;
+                                    let body = async {
+                                        if (60..70).contains(&behavior) {
+                                            // The body undoes idem's claim along with its own work.
+                                            sqlx::query("ROLLBACK TO SAVEPOINT idem_body")
+                                                .execute(&mut *tx)
+                                                .await
+                                                .map_err(|e| AppError::Declined(e.to_string()))?;
+                                        }
+                                        let id = format!("{key}#{caller}#{step}");
+                                        insert(&mut tx, &id, value)
+                                            .await
+                                            .map_err(|e| AppError::Declined(e.to_string()))?;
+                                        if (40..60).contains(&behavior) {
+                                            return Err(AppError::Timeout);
+                                        }
+                                        Ok(value)
+                                    }
+                                    .await;
+                                    guard.finish(&mut tx, body).await
+                                };
+                                let out = if (90..100).contains(&behavior) {
+                                    match tokio::time::timeout(cancel_after, call).await {
+                                        Ok(out) => out,
+                                        Err(_) => Err(AppError::Timeout),
+                                    }
+                                } else {
+                                    call.await
+                                };
+                                // A caller keeps its transaction only for a success or the
+                                // released error the contract lets it commit after.
+                                let commit = matches!(out, Ok(_) | Err(AppError::Timeout))
+                                    && !(70..90).contains(&behavior)
+                                    && !(90..100).contains(&behavior);
+                                let committed = if commit { tx.commit().await.is_ok() } else {
+                                    let _ = tx.rollback().await;
+                                    false
+                                };
+                                if let Ok(v) = out {
+                                    answers.lock().unwrap().push((key, v, committed));
+                                }
+                            }
+                        }));
+                    }
+                    for c in callers {
+                        c.await.unwrap();
+                    }
+                    let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+                        "SELECT id, qty FROM {orders_table} WHERE id LIKE 'm{seed}-%'"
+                    ))
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+                    let mut by_key = std::collections::HashMap::<String, Vec<i64>>::new();
+                    for (id, qty) in rows {
+                        let key = id.split('#').next().unwrap().to_owned();
+                        by_key.entry(key).or_default().push(qty);
+                    }
+                    let mut violations = Vec::new();
+                    for (key, values) in &by_key {
+                        if values.len() > 1 {
+                            violations.push(format!("key {key} committed {} bodies' writes: {values:?}", values.len()));
+                        }
+                    }
+                    for (key, v, committed) in answers.lock().unwrap().iter() {
+                        let written = by_key.get(key).map(Vec::as_slice).unwrap_or(&[]);
+                        if *committed && written != [*v] {
+                            violations.push(format!("key {key} answered {v} and committed, but its writes are {written:?}"));
+                        }
+                    }
+                    assert!(
+                        violations.is_empty(),
+                        "transactional model, seed {seed} (rerun with IDEM_MODEL_SEED={seed}):\n{}",
+                        violations.join("\n")
+                    );
+                }
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "transactional model on {}: {} schedules of 4 callers x 8 steps passed, seeds {seeds:?}",
+                    stringify!($module),
+                    seeds.len()
+                );
+                drop_orders(&pool, &orders_table).await;
+            }
+
             /// A cancelled body whose caller commits anyway leaves a claim that holds
             /// while its lease runs (a duplicate is told it is already running) and
             /// lapses after it, like a leased one: the key is never blocked for good.
@@ -150,7 +292,7 @@ macro_rules! tx_suite {
                     let (pool, idem) = (pool.clone(), idem.clone());
                     async move {
                         let mut tx = $begin(&pool).await;
-                        let op = idem.operation("place_order", order).fingerprint(&1i64).lease(lease);
+                        let op = idem.operation("place_order", order).fingerprint(&1i64).lease(lease).retain(std::time::Duration::from_secs(86_400));
                         match op.begin_tx::<_, i64, AppError>(&mut tx).await.unwrap() {
                             TxStep::Run(guard) => drop(guard),
                             TxStep::Replay(_) => panic!("fresh key replayed"),
@@ -180,7 +322,7 @@ macro_rules! tx_suite {
                 let (v, info) = idem_runtime::observe(
                     idem.operation("place_order", "o-6")
                         .fingerprint(&1i64)
-                        .run(|| async { Ok::<_, AppError>(7i64) }),
+                        .retain(std::time::Duration::from_secs(86_400)).run(|| async { Ok::<_, AppError>(7i64) }),
                 )
                 .await;
                 assert_eq!(v.unwrap(), 7);
@@ -199,7 +341,7 @@ macro_rules! tx_suite {
                 tx.commit().await.unwrap();
                 for attempt in 0..2 {
                     let mut tx = $begin(&pool).await;
-                    let op = idem.operation("place_order", "o-7").fingerprint(&2i64).record_errors();
+                    let op = idem.operation("place_order", "o-7").fingerprint(&2i64).record_errors().retain(std::time::Duration::from_secs(86_400));
                     let r: Result<i64, AppError> = match op.begin_tx(&mut tx).await {
                         Ok(TxStep::Replay(out)) => {
                             assert_eq!(attempt, 1, "replayed on the first call");
@@ -284,6 +426,19 @@ async fn open_sqlite(
         .unwrap();
     let idem = Idem::from_pool(pool.clone()).await.unwrap();
     Some((pool, idem, "orders".into(), Some(dir)))
+}
+
+/// The seeds of the transactional model: `IDEM_MODEL_SEED` replays one,
+/// `IDEM_MODEL_RUNS` runs more.
+fn tx_model_seeds() -> Vec<u64> {
+    if let Ok(seed) = std::env::var("IDEM_MODEL_SEED") {
+        return vec![seed.parse().expect("IDEM_MODEL_SEED is a number")];
+    }
+    let runs = std::env::var("IDEM_MODEL_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    (1..=runs).collect()
 }
 
 async fn begin_sqlite(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sqlx::Sqlite> {

@@ -11,6 +11,8 @@ suite!(
 async fn record_v1(ctx: &Ctx) {
     ctx.idem
         .operation("quote", "q-1")
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(serde_json::json!({"cents": 500})) })
         .await
         .unwrap();
@@ -23,6 +25,8 @@ async fn changed_version_is_a_clear_error(ctx: Ctx) {
         .idem
         .operation("quote", "q-1")
         .version(2)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             runs.hit();
             Ok::<_, IdemError>(0u64)
@@ -53,6 +57,8 @@ async fn upgrade_converts_old_outcomes(ctx: Ctx) {
         .operation("quote", "q-1")
         .version(2)
         .upgrade(upgrade)
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async { Ok::<_, IdemError>(0u64) })
         .await
         .unwrap();

@@ -58,6 +58,8 @@ async fn charge(idem: &Idem, order: &str, unknown: bool) -> Result<Receipt, PayE
             PayError::Timeout => Disposition::Unknown,
             PayError::Idem(_) => Disposition::Release,
         })
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async move {
             if unknown {
                 Err(PayError::Timeout)
@@ -190,6 +192,8 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
             idem.operation("charge", "order-3")
                 .scope("acme")
                 .lease(Duration::from_millis(300))
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async move {
                     started_tx.send(()).unwrap();
                     std::future::pending::<()>().await;
@@ -208,6 +212,8 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
             .operation("charge", "order-3")
             .scope("acme")
             .in_flight(InFlight::Reject)
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(Receipt { id: 33 }) })
             .await;
         match r {

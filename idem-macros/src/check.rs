@@ -23,6 +23,8 @@ pub(crate) struct Plan {
     pub(crate) krate: Path,
     pub(crate) store: Option<Expr>,
     pub(crate) name: String,
+    /// No `name = "..."` was given: the name is the function's, and registered as such.
+    pub(crate) name_is_default: bool,
     pub(crate) key: Expr,
     pub(crate) scope: Option<Expr>,
     pub(crate) retain: Duration,
@@ -126,6 +128,7 @@ pub(crate) fn validate(mut args: Args, sig: &Signature, attrs: &[Attribute]) -> 
         InFlightArg::Wait(lit) => duration(lit, Dur::Wait, &mut errors).map(InFlight::Wait),
         InFlightArg::Reject => Some(InFlight::Reject),
     });
+    let name_is_default = args.name.is_none();
     let name = name(args.name.take(), sig, &mut errors);
     let version = args
         .version
@@ -147,6 +150,7 @@ pub(crate) fn validate(mut args: Args, sig: &Signature, attrs: &[Attribute]) -> 
             .map_or_else(|| syn::parse_quote!(::idem_runtime), |k| k.value),
         store: args.store.map(|s| s.value),
         name,
+        name_is_default,
         key,
         scope,
         retain,
@@ -255,7 +259,9 @@ fn on_err(
     }
 }
 
-/// Transactional mode: `tx` names a parameter, and nothing that needs a lease is given.
+/// Transactional mode: `tx` names a parameter, and nothing that only the leased path
+/// does is given. `lease` is allowed: it bounds how long a claim left behind by a
+/// cancelled body, in a transaction the caller then committed, blocks its key.
 fn check_tx(tx: &Arg<Ident>, args: &Args, sig: &Signature, params: &Params, errors: &mut Errors) {
     if !params.names.contains(&tx.value.to_string()) {
         errors.push(Error::new(
@@ -265,14 +271,6 @@ fn check_tx(tx: &Arg<Ident>, args: &Args, sig: &Signature, params: &Params, erro
                  parameter, e.g. `tx: &mut sqlx::Transaction<'_, Postgres>`",
                 tx.value, sig.ident
             ),
-        ));
-    }
-    let why_no_lease = "in transactional mode the row lock is the claim and rollback is the \
-                        release, so there is no lease";
-    if let Some(lease) = &args.lease {
-        errors.push(Error::new(
-            lease.span,
-            format!("`lease` cannot be combined with `tx`: {why_no_lease}; remove `lease`"),
         ));
     }
     if let Some(in_flight) = &args.in_flight {
@@ -286,10 +284,10 @@ fn check_tx(tx: &Arg<Ident>, args: &Args, sig: &Signature, params: &Params, erro
     if let Some(takeover) = &args.on_takeover {
         errors.push(Error::new(
             takeover.span,
-            format!(
-                "`on_takeover` cannot be combined with `tx`: {why_no_lease} to lapse and no \
-                 takeover; remove `on_takeover`"
-            ),
+            "`on_takeover` cannot be combined with `tx`: the claim is the row lock, held \
+             until the transaction ends, and a claim left behind (a cancelled body whose \
+             transaction was committed) is always run again once its `lease` lapses; remove \
+             `on_takeover`",
         ));
     }
     if let Some(Arg {

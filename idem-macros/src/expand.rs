@@ -86,8 +86,29 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
     } = func;
     let krate = &plan.krate;
     let private = quote!(#krate::__private);
-    let name = LitStr::new(&plan.name, sig.ident.span());
+    let lit = LitStr::new(&plan.name, sig.ident.span());
     let key = by_ref(&plan.key);
+
+    // A defaulted name is registered with the function's site, so the runtime can refuse
+    // it when another function defaults to it too (two `refund`s in two modules).
+    let (site, name) = if plan.name_is_default {
+        // Spanned on the function's name, so `file!` and `line!` give its place.
+        let at = sig.ident.span();
+        let file = quote_spanned!(at=> ::core::file!());
+        let line = quote_spanned!(at=> ::core::line!());
+        let site = quote! {
+            static __IDEM_NAME: #private::DefaultedName = #private::DefaultedName::new(
+                #lit,
+                ::core::module_path!(),
+                #file,
+                #line,
+            );
+            #private::inventory::submit! { #private::Registered(&__IDEM_NAME) }
+        };
+        (site, quote!(&__IDEM_NAME))
+    } else {
+        (TokenStream::new(), lit.into_token_stream())
+    };
 
     let mut op = match &plan.store {
         Some(store) => {
@@ -131,6 +152,12 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
         None => {}
     }
     match &plan.fingerprint {
+        Fingerprint::Params(params) if params.is_empty() => {
+            op.extend(quote!(.fingerprint_none()));
+        }
+        Fingerprint::Params(params) if params.is_empty() => {
+            op.extend(quote!(.fingerprint_none()));
+        }
         Fingerprint::Params(params) => {
             for param in params {
                 let label = LitStr::new(&param.to_string(), param.span());
@@ -142,7 +169,7 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
             let expr = by_ref(expr);
             op.extend(quote!(.fingerprint(#expr)));
         }
-        Fingerprint::None => {}
+        Fingerprint::None => op.extend(quote!(.fingerprint_none())),
     }
     if let Some(version) = plan.version {
         let version = Literal::u32_unsuffixed(version);
@@ -161,10 +188,15 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
 
     let ret = &plan.ret;
     let fake_return = fake_return(ret);
+    let block = body_block(block);
+    let run_ident = syn::Ident::new("run", sig.ident.span());
+    let await_tok = quote_spanned!(sig.fn_token.span=> .await);
+    let at = sig.fn_token.span;
+    let call = quote_spanned!(at=> __idem_op.run(move || async move { #fake_return #block }));
     let body = match &plan.tx {
         None => quote! {
             let __idem_op = #op;
-            __idem_op.run(move || async move { #fake_return #block }).await
+            #call #await_tok
         },
         Some(tx) => {
             // Spanned on the parameter's type, where a wrong transaction type is fixed.
@@ -187,7 +219,9 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
                 }
             };
             let __idem_out: #ret = {
-                // A reborrow, so the body may move `tx` and it is still ours afterwards.
+                // A reborrow, so the body may move `tx` and it is still ours afterwards; a
+                // body that never touches `tx` is fine, the claim and record use it.
+                #[allow(unused_variables)]
                 let #tx = &mut *#tx;
                 __idem_guard.body(async move { #fake_return #block }).await
             };
@@ -198,6 +232,7 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
     quote! {
         #(#attrs)*
         #vis #sig {
+            #site
             #body
         }
     }
@@ -215,6 +250,17 @@ fn by_ref(expr: &Expr) -> TokenStream {
         Expr::Paren(paren) => by_ref(&paren.expr),
         _ => quote_spanned!(expr.span()=> &(#expr)),
     }
+}
+
+/// The body's block with its braces marked as the macro's: they sit in a position
+/// (the tail of our async block) where rustc's `unused_braces` would flag a one-line
+/// body such as `{ Ok(x) }` and suggest removing braces the user's code needs. The
+/// braces keep their place in the source, and the statements inside keep their own
+/// spans, so every lint on the user's own code still fires.
+fn body_block(block: proc_macro2::Group) -> proc_macro2::Group {
+    let mut braces = proc_macro2::Group::new(block.delimiter(), block.stream());
+    braces.set_span(block.span().resolved_at(Span::call_site()));
+    braces
 }
 
 fn duration(private: &TokenStream, d: Duration) -> TokenStream {

@@ -512,11 +512,30 @@ use proc_macro::TokenStream;
 /// (PostgreSQL, MySQL/MariaDB or SQLite). The claim and the record run inside the caller's transaction,
 /// beside the body's own writes, and commit or roll back with them; the body runs in a
 /// savepoint, so a released `Err` leaves none of its writes. The row lock is the claim
-/// and rollback is the release, so `lease`, `in_flight`, `on_takeover` and
+/// and rollback is the release, so `in_flight`, `on_takeover` and
 /// `on_store_error = fail_open` do not apply and are compile errors here. The `tx`
 /// parameter is not fingerprinted. An `Err` classified `Disposition::Unknown` is recorded
 /// like `Record` here: the body's writes commit or roll back with the transaction, so
 /// nothing in it is in doubt.
+///
+/// `lease = "DUR"` (default `"60s"`) still applies: a transactional claim is written with
+/// a lease, which matters only when the body is cancelled (its future dropped) and the
+/// caller commits the transaction anyway. The claim is then committed IN_PROGRESS with
+/// no body to finish it, and holds its key (duplicates are told `IdemError::InFlight`)
+/// until the lease lapses; the next call then takes it over and runs the body again.
+/// While the transaction is open, duplicates block on its row lock whatever the lease,
+/// so a short lease never lets one in beside a running body.
+///
+/// ```
+/// use idem_runtime::{idempotent, BoxError, Idem};
+/// use sqlx::{Sqlite, Transaction};
+///
+/// // A claim abandoned in a committed transaction holds its key for 2 minutes, not 60 s.
+/// #[idempotent(store = idem, tx = tx, key = order_id, retain = "30d", lease = "2m")]
+/// async fn reserve(idem: &Idem, tx: &mut Transaction<'_, Sqlite>, order_id: &str) -> Result<(), BoxError> {
+///     Ok(())
+/// }
+/// ```
 ///
 /// ```
 /// use idem_runtime::{idempotent, BoxError, Idem};
@@ -698,7 +717,7 @@ use proc_macro::TokenStream;
 /// - a `key` that refers to no parameter (every call would share one key);
 /// - `retain`, `lease` or `wait` strings that do not parse, zero durations, a missing
 ///   `key` or `retain`, unknown or duplicate arguments, `errors` with `classify`, `tx`
-///   with `lease`, `in_flight`, `on_takeover` or `fail_open`, a `tx` naming no
+///   with `in_flight`, `on_takeover` or `fail_open`, a `tx` naming no
 ///   parameter, a function that is not `async` or does not return `Result`, an empty
 ///   `name`, `version = 0`, and unknown options in a parameter's `#[idem(...)]`;
 /// - `#[idempotent]` placed below rmcp's `#[tool]`, which hands it a `fn` returning a

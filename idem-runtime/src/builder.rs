@@ -253,12 +253,32 @@ impl IdemBuilder {
     /// open; opening it later without hashing, or with another secret, is a
     /// [`IdemError::Config`] rather than a silent change of every operation's identity.
     /// Keep the secret stable: changing it makes every recorded operation new.
+    ///
+    /// The secret must be at least 16 bytes (32 random bytes are best), on every store:
+    /// opening one with a shorter secret is an [`IdemError::Config`], and
+    /// [`memory`](Self::memory) and [`store`](Self::store), which return no `Result`,
+    /// panic with the same message.
+    ///
+    /// Tracing events show keys and scopes as these keyed digests too (see
+    /// [`log_keys_hashed`](Self::log_keys_hashed)).
     pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.hash_keys = Some(Secret(secret.as_ref().into()));
         self
     }
 
-    /// Log keys as short digests in tracing events.
+    /// Show keys and scopes in tracing events as digests rather than as given (default
+    /// `false`). What that protects depends on [`hash_keys`](Self::hash_keys):
+    ///
+    /// - Without a `hash_keys` secret, an event shows an unkeyed SHA-256 of the key,
+    ///   truncated (`h:` and 16 hex digits). That keeps keys from a casual reader of the
+    ///   logs, not from anyone who has them: a guessable key (an order number, an email)
+    ///   is found by hashing candidates until one matches.
+    /// - With a `hash_keys` secret, keys and scopes are stored as their HMAC under the
+    ///   secret, and every event shows that keyed digest (`h:` and 64 hex digits, as
+    ///   [`Idem::list`] shows the record), whatever this setting says. A dictionary
+    ///   attack on it needs the secret.
+    ///
+    /// Where keys are personal data or otherwise sensitive, set `hash_keys`.
     pub fn log_keys_hashed(mut self, hash: bool) -> Self {
         self.log_keys_hashed = hash;
         self
@@ -287,6 +307,10 @@ impl IdemBuilder {
 
     /// A process-local store; see [`Idem::memory`]. It has no replay cache in front:
     /// the store is itself in this process's memory, so a cache would only add a copy.
+    ///
+    /// # Panics
+    ///
+    /// If the [`hash_keys`](Self::hash_keys) secret is shorter than 16 bytes.
     pub fn memory(mut self) -> Idem {
         self.replay_cache_bytes = 0;
         let store = Arc::new(crate::store::MemoryStore::default());
@@ -296,6 +320,10 @@ impl IdemBuilder {
     }
 
     /// An `Idem` over a store of your own.
+    ///
+    /// # Panics
+    ///
+    /// If the [`hash_keys`](Self::hash_keys) secret is shorter than 16 bytes.
     pub fn store(self, store: impl Store) -> Idem {
         self.finish(Arc::new(store), Default::default())
     }
@@ -311,6 +339,11 @@ impl IdemBuilder {
         local: Option<Arc<crate::store::MemoryStore>>,
         sql: crate::store::SqlStores,
     ) -> Idem {
+        // The openers that return a `Result` refused a bad secret before opening;
+        // `memory` and `store` have no other way to.
+        if let Err(e) = self.check_secret() {
+            panic!("{e}");
+        }
         let store = match &self.layer {
             Some(layer) => (layer.0)(store),
             None => store,
@@ -326,6 +359,12 @@ impl IdemBuilder {
         Idem::new(store, local, sql, cfg, self.replay_cache_bytes)
     }
 
+    /// The `hash_keys` secret held to the one rule every store applies
+    /// ([`Secret::check`]), before anything is opened.
+    fn check_secret(&self) -> Result<(), IdemError> {
+        self.hash_keys.as_ref().map_or(Ok(()), Secret::check)
+    }
+
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub(crate) fn sql_options(&self) -> Result<crate::store::sql_common::SqlOptions, IdemError> {
         let mut opts = crate::store::sql_common::SqlOptions::default();
@@ -335,14 +374,8 @@ impl IdemBuilder {
         opts.migrate = self.migrate;
         opts.max_connections = self.max_connections;
         opts.group_commit = self.group_commit;
+        self.check_secret()?;
         if let Some(Secret(secret)) = &self.hash_keys {
-            if secret.len() < 16 {
-                return Err(IdemError::Config {
-                    message: "the `hash_keys` secret is shorter than 16 bytes; use at least 32 \
-                              random bytes kept with your other secrets"
-                        .into(),
-                });
-            }
             opts.key_mode = format!(
                 "hmac-sha256:{}",
                 &crate::idem::keyed_hex(secret, b"idem key-mode check")[..16]
@@ -375,6 +408,7 @@ impl IdemBuilder {
     /// The Redis or Valkey store; see [`Idem::redis`].
     #[cfg(feature = "redis")]
     pub async fn redis(self, url: &str) -> Result<Idem, IdemError> {
+        self.check_secret()?;
         let prefix = self.redis_prefix();
         let store = crate::store::redis::RedisStore::connect(url, &prefix).await?;
         Ok(self.store(store))
@@ -384,6 +418,7 @@ impl IdemBuilder {
     /// (`redis://host:port`); otherwise as [`IdemBuilder::redis`].
     #[cfg(feature = "redis")]
     pub async fn redis_cluster(self, nodes: &[&str]) -> Result<Idem, IdemError> {
+        self.check_secret()?;
         let prefix = self.redis_prefix();
         let store = crate::store::redis::RedisStore::connect_cluster(nodes, &prefix).await?;
         Ok(self.store(store))

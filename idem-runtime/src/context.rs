@@ -141,7 +141,10 @@ pub(crate) fn report_run(epoch: u64, recorded: bool) {
 /// # async fn main() -> Result<(), idem_runtime::IdemError> {
 /// use idem_runtime::{observe, Idem, IdemError};
 /// let idem = Idem::memory();
-/// let call = || idem.operation("greet", "k1").run(|| async { Ok::<_, IdemError>(1) });
+/// let call = || idem.operation("greet", "k1")
+///     .retain(std::time::Duration::from_secs(86_400))
+///     .fingerprint_none()
+///     .run(|| async { Ok::<_, IdemError>(1) });
 /// let (_, first) = observe(call()).await;
 /// let (_, again) = observe(call()).await;
 /// assert!(!first.replayed() && again.replayed());

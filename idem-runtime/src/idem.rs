@@ -23,6 +23,8 @@ static GLOBAL: RwLock<Option<Idem>> = RwLock::new(None);
 /// let idem = Idem::sqlite("sqlite::memory:").await?;
 /// let sent = idem
 ///     .operation("send_welcome", "user-7")
+///     .retain(std::time::Duration::from_secs(86_400))
+///     .fingerprint_none()
 ///     .run(|| async { Ok::<_, idem_runtime::IdemError>("sent".to_string()) })
 ///     .await?;
 /// assert_eq!(sent, "sent");
@@ -60,6 +62,27 @@ pub(crate) struct Config {
 /// The `hash_keys` secret; never printed.
 #[derive(Clone)]
 pub(crate) struct Secret(pub(crate) Arc<[u8]>);
+
+impl Secret {
+    /// The shortest secret any store takes: a shorter one can be guessed, and with it
+    /// every hashed key tried against a dictionary.
+    pub(crate) const MIN_LEN: usize = 16;
+
+    /// The one rule every store applies to the secret.
+    pub(crate) fn check(&self) -> Result<(), IdemError> {
+        if self.0.len() < Self::MIN_LEN {
+            return Err(IdemError::Config {
+                message: format!(
+                    "the `hash_keys` secret is {} bytes, shorter than {}; use at least 32 \
+                     random bytes kept with your other secrets",
+                    self.0.len(),
+                    Self::MIN_LEN
+                ),
+            });
+        }
+        Ok(())
+    }
+}
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -299,11 +322,22 @@ impl Idem {
         }
     }
 
+    /// A stored key or scope as tracing events show it (see
+    /// [`IdemBuilder::log_keys_hashed`](crate::IdemBuilder::log_keys_hashed)): under
+    /// `hash_keys` the keyed digest, which is what is stored, so events match what
+    /// `list` shows; else an unkeyed digest when asked for, else as stored.
     pub(crate) fn log_key<'k>(&self, key: &'k str) -> std::borrow::Cow<'k, str> {
-        if self.inner.cfg.log_keys_hashed && !key.is_empty() && !key.starts_with("h:") {
-            format!("h:{}", &hex_sha256(key.as_bytes())[..16]).into()
-        } else {
-            key.into()
+        let cfg = &self.inner.cfg;
+        match &cfg.hash_keys {
+            _ if key.is_empty() => key.into(),
+            // Every key and scope an operation stores is `h:` and its HMAC already.
+            Some(_) if key.starts_with("h:") => key.into(),
+            // One the caller spelled out (an id given to `resolve`), not yet hashed.
+            Some(secret) => format!("h:{}", keyed_hex(&secret.0, key.as_bytes())).into(),
+            None if cfg.log_keys_hashed => {
+                format!("h:{}", &hex_sha256(key.as_bytes())[..16]).into()
+            }
+            None => key.into(),
         }
     }
 }
@@ -339,5 +373,123 @@ pub struct ReaperHandle {
 impl Drop for ReaperHandle {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+
+    use super::*;
+    use crate::KeyPart;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    /// Collects the `key` field of every span opened, as events would show it.
+    #[derive(Default)]
+    struct SpanKeys {
+        next: AtomicU64,
+        keys: Arc<Mutex<Vec<String>>>,
+    }
+
+    struct KeyField<'a>(&'a mut Option<String>);
+
+    impl Visit for KeyField<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "key" {
+                *self.0 = Some(format!("{value:?}"));
+            }
+        }
+    }
+
+    impl tracing::Subscriber for SpanKeys {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            let mut key = None;
+            span.record(&mut KeyField(&mut key));
+            self.keys.lock().unwrap().extend(key);
+            Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed) + 1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    /// The key a call of `key` on `idem` shows in its tracing span.
+    fn logged_key<K: KeyPart + ?Sized>(idem: &Idem, key: &K) -> String {
+        let spans = SpanKeys::default();
+        let keys = spans.keys.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tracing::subscriber::with_default(spans, || {
+            rt.block_on(
+                idem.operation("charge", key)
+                    .retain(Duration::from_secs(60))
+                    .fingerprint_none()
+                    .run(|| async { Ok::<_, IdemError>(1u8) }),
+            )
+            .unwrap();
+        });
+        let keys = keys.lock().unwrap();
+        keys.first().cloned().expect("no span carried the key")
+    }
+
+    #[test]
+    fn hashed_keys_are_logged_as_their_keyed_digest() {
+        let encoded = "order-1001".encode_key();
+        let keyed = format!("h:{}", keyed_hex(SECRET, encoded.as_bytes()));
+        let plain = hex_sha256(encoded.as_bytes());
+        for log_hashed in [true, false] {
+            let idem = Idem::builder()
+                .hash_keys(SECRET)
+                .log_keys_hashed(log_hashed)
+                .memory();
+            let logged = logged_key(&idem, "order-1001");
+            assert_eq!(logged, keyed, "log_keys_hashed({log_hashed})");
+            assert!(!logged.contains(&plain[..16]), "{logged}");
+            assert!(!logged.contains("order-1001"), "{logged}");
+        }
+    }
+
+    /// A key type whose encoding begins like a stored digest.
+    struct Tagged;
+
+    impl KeyPart for Tagged {
+        fn write_key(&self, out: &mut String) {
+            out.push_str("h:order-1001");
+        }
+    }
+
+    #[test]
+    fn without_a_secret_keys_are_logged_as_a_plain_digest() {
+        let idem = Idem::builder().log_keys_hashed(true).memory();
+        let encoded = "order-1001".encode_key();
+        let plain = format!("h:{}", &hex_sha256(encoded.as_bytes())[..16]);
+        assert_eq!(logged_key(&idem, "order-1001"), plain);
+        // Whatever a key's encoding looks like, it is hashed, never shown as given.
+        let tagged = format!("h:{}", &hex_sha256(b"h:order-1001")[..16]);
+        assert_eq!(logged_key(&idem, &Tagged), tagged);
+        let shown = Idem::builder().memory();
+        assert_eq!(logged_key(&shown, "order-1001"), encoded);
+    }
+
+    #[test]
+    fn every_store_refuses_a_short_secret() {
+        let short = Secret(Arc::from(&b"short"[..]));
+        assert!(matches!(short.check(), Err(IdemError::Config { .. })));
+        assert!(Secret(Arc::from(SECRET)).check().is_ok());
+        let memory = std::panic::catch_unwind(|| Idem::builder().hash_keys(b"short").memory());
+        assert!(memory.is_err(), "the memory store took a 5-byte secret");
     }
 }

@@ -18,11 +18,14 @@ use crate::metrics;
 use crate::op::{Encoded, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
 use crate::store::{Claim, ClaimRequest, Claimed, Fence, Kept, OutcomeRef, StoredOutcome};
 
-impl<P, U> Operation<P, U> {
+impl<P, U, FP, R> Operation<P, U, FP, R> {
     /// Claims the operation, runs `body` if this call owns it, and records the outcome.
     ///
     /// A completed duplicate gets the recorded outcome without running `body`. See the
-    /// crate docs for every other case.
+    /// crate docs for every other case. The fingerprint and the retention must have been
+    /// stated ([`fingerprint`](Self::fingerprint) or
+    /// [`fingerprint_none`](Self::fingerprint_none), and [`retain`](Self::retain)); a
+    /// call that leaves either out does not compile.
     pub fn run<F, Fut, T, E>(self, body: F) -> impl Future<Output = Result<T, E>>
     where
         F: FnOnce() -> Fut,
@@ -31,10 +34,12 @@ impl<P, U> Operation<P, U> {
         E: From<IdemError>,
         P: ErrorPolicy<E>,
         U: Upgrade<T>,
+        FP: crate::op::FingerprintStated,
+        R: crate::op::RetentionStated,
     {
         // A block rather than an `async fn`, whose future would hold the operation twice
         // (as its argument and as the local it is moved into).
-        let mut op = self;
+        let mut op = self.stated();
         async move {
             op.take_invalid()?;
             let run = Run {
@@ -402,11 +407,9 @@ where
                         }
                         .into());
                     }
-                    // Not known to be ours: leave it to lapse rather than risk a second body.
-                    Err(e) => {
-                        unstarted.disarm();
-                        return Err(IdemError::store("claim", e).into());
-                    }
+                    // Not known to be ours, so the body does not run; the guard releases
+                    // the claim, fenced by its epoch, since nothing ran under it.
+                    Err(e) => return Err(IdemError::store("claim", e).into()),
                 }
             }
             unstarted.disarm();
@@ -763,6 +766,7 @@ mod tests {
         let call = idem
             .operation("charge", &7u64)
             .fingerprint(&(7u64, "EUR"))
+            .retain(std::time::Duration::from_secs(86_400))
             .run(|| async { Ok::<_, crate::IdemError>(5u64) });
         let size = std::mem::size_of_val(&call);
         assert!(size <= 928, "a call's future grew to {size} bytes");

@@ -64,12 +64,15 @@
 //! - a tool result with `isError: true` and a structured body `{ "code", "message",
 //!   "retry_after" }` where the model can act: `idempotency_key_mismatch` (the key was
 //!   used for other arguments; nothing ran), `in_flight` (the same call is running;
-//!   `retry_after` in seconds), `outcome_unknown` (an earlier attempt may have taken
-//!   effect; held for an operator), `fenced` (this attempt lost its claim; retry with
-//!   the same key), `outcome_unrecorded` (it ran but was not recorded; retry later with
-//!   the same key);
-//! - a JSON-RPC error where it cannot: no store, the store down (the tool did not run),
-//!   and idem's configuration or encoding errors.
+//!   `retry_after` in seconds), `outcome_unknown` (this attempt or an earlier one may
+//!   have taken effect, its result too large to save included; held for an operator),
+//!   `fenced` (this attempt lost its claim; retry with the same key),
+//!   `outcome_unrecorded` (it ran but was not recorded; retry later with the same key);
+//! - an `invalid_params` JSON-RPC error for a key idem refuses (empty, or over its cap)
+//!   or a scope over its cap, as for an [`IdempotencyKey`] argument that fails
+//!   validation: the tool did not run, and the request must change;
+//! - a JSON-RPC error where the model cannot act: no store, the store down (the tool did
+//!   not run), and idem's configuration or encoding errors.
 //!
 //! The JSON-RPC request id is never the key: the protocol gives every retry a new one.
 
@@ -334,9 +337,11 @@ pub struct ToolErrorBody {
 
 /// Converts idem's error into what a tool returns: `Ok` a tool result with
 /// `isError: true` and a [`ToolErrorBody`] as its structured content, for what the model
-/// should see and act on; `Err` a JSON-RPC error for what it cannot act on (no store,
-/// store down, configuration or encoding errors), whose message does not leak the
-/// driver's error.
+/// should see and act on; `Err` a JSON-RPC error: `invalid_params` for a key idem refuses
+/// (empty or over its cap) or a scope over its cap, as rmcp answers an
+/// [`IdempotencyKey`] argument that fails validation, and an internal error for what the
+/// model cannot act on (no store, store down, configuration or encoding errors), whose
+/// message does not leak the driver's error.
 ///
 /// ```
 /// use idem_runtime::IdemError;
@@ -347,6 +352,8 @@ pub struct ToolErrorBody {
 /// let body: ToolErrorBody = serde_json::from_value(result.structured_content.unwrap()).unwrap();
 /// assert_eq!(body.code, "idempotency_key_mismatch");
 /// assert!(tool_result(IdemError::NoStore).is_err());
+/// let empty = tool_result(IdemError::EmptyKey { name: "refund".into() }).unwrap_err();
+/// assert_eq!(empty.code, rmcp::model::ErrorCode::INVALID_PARAMS);
 /// ```
 pub fn tool_result(error: IdemError) -> Result<CallToolResult, ErrorData> {
     let body = |code: &str, message: String, retry_after: Option<u64>| {
@@ -391,6 +398,17 @@ pub fn tool_result(error: IdemError) -> Result<CallToolResult, ErrorData> {
             ),
             None,
         ),
+        // The tool ran (leased mode: the operation is now UNKNOWN; transactional mode:
+        // its writes were rolled back): the retry's answer, outcome_unknown, from the start.
+        IdemError::OutcomeTooLarge { name, len, max } => body(
+            "outcome_unknown",
+            format!(
+                "`{name}` ran but its result ({len} bytes, over the limit of {max}) is too \
+                 large to be saved, so it may have taken effect and is held for review; do \
+                 not retry it under a new key, tell the user it needs checking"
+            ),
+            None,
+        ),
         IdemError::Fenced { name, .. } => body(
             "fenced",
             format!(
@@ -408,6 +426,27 @@ pub fn tool_result(error: IdemError) -> Result<CallToolResult, ErrorData> {
             ),
             None,
         ),
+        IdemError::EmptyKey { name } => Err(invalid_key(
+            "empty_key",
+            format!(
+                "the idempotency key of `{name}` is empty (or has an empty part); the tool did \
+                 not run: send a non-empty key, one per intended action"
+            ),
+        )),
+        IdemError::KeyTooLong { name, len, max } => Err(invalid_key(
+            "key_too_long",
+            format!(
+                "the idempotency key of `{name}` encodes to {len} bytes, over the cap of {max}; \
+                 the tool did not run: send a shorter key, such as a UUID"
+            ),
+        )),
+        IdemError::ScopeTooLong { name, len, max } => Err(invalid_key(
+            "scope_too_long",
+            format!(
+                "the caller's identity scoping `{name}` encodes to {len} bytes, over the cap of \
+                 {max}; the tool did not run: call it under a shorter principal"
+            ),
+        )),
         IdemError::Store {
             during, retryable, ..
         } => Err(ErrorData::internal_error(
@@ -426,6 +465,14 @@ pub fn tool_result(error: IdemError) -> Result<CallToolResult, ErrorData> {
             Some(serde_json::json!({ "code": "idem_error", "retryable": other.is_retryable() })),
         )),
     }
+}
+
+/// An `invalid_params` error for a key or scope idem refuses, with a `code` for clients.
+fn invalid_key(code: &str, message: String) -> ErrorData {
+    ErrorData::invalid_params(
+        message,
+        Some(serde_json::json!({ "code": code, "retryable": false })),
+    )
 }
 
 /// The error type of an idempotent tool: `Result<T, ToolError>` is what rmcp calls it
@@ -583,8 +630,29 @@ mod tests {
                 name: "op".into(),
                 epoch: 1,
             },
+            IdemError::OutcomeTooLarge {
+                name: "op".into(),
+                len: 9,
+                max: 1,
+            },
         ] {
             assert_eq!(tool_result(e).unwrap().is_error, Some(true));
+        }
+        for e in [
+            IdemError::EmptyKey { name: "op".into() },
+            IdemError::KeyTooLong {
+                name: "op".into(),
+                len: 9,
+                max: 1,
+            },
+            IdemError::ScopeTooLong {
+                name: "op".into(),
+                len: 9,
+                max: 1,
+            },
+        ] {
+            let refused = tool_result(e).unwrap_err();
+            assert_eq!(refused.code, rmcp::model::ErrorCode::INVALID_PARAMS);
         }
         let down = IdemError::Store {
             during: "claim",

@@ -1,5 +1,6 @@
 //! One idempotent operation: the builder and the claim → execute → record state machine.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,6 @@ use crate::store::{OperationId, OutcomeRef, StoredOutcome, Takeover};
 /// Longest encoded key or scope, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
 
-const DEFAULT_RETAIN: Duration = Duration::from_secs(24 * 3600);
 const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
@@ -192,11 +192,30 @@ impl<E> ErrorPolicy<E> for ReleaseErrors {
     }
 }
 
+/// An error type that [`RecordErrors`] and [`Classify`] (`errors = record`,
+/// `classify = ...`) can record and replay: every `E: Serialize + DeserializeOwned`, and
+/// nothing else (there is nothing to implement by hand). It exists for its compile
+/// error, which says what to do where serde's own would point into idem's internals.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be recorded: `errors = record` and `classify` store the error \
+               and replay it, so it must be `Serialize + DeserializeOwned`",
+    label = "the error type `{Self}` is not `Serialize + DeserializeOwned`",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`; a variant that \
+            holds an `IdemError` (which is not serializable) takes `#[serde(skip)]`: idem's \
+            own errors are answered to the caller, not recorded"
+)]
+pub trait RecordableError: Serialize + DeserializeOwned {}
+
+// Reported as `E: RecordableError` with the message above, not as the serde bound
+// behind it that `E` misses.
+#[diagnostic::do_not_recommend]
+impl<E: Serialize + DeserializeOwned> RecordableError for E {}
+
 /// Every `Err` is recorded and replayed like a success.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RecordErrors;
 
-impl<E: Serialize + DeserializeOwned> ErrorPolicy<E> for RecordErrors {
+impl<E: RecordableError> ErrorPolicy<E> for RecordErrors {
     fn disposition(&self, _: &E) -> Disposition {
         Disposition::Record
     }
@@ -212,7 +231,7 @@ impl<E: Serialize + DeserializeOwned> ErrorPolicy<E> for RecordErrors {
 #[derive(Clone, Copy, Debug)]
 pub struct Classify<F>(F);
 
-impl<E: Serialize + DeserializeOwned, F: Fn(&E) -> Disposition> ErrorPolicy<E> for Classify<F> {
+impl<E: RecordableError, F: Fn(&E) -> Disposition> ErrorPolicy<E> for Classify<F> {
     fn disposition(&self, error: &E) -> Disposition {
         (self.0)(error)
     }
@@ -299,7 +318,7 @@ impl<T, F: Fn(u32, serde_json::Value) -> Result<T, IdemError>> Upgrade<T> for Up
 /// # Ok(()) }
 /// ```
 #[must_use = "an operation does nothing until `run` is awaited"]
-pub struct Operation<P = ReleaseErrors, U = NoUpgrade> {
+pub struct Operation<P = ReleaseErrors, U = NoUpgrade, F = Stated, R = Stated> {
     pub(crate) idem: Option<Idem>,
     /// Shared, once running, with the body's context and the lease's renewals.
     pub(crate) id: Id,
@@ -314,9 +333,50 @@ pub struct Operation<P = ReleaseErrors, U = NoUpgrade> {
     pub(crate) version: u32,
     pub(crate) policy: P,
     pub(crate) upgrade: U,
+    /// Whether the fingerprint (`F`) and the retention (`R`) were stated.
+    stated: PhantomData<fn() -> (F, R)>,
 }
 
-impl Operation {
+/// An operation as [`Idem::operation`] starts it: its fingerprint and its retention
+/// are still to be stated before [`run`](Operation::run).
+pub type NewOperation = Operation<ReleaseErrors, NoUpgrade, Unstated, Unstated>;
+
+/// A part of an operation's configuration that has not been stated yet (a type state of
+/// [`Operation`]).
+#[derive(Debug)]
+pub enum Unstated {}
+
+/// A part of an operation's configuration that has been stated (a type state of
+/// [`Operation`]).
+#[derive(Debug)]
+pub enum Stated {}
+
+/// Implemented by [`Stated`] only: an operation runs once its fingerprint is stated.
+#[diagnostic::on_unimplemented(
+    message = "the operation's fingerprint is not stated",
+    label = "`run` needs the fingerprint stated first",
+    note = "call `.fingerprint(&request)` with what the key is bound to, or \
+            `.fingerprint_none()` where the key alone is the whole request"
+)]
+pub trait FingerprintStated: sealed::Sealed {}
+impl FingerprintStated for Stated {}
+
+/// Implemented by [`Stated`] only: an operation runs once its retention is stated.
+#[diagnostic::on_unimplemented(
+    message = "the operation's retention is not stated",
+    label = "`run` needs the retention stated first",
+    note = "call `.retain(duration)`, sized from the longest retry or redelivery horizon of \
+            the callers"
+)]
+pub trait RetentionStated: sealed::Sealed {}
+impl RetentionStated for Stated {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Stated {}
+}
+
+impl NewOperation {
     pub(crate) fn new<K: KeyPart + ?Sized>(idem: Option<Idem>, name: &str, key: &K) -> Self {
         let mut id = Id::spare();
         let own = id.get_mut();
@@ -327,7 +387,8 @@ impl Operation {
             id,
             invalid: None,
             fingerprint: FingerprintBuilder::default(),
-            retain: DEFAULT_RETAIN,
+            // Stated before the operation can run.
+            retain: Duration::ZERO,
             lease: DEFAULT_LEASE,
             in_flight: InFlight::default(),
             on_takeover: Takeover::Rerun,
@@ -335,6 +396,7 @@ impl Operation {
             version: 1,
             policy: ReleaseErrors,
             upgrade: NoUpgrade,
+            stated: PhantomData,
         };
         if name.is_empty() || name.len() > MAX_KEY_BYTES {
             op.fail(IdemError::BadName {
@@ -358,7 +420,7 @@ impl Operation {
     }
 }
 
-impl<P, U> Operation<P, U> {
+impl<P, U, F, R> Operation<P, U, F, R> {
     fn fail(&mut self, e: IdemError) {
         self.invalid.get_or_insert_with(|| Box::new(e));
     }
@@ -378,8 +440,9 @@ impl<P, U> Operation<P, U> {
     }
 
     /// How long a completed outcome is kept and replayed. Size it from the longest
-    /// retry or redelivery horizon of the callers. Default: 24 hours.
-    pub fn retain(mut self, retain: Duration) -> Self {
+    /// retry or redelivery horizon of the callers. Required: an operation runs only
+    /// once its retention is stated, as the attribute's `retain` is.
+    pub fn retain(mut self, retain: Duration) -> Operation<P, U, F, Stated> {
         if retain.is_zero() {
             self.fail(IdemError::Config {
                 message: "`retain` must be more than zero; size it from the longest retry horizon"
@@ -387,7 +450,7 @@ impl<P, U> Operation<P, U> {
             });
         }
         self.retain = retain;
-        self
+        self.restate()
     }
 
     /// How long a claim is owned before another caller may take it over. Renewed
@@ -440,21 +503,27 @@ impl<P, U> Operation<P, U> {
     }
 
     /// Binds `value` to the key: a later call with the same key and a different value
-    /// is refused with [`IdemError::Mismatch`]. May be called more than once.
-    pub fn fingerprint<F: Serialize + ?Sized>(self, value: &F) -> Self {
+    /// is refused with [`IdemError::Mismatch`]. May be called more than once. An
+    /// operation runs only once its fingerprint is stated, with this or
+    /// [`fingerprint_none`](Self::fingerprint_none).
+    pub fn fingerprint<V: Serialize + ?Sized>(self, value: &V) -> Operation<P, U, Stated, R> {
         self.fingerprint_part("", value)
     }
 
     /// Binds nothing to the key: any call with the same key is the same request. For
     /// operations whose key alone is the whole request (a message id, a webhook event
     /// id); where the payload can differ, use [`fingerprint`](Self::fingerprint).
-    pub fn fingerprint_none(self) -> Self {
-        self
+    pub fn fingerprint_none(self) -> Operation<P, U, Stated, R> {
+        self.restate()
     }
 
     /// Like [`fingerprint`](Self::fingerprint), naming the part (the attribute passes
     /// each parameter by name).
-    pub fn fingerprint_part<F: Serialize + ?Sized>(mut self, part: &str, value: &F) -> Self {
+    pub fn fingerprint_part<V: Serialize + ?Sized>(
+        mut self,
+        part: &str,
+        value: &V,
+    ) -> Operation<P, U, Stated, R> {
         if let Err(message) = self.fingerprint.add(part, value) {
             let name = self.id.name.clone();
             self.fail(IdemError::Codec {
@@ -462,7 +531,7 @@ impl<P, U> Operation<P, U> {
                 message: format!("cannot fingerprint `{part}`: {message}"),
             });
         }
-        self
+        self.restate()
     }
 
     /// The outcome's schema version (default 1). Bump it when `T` changes shape.
@@ -471,18 +540,20 @@ impl<P, U> Operation<P, U> {
         self
     }
 
-    /// Records every `Err` and replays it like a success (`errors = record`).
-    pub fn record_errors(self) -> Operation<RecordErrors, U> {
+    /// Records every `Err` and replays it like a success (`errors = record`); the error
+    /// type must be [`RecordableError`] (`Serialize + DeserializeOwned`).
+    pub fn record_errors(self) -> Operation<RecordErrors, U, F, R> {
         self.with_policy(RecordErrors)
     }
 
-    /// Decides per error with `classify` (`classify = path`).
-    pub fn classify<F>(self, classify: F) -> Operation<Classify<F>, U> {
+    /// Decides per error with `classify` (`classify = path`); the error type must be
+    /// [`RecordableError`] (`Serialize + DeserializeOwned`).
+    pub fn classify<C>(self, classify: C) -> Operation<Classify<C>, U, F, R> {
         self.with_policy(Classify(classify))
     }
 
     /// Converts outcomes recorded under another [`version`](Self::version).
-    pub fn upgrade<F>(self, upgrade: F) -> Operation<P, UpgradeWith<F>> {
+    pub fn upgrade<G>(self, upgrade: G) -> Operation<P, UpgradeWith<G>, F, R> {
         Operation {
             idem: self.idem,
             id: self.id,
@@ -496,10 +567,39 @@ impl<P, U> Operation<P, U> {
             version: self.version,
             policy: self.policy,
             upgrade: UpgradeWith(upgrade),
+            stated: PhantomData,
         }
     }
 
-    fn with_policy<Q>(self, policy: Q) -> Operation<Q, U> {
+    /// The same operation in another type state.
+    fn restate<F2, R2>(self) -> Operation<P, U, F2, R2> {
+        Operation {
+            idem: self.idem,
+            id: self.id,
+            invalid: self.invalid,
+            fingerprint: self.fingerprint,
+            retain: self.retain,
+            lease: self.lease,
+            in_flight: self.in_flight,
+            on_takeover: self.on_takeover,
+            on_store_error: self.on_store_error,
+            version: self.version,
+            policy: self.policy,
+            upgrade: self.upgrade,
+            stated: PhantomData,
+        }
+    }
+
+    /// This operation, once both its fingerprint and its retention were stated.
+    pub(crate) fn stated(self) -> Operation<P, U>
+    where
+        F: FingerprintStated,
+        R: RetentionStated,
+    {
+        self.restate()
+    }
+
+    fn with_policy<Q>(self, policy: Q) -> Operation<Q, U, F, R> {
         Operation {
             idem: self.idem,
             id: self.id,
@@ -513,6 +613,7 @@ impl<P, U> Operation<P, U> {
             version: self.version,
             policy,
             upgrade: self.upgrade,
+            stated: PhantomData,
         }
     }
 
@@ -595,7 +696,7 @@ impl<P, U> Operation<P, U> {
 impl Idem {
     /// Starts configuring one operation, identified by `name` and `key` (and, with
     /// [`Operation::scope`], a scope).
-    pub fn operation<K: KeyPart + ?Sized>(&self, name: &str, key: &K) -> Operation {
+    pub fn operation<K: KeyPart + ?Sized>(&self, name: &str, key: &K) -> NewOperation {
         Operation::new(Some(self.clone()), name, key)
     }
 }
@@ -700,6 +801,8 @@ mod tests {
         let r = idem
             .operation("charge", "k1")
             .scope("tenant-a")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(1u32) })
             .await
             .unwrap();
@@ -714,6 +817,8 @@ mod tests {
         let long = "x".repeat(300);
         let r = idem
             .operation("charge", long.as_str())
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
             .run(|| async { Ok::<_, IdemError>(1u32) })
             .await;
         assert!(matches!(r, Err(IdemError::KeyTooLong { .. })), "{r:?}");

@@ -35,6 +35,8 @@
 //! let idem = Idem::memory();
 //! let handle = |payment: &'static str| {
 //!     idem.operation("apply_payment", payment)
+//!         .retain(std::time::Duration::from_secs(86_400))
+//!         .fingerprint_none()
 //!         .run(|| async { Ok::<_, IdemError>(()) })
 //! };
 //! let policy = Policy::default();
@@ -226,11 +228,10 @@ impl Policy {
                 verdict(Action::Terminate, Cause::Unknown)
             }
             IdemError::KeyTooLong { .. }
-            | IdemError::EmptyKey { .. }
             | IdemError::ScopeTooLong { .. }
             | IdemError::BadName { .. }
             | IdemError::Codec { .. } => verdict(Action::Terminate, Cause::Invalid),
-            IdemError::NoStore | IdemError::Config { .. } => {
+            IdemError::NoStore | IdemError::EmptyKey { .. } | IdemError::Config { .. } => {
                 verdict(redeliver(self.backoff_max), Cause::Misconfigured)
             }
         }
@@ -298,6 +299,7 @@ mod tests {
     async fn pay(idem: &Idem, id: &str, amount: u64, fail: bool) -> Result<u64, HandlerError> {
         idem.operation("pay", id)
             .fingerprint(&amount)
+            .retain(std::time::Duration::from_secs(86_400))
             .run(|| async move {
                 if fail {
                     Err(HandlerError::Declined)
@@ -368,6 +370,8 @@ mod tests {
         let call = || {
             idem.operation("pay", "p9")
                 .record_errors()
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
                 .run(|| async { Err::<u8, _>(Rejected("card blocked".into())) })
         };
         let (_, v) = policy().run(call(), 1).await;
@@ -387,6 +391,7 @@ mod tests {
                 idem.operation("pay", "p1")
                     .fingerprint(&5u64)
                     .lease(Duration::from_secs(30))
+                    .retain(std::time::Duration::from_secs(86_400))
                     .run(|| async move {
                         let _ = started_tx.send(());
                         let _ = release.await;
@@ -400,6 +405,7 @@ mod tests {
             .operation("pay", "p1")
             .fingerprint(&5u64)
             .in_flight(crate::InFlight::Reject)
+            .retain(std::time::Duration::from_secs(86_400))
             .run(|| async { Ok::<_, HandlerError>(5u64) });
         let (_, v) = policy().run(call, 1).await;
         assert_eq!(v.cause, Cause::InFlight);

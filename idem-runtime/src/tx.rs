@@ -170,6 +170,33 @@ impl Conn<'_> {
             .map_err(store_err("rollback"))
     }
 
+    /// Whether the server rolled the whole transaction back, idem's savepoints and claim
+    /// with it: MySQL does on a deadlock, and on a lock-wait timeout under
+    /// `innodb_rollback_on_timeout`. Only MySQL is asked: PostgreSQL keeps a failed
+    /// transaction open (aborted) until the caller ends it, and SQLite rolls one back on
+    /// its own only on I/O or out-of-memory failures.
+    async fn rolled_back(&mut self) -> bool {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(_) => false,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(_) => false,
+            #[cfg(feature = "mysql")]
+            Conn::MySql(c) => crate::store::mysql::transaction_gone(c).await,
+        }
+    }
+
+    /// `err`, found where idem's claim or savepoint should be, unless the server rolled
+    /// the transaction back: then a retryable error saying to retry the whole
+    /// transaction, which no savepoint or record can save.
+    async fn lost(&mut self, name: &str, err: IdemError) -> IdemError {
+        if self.rolled_back().await {
+            rolled_back(name)
+        } else {
+            err
+        }
+    }
+
     /// Fails unless `idem`'s store is on this connection's kind of database.
     fn check_store(&self, idem: &crate::Idem) -> Result<(), IdemError> {
         match self {
@@ -181,6 +208,22 @@ impl Conn<'_> {
             Conn::MySql(_) => mysql(idem).map(drop),
         }
     }
+}
+
+/// The server rolled back the transaction running `name`: retryable, as a deadlock is.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+fn rolled_back(name: &str) -> IdemError {
+    IdemError::store(
+        "record",
+        StoreError::new(
+            true,
+            format!(
+                "the database rolled back the whole transaction running `{name}` (a deadlock, \
+                 or a lock-wait timeout under innodb_rollback_on_timeout), with idem's claim \
+                 and the body's writes; nothing was recorded: retry the whole transaction"
+            ),
+        ),
+    )
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -235,7 +278,7 @@ fn store_err(during: &'static str) -> impl Fn(StoreError) -> IdemError {
     move |e| IdemError::store(during, e)
 }
 
-impl<P, U> Operation<P, U> {
+impl<P, U, FP, R> Operation<P, U, FP, R> {
     /// Transactional mode, first half: claims the operation inside `tx`.
     ///
     /// On PostgreSQL a concurrent duplicate blocks on the row until this transaction
@@ -255,6 +298,8 @@ impl<P, U> Operation<P, U> {
         E: From<IdemError>,
         P: ErrorPolicy<E>,
         U: Upgrade<T>,
+        FP: crate::op::FingerprintStated,
+        R: crate::op::RetentionStated,
     {
         #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
         match tx.idem_conn() {
@@ -262,7 +307,7 @@ impl<P, U> Operation<P, U> {
         }
         #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
         {
-            let mut this = self;
+            let mut this = self.stated();
             this.take_invalid()?;
             let idem = this.idem_handle()?;
             let mut conn = tx.idem_conn();
@@ -310,6 +355,12 @@ impl<P, U> TxGuard<P, U> {
     /// An `Err` classified `Unknown` is recorded like `Record` here: the body's writes
     /// commit or roll back with the transaction, so nothing inside it is in doubt, and
     /// recording keeps a duplicate from running an external effect twice.
+    ///
+    /// On MySQL a deadlock, or a lock-wait timeout under `innodb_rollback_on_timeout`,
+    /// rolls the whole transaction back, claim included: this then answers a retryable
+    /// [`IdemError::Store`]; retry the whole transaction. A claim that vanished otherwise
+    /// (the body rolled back to or released idem's savepoint) is an [`IdemError::Config`]
+    /// on every database: nothing was recorded, so roll the transaction back.
     pub async fn finish<C, T, E>(self, tx: &mut C, out: Result<T, E>) -> Result<T, E>
     where
         C: TxConnection,
@@ -335,12 +386,16 @@ impl<P, U> TxGuard<P, U> {
             let (stored, result) = match op.encode(out, max, true) {
                 Encoded::Record(stored, result) => (stored, result),
                 Encoded::Release(err) | Encoded::Unknown(err) => {
-                    conn.undo_body().await?;
+                    if let Err(e) = conn.undo_body().await {
+                        return Err(conn.lost(&name, e).await.into());
+                    }
                     return Err(err);
                 }
                 // Unlike the leased path, nothing escaped: roll the body back with the claim.
                 Encoded::Unrecordable(why) => {
-                    conn.undo_body().await?;
+                    if let Err(e) = conn.undo_body().await {
+                        return Err(conn.lost(&name, e).await.into());
+                    }
                     let then = "the body's writes were rolled back";
                     return Err(why.error(&name, max, then).into());
                 }
@@ -362,33 +417,39 @@ impl<P, U> TxGuard<P, U> {
                         };
                         if again != Some(crate::store::Fence::Held) {
                             // Nothing recorded: release the claim with the body's writes.
-                            let _ = conn.undo_body().await;
+                            if conn.undo_body().await.is_err() && conn.rolled_back().await {
+                                return Err(rolled_back(&name).into());
+                            }
                             return Err(err);
                         }
-                        conn.exec(RELEASE_SAVEPOINT)
-                            .await
-                            .map_err(store_err("savepoint"))?;
+                        if let Err(e) = conn.exec(RELEASE_SAVEPOINT).await {
+                            let e = IdemError::store("savepoint", e);
+                            return Err(conn.lost(&name, e).await.into());
+                        }
                         crate::context::report_run(epoch, true);
                         return Err(err);
                     }
-                    Ok(_) => return Err(e.into()),
+                    Ok(_) => return Err(conn.lost(&name, e).await.into()),
                 },
             };
             match recorded {
                 crate::store::Fence::Held => {}
                 crate::store::Fence::Lost => {
-                    return Err(IdemError::Config {
+                    let vanished = IdemError::Config {
                         message: format!(
-                            "the transactional claim on `{name}` vanished before its record; was \
-                             the savepoint `idem_body` released or rolled back by the body?"
+                            "the transactional claim on `{name}` vanished before its record, so \
+                             nothing was recorded: roll the transaction back rather than commit \
+                             the body's writes unprotected; was the savepoint `idem_body` \
+                             released or rolled back by the body?"
                         ),
-                    }
-                    .into());
+                    };
+                    return Err(conn.lost(&name, vanished).await.into());
                 }
             }
-            conn.exec(RELEASE_SAVEPOINT)
-                .await
-                .map_err(store_err("savepoint"))?;
+            if let Err(e) = conn.exec(RELEASE_SAVEPOINT).await {
+                let e = IdemError::store("savepoint", e);
+                return Err(conn.lost(&name, e).await.into());
+            }
             crate::context::report_run(epoch, true);
             result
         }

@@ -155,6 +155,8 @@ async fn charge(
         .lease(Duration::from_millis(args.lease_ms))
         .on_takeover(on_takeover)
         .in_flight(InFlight::Wait(Duration::from_secs(60)))
+        .retain(std::time::Duration::from_secs(86_400))
+        .fingerprint_none()
         .run(|| async {
             pause.at("before-call", key).await;
             let downstream = current().downstream_key("provider");

@@ -27,7 +27,10 @@ macro_rules! race {
                 tokio::spawn(async move {
                     loop {
                         let mut tx = pool.begin().await?;
-                        let op = idem.operation("effect", &key);
+                        let op = idem
+                            .operation("effect", &key)
+                            .retain(std::time::Duration::from_secs(86_400))
+                            .fingerprint_none();
                         let guard = match op.begin_tx::<_, bool, IdemError>(&mut tx).await {
                             Ok(TxStep::Replay(out)) => {
                                 out?;

@@ -498,6 +498,7 @@ pub async fn contend_one_key(idem: &Idem, tasks: usize, rounds: u32) {
                     idem.operation("charge", &round)
                         .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(300)))
                         .fingerprint(&"same payload")
+                        .retain(std::time::Duration::from_secs(86_400))
                         .run(move || async move {
                             let n = runs.hit();
                             tokio::task::yield_now().await;
@@ -537,6 +538,8 @@ pub async fn contend_many_keys(idem: &Idem, keys: usize, callers: usize) -> usiz
                 let key = i % keys;
                 idem.operation("deliver", &key)
                     .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(300)))
+                    .retain(std::time::Duration::from_secs(86_400))
+                    .fingerprint_none()
                     .run(move || async move {
                         runs.hit();
                         Ok::<_, IdemError>(key)
@@ -590,6 +593,7 @@ pub async fn counted_call(
 ) -> Result<u32, IdemError> {
     idem.operation(name, key)
         .retain(retain)
+        .fingerprint_none()
         .run(|| async {
             runs.hit();
             Ok::<_, IdemError>(value)
@@ -667,6 +671,7 @@ pub async fn hold(
     let task = tokio::spawn(async move {
         idem.operation("send", key)
             .fingerprint(&payload)
+            .retain(std::time::Duration::from_secs(86_400))
             .run(move || async move {
                 let _ = started_tx.send(());
                 let _ = go_rx.await;
@@ -712,6 +717,7 @@ where
             .in_flight(idem_runtime::InFlight::Wait(
                 std::time::Duration::from_secs(3600),
             ))
+            .retain(std::time::Duration::from_secs(86_400))
             .run(|| async { Ok::<_, IdemError>(99u32) })
             .await
     });

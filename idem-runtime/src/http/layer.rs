@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
@@ -38,8 +41,11 @@ use crate::op::{Disposition, InFlight};
 ///   another request is a 422;
 /// - the first request runs the routes below; the response's status, the
 ///   [recorded headers](Self::record_header) and its body are recorded and replayed to
-///   every retry with `Idempotent-Replayed: true` (the first answer, too, carries only
-///   the recorded headers, so it and its replays are alike). Responses that say "try again"
+///   every retry with `Idempotent-Replayed: true`, byte for byte (the first answer, too,
+///   carries only the recorded headers, so it and its replays are alike). A JSON body is
+///   recorded as JSON, other UTF-8 text as a string, other bytes as base64, and every
+///   response up to [`max_response_bytes`](Self::max_response_bytes) fits the store's
+///   outcome cap once recorded. Responses that say "try again"
 ///   (5xx, 408, 425, 429 by default, see [`record_status`](Self::record_status)) are
 ///   passed on but not recorded: the key is released and a retry runs again;
 /// - a retry while the first request runs gets 409 with `Retry-After` at once (the
@@ -95,11 +101,24 @@ fn default_record_status(status: StatusCode) -> bool {
 impl IdempotencyLayer {
     /// The layer over `idem`'s store, with the defaults: operation name `http`, retain
     /// 24 hours, lease 60 seconds, in-flight retries rejected at once, POST and PATCH
-    /// covered, the key required, request bodies up to 1 MiB, responses up to the
-    /// store's outcome cap, headers `content-type`, `location`, `content-language` and
-    /// `etag` recorded, requests run to completion.
+    /// covered, the key required, request bodies up to 1 MiB, responses up to what the
+    /// store's outcome cap holds once recorded (see
+    /// [`max_response_bytes`](Self::max_response_bytes)), headers `content-type`,
+    /// `location`, `content-language` and `etag` recorded, requests run to completion.
+    ///
+    /// # Panics
+    ///
+    /// If the store's outcome cap (`IdemBuilder::max_outcome_bytes`) is under 64 bytes,
+    /// too small for even an empty recorded response.
     pub fn new(idem: Idem) -> Self {
-        let max_response_bytes = idem.max_outcome_bytes();
+        let cap = idem.max_outcome_bytes();
+        assert!(
+            cap >= ENVELOPE_BYTES,
+            "IdempotencyLayer: the store's outcome cap of {cap} bytes cannot hold even an empty \
+             recorded response ({ENVELOPE_BYTES} bytes); raise it with \
+             `IdemBuilder::max_outcome_bytes` (the default is 64 KiB)"
+        );
+        let max_response_bytes = largest_recordable(cap);
         IdempotencyLayer {
             cfg: Config {
                 idem,
@@ -172,10 +191,31 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The largest response body recorded (default: the store's outcome cap). A larger
-    /// response cannot be replayed: the request ran, so its key moves to UNKNOWN for
-    /// reconciliation and the client gets a 500.
+    /// The largest response recorded. A response's size is its body's length plus, for
+    /// each [recorded header](Self::record_header), its name's and value's lengths and
+    /// 32 bytes (as HTTP/2 counts a header list). Default: the most the store's outcome
+    /// cap always holds once recorded, about 3/4 of it (49,104 bytes under the default
+    /// cap of 64 KiB), since a body that is not JSON is recorded in base64, 4/3 its size.
+    ///
+    /// A larger response cannot be replayed: the request ran, so its key moves to
+    /// UNKNOWN for reconciliation and the client gets a 500. To record larger responses,
+    /// raise the store's cap (`IdemBuilder::max_outcome_bytes`) and this with it.
+    ///
+    /// # Panics
+    ///
+    /// If `max` is over the default: a response that size might not fit the store's
+    /// outcome cap once recorded. The message gives the cap it would need.
     pub fn max_response_bytes(mut self, max: usize) -> Self {
+        let cap = self.cfg.idem.max_outcome_bytes();
+        let limit = largest_recordable(cap);
+        assert!(
+            max <= limit,
+            "IdempotencyLayer::max_response_bytes({max}) is over the {limit} bytes the store's \
+             outcome cap of {cap} bytes always holds once recorded (bodies that are not JSON, \
+             and header values, may be recorded in base64, 4/3 their size); lower it to at \
+             most {limit}, or raise the cap with `IdemBuilder::max_outcome_bytes({needed})`",
+            needed = cap_for(max),
+        );
         self.cfg.max_response_bytes = max;
         self
     }
@@ -244,19 +284,205 @@ where
     }
 }
 
+/// What a recorded response's record holds beyond its body and headers, at most: the
+/// status, the field names, the body's tag and base64's padding.
+const ENVELOPE_BYTES: usize = 64;
+
+/// What each recorded header counts toward `max_response_bytes` beyond its name and
+/// value: HTTP/2's per-field overhead (RFC 9113, section 6.5.2). It also covers the
+/// header's framing in the record, so the record's size is bounded by the response's.
+const HEADER_OVERHEAD: usize = 32;
+
+/// The record's schema: JSON bodies as JSON, other bytes as base64, header values as
+/// bytes. Version 1 (text or hex bodies, text header values) is read by [`upgrade`].
+const RECORD_VERSION: u32 = 2;
+
+/// The largest response a store whose outcome cap is `cap` always holds once recorded.
+/// A response of size `n` records in at most `ENVELOPE_BYTES + 4n/3` bytes: a body is
+/// recorded as it is (JSON), as an escaped string only when that is no longer than its
+/// base64, or in base64 (`4⌈n/3⌉`); a header likewise, its framing within
+/// `HEADER_OVERHEAD`.
+fn largest_recordable(cap: usize) -> usize {
+    cap.saturating_sub(ENVELOPE_BYTES) / 4 * 3
+}
+
+/// The outcome cap that records every response of up to `max` bytes.
+fn cap_for(max: usize) -> usize {
+    max.div_ceil(3)
+        .saturating_mul(4)
+        .saturating_add(ENVELOPE_BYTES)
+}
+
 /// A response as recorded: replayed with the same status, headers and body.
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 struct Recorded {
     status: u16,
-    headers: Vec<(String, String)>,
+    headers: Vec<(String, HeaderBytes)>,
     body: RecordedBody,
 }
 
-#[derive(Serialize, Deserialize)]
+/// A body as recorded, in the most compact form that keeps it exact.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 enum RecordedBody {
-    /// UTF-8 bodies as they are (JSON stays readable in the store and compact).
+    /// A JSON document, embedded as it is: readable in the store, and no larger there.
+    Json(Box<RawValue>),
+    /// UTF-8 text that is not JSON, where escaping it costs no more than base64 would.
     Text(String),
-    Hex(String),
+    /// Any other bytes.
+    Base64(Base64),
+}
+
+impl PartialEq for RecordedBody {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (RecordedBody::Json(a), RecordedBody::Json(b)) => a.get() == b.get(),
+            (RecordedBody::Text(a), RecordedBody::Text(b)) => a == b,
+            (RecordedBody::Base64(a), RecordedBody::Base64(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl RecordedBody {
+    fn new(bytes: &[u8]) -> Self {
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            return RecordedBody::Base64(Base64(bytes.to_vec()));
+        };
+        // Only a document with no whitespace around it: a raw value drops that, and the
+        // replay must be byte for byte.
+        if let Ok(raw) = serde_json::from_str::<&RawValue>(text)
+            && raw.get().len() == text.len()
+        {
+            return RecordedBody::Json(raw.to_owned());
+        }
+        if escaped_len(text) <= base64_len(text.len()) {
+            RecordedBody::Text(text.to_owned())
+        } else {
+            RecordedBody::Base64(Base64(bytes.to_vec()))
+        }
+    }
+
+    fn into_bytes(self) -> Vec<u8> {
+        match self {
+            RecordedBody::Json(raw) => Box::<str>::from(raw).into_string().into_bytes(),
+            RecordedBody::Text(text) => text.into_bytes(),
+            RecordedBody::Base64(Base64(bytes)) => bytes,
+        }
+    }
+}
+
+/// A header value as recorded: a string where it is UTF-8 and escaping it costs no more
+/// than base64, else its bytes in base64 (values may hold any byte but controls).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+enum HeaderBytes {
+    Text(String),
+    Bytes { base64: Base64 },
+}
+
+impl HeaderBytes {
+    fn new(value: &HeaderValue) -> Self {
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(text) if escaped_len(text) <= base64_len(text.len()) => {
+                HeaderBytes::Text(text.to_owned())
+            }
+            _ => HeaderBytes::Bytes {
+                base64: Base64(value.as_bytes().to_vec()),
+            },
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            HeaderBytes::Text(text) => text.as_bytes(),
+            HeaderBytes::Bytes { base64 } => &base64.0,
+        }
+    }
+}
+
+/// Bytes recorded as a base64 string (standard alphabet, padded).
+#[derive(Debug, PartialEq)]
+struct Base64(Vec<u8>);
+
+impl Serialize for Base64 {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&BASE64.encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Base64 {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        BASE64
+            .decode(text)
+            .map(Base64)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The length of `text` as a JSON string's contents, at most (serde_json escapes `"`,
+/// `\` and control characters, and nothing else).
+fn escaped_len(text: &str) -> usize {
+    text.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// The length of `n` bytes in padded base64.
+fn base64_len(n: usize) -> usize {
+    n.div_ceil(3) * 4
+}
+
+/// Reads a record of schema version 1: bodies as text or hex, header values as text.
+fn upgrade(cfg: &Config, from: u32, value: serde_json::Value) -> Result<Recorded, IdemError> {
+    #[derive(Deserialize)]
+    struct V1 {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: V1Body,
+    }
+    #[derive(Deserialize)]
+    enum V1Body {
+        Text(String),
+        Hex(String),
+    }
+    let codec = |message: String| IdemError::Codec {
+        name: cfg.name.clone(),
+        message,
+    };
+    if from != 1 {
+        return Err(codec(format!(
+            "a response recorded under schema version {from} cannot be read by this build \
+             (version {RECORD_VERSION}); deploy the newer build everywhere, or wait for the \
+             record to expire"
+        )));
+    }
+    let v1: V1 = serde_json::from_value(value)
+        .map_err(|e| codec(format!("cannot read a version-1 recorded response: {e}")))?;
+    let body = match v1.body {
+        V1Body::Text(text) => text.into_bytes(),
+        V1Body::Hex(hex) => unhex(&hex),
+    };
+    Ok(Recorded {
+        status: v1.status,
+        headers: v1
+            .headers
+            .into_iter()
+            .map(|(name, value)| (name, HeaderBytes::Text(value)))
+            .collect(),
+        body: RecordedBody::new(&body),
+    })
+}
+
+fn unhex(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
 }
 
 /// A body's outcome that is not recorded.
@@ -265,8 +491,9 @@ enum NotRecorded {
     /// A response the status policy does not record: passed on, the key released.
     #[serde(skip)]
     Released(Response),
-    /// The response body is over the cap: it ran, so the key goes to UNKNOWN.
-    TooLarge,
+    /// The response is over the cap, or its body failed mid-way: it ran, so the key goes
+    /// to UNKNOWN.
+    Unrecordable,
     #[serde(skip)]
     Idem(IdemError),
 }
@@ -279,7 +506,7 @@ impl From<IdemError> for NotRecorded {
 
 fn disposition(e: &NotRecorded) -> Disposition {
     match e {
-        NotRecorded::TooLarge => Disposition::Unknown,
+        NotRecorded::Unrecordable => Disposition::Unknown,
         NotRecorded::Released(_) | NotRecorded::Idem(_) => Disposition::Release,
     }
 }
@@ -329,6 +556,11 @@ where
         .fingerprint_part("path", parts.uri.path())
         .fingerprint_part("query", &parts.uri.query())
         .fingerprint_part("body_sha256", &Sha256::digest(&bytes)[..])
+        .version(RECORD_VERSION)
+        .upgrade({
+            let cfg = cfg.clone();
+            move |from: u32, value: serde_json::Value| upgrade(&cfg, from, value)
+        })
         .classify(disposition);
     let req = Request::from_parts(parts, Body::from(bytes));
     let limits = cfg.clone();
@@ -354,7 +586,7 @@ where
             res
         }
         Err(NotRecorded::Released(res)) => res,
-        Err(NotRecorded::TooLarge) => Problem::outcome_unknown().into_response(),
+        Err(NotRecorded::Unrecordable) => Problem::outcome_unknown().into_response(),
         Err(NotRecorded::Idem(e)) => e.into_response(),
     }
 }
@@ -365,49 +597,49 @@ async fn record(cfg: &Config, res: Response) -> Result<Recorded, NotRecorded> {
         return Err(NotRecorded::Released(res));
     }
     let (parts, body) = res.into_parts();
-    let Ok(collected) = Limited::new(body, cfg.max_response_bytes).collect().await else {
+    let mut headers = Vec::new();
+    let mut size = 0usize;
+    for name in &cfg.recorded_headers {
+        for value in parts.headers.get_all(name) {
+            size = size.saturating_add(name.as_str().len() + value.len() + HEADER_OVERHEAD);
+            headers.push((name.as_str().to_owned(), HeaderBytes::new(value)));
+        }
+    }
+    let unrecordable = |why: &str| {
         tracing::error!(
             max = cfg.max_response_bytes,
-            "IdempotencyLayer: a response body is over the cap or failed; the request ran, \
-             so its key is now UNKNOWN"
+            "IdempotencyLayer: {why}; the request ran, so its key is now UNKNOWN (raise \
+             `max_response_bytes`, with the store's outcome cap, to record such responses)"
         );
-        return Err(NotRecorded::TooLarge);
+        NotRecorded::Unrecordable
     };
-    let bytes = collected.to_bytes();
-    let headers = cfg
-        .recorded_headers
-        .iter()
-        .flat_map(|name| {
-            parts.headers.get_all(name).iter().filter_map(move |v| {
-                v.to_str()
-                    .ok()
-                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
-            })
-        })
-        .collect();
-    let body = match String::from_utf8(bytes.to_vec()) {
-        Ok(text) => RecordedBody::Text(text),
-        Err(e) => RecordedBody::Hex(hex(e.as_bytes())),
+    let Some(body_max) = cfg.max_response_bytes.checked_sub(size) else {
+        return Err(unrecordable(
+            "a response's recorded headers are over the cap",
+        ));
+    };
+    let bytes = match Limited::new(body, body_max).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            return Err(unrecordable("a response is over the cap"));
+        }
+        Err(_) => return Err(unrecordable("a response body failed mid-way")),
     };
     Ok(Recorded {
         status: parts.status.as_u16(),
         headers,
-        body,
+        body: RecordedBody::new(&bytes),
     })
 }
 
 impl IntoResponse for Recorded {
     fn into_response(self) -> Response {
-        let body = match self.body {
-            RecordedBody::Text(text) => text.into_bytes(),
-            RecordedBody::Hex(hex) => unhex(&hex),
-        };
-        let mut res = Response::new(Body::from(body));
+        let mut res = Response::new(Body::from(self.body.into_bytes()));
         *res.status_mut() = StatusCode::from_u16(self.status).unwrap_or(StatusCode::OK);
         for (name, value) in self.headers {
             if let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(&value),
+                HeaderValue::from_bytes(value.as_bytes()),
             ) {
                 res.headers_mut().append(name, value);
             }
@@ -416,17 +648,158 @@ impl IntoResponse for Recorded {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn unhex(hex: &str) -> Vec<u8> {
-    (0..hex.len() / 2)
-        .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
+    /// Records `res` as the layer does, to the bytes the store would get.
+    fn stored(recorded: &Recorded) -> Vec<u8> {
+        serde_json::to_vec(recorded).expect("a record serializes")
+    }
+
+    fn response(headers: &[(&str, &[u8])], body: Vec<u8>) -> Response {
+        let mut res = Response::new(Body::from(body));
+        for (name, value) in headers {
+            res.headers_mut().append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        res
+    }
+
+    fn config(cap: usize, headers: &[&str]) -> Config {
+        let idem = crate::Idem::builder().max_outcome_bytes(cap).memory();
+        let mut layer = IdempotencyLayer::new(idem);
+        for name in headers {
+            layer = layer.record_header(HeaderName::from_bytes(name.as_bytes()).unwrap());
+        }
+        layer.cfg
+    }
+
+    /// The worst cases for the record's size: every response at the layer's limit, in
+    /// the encodings that grow most, fits the store's cap.
+    #[tokio::test]
+    async fn every_response_within_the_limit_fits_the_cap() {
+        for cap in [ENVELOPE_BYTES, 100, 1000, 4097, 64 * 1024] {
+            let cfg = config(cap, &["a", "b"]);
+            let limit = cfg.max_response_bytes;
+            assert_eq!(limit, largest_recordable(cap));
+            let header = |value: &'static [u8]| ("a", value);
+            let bodies = |n: usize| -> Vec<Vec<u8>> {
+                vec![
+                    vec![0xff; n],
+                    vec![b'"'; n],
+                    vec![0x01; n],
+                    (0..n).map(|i| (i * 7 % 256) as u8).collect(),
+                ]
+            };
+            let header_sets: Vec<Vec<(&str, &[u8])>> = vec![
+                vec![],
+                vec![header(b"\xff")],
+                vec![header(b"\""), ("b", b"\\\\\\")],
+                vec![header(b"\xe9\xe9\xe9\xe9"); 3],
+            ];
+            for headers in &header_sets {
+                let size: usize = headers
+                    .iter()
+                    .map(|(n, v)| n.len() + v.len() + HEADER_OVERHEAD)
+                    .sum();
+                let Some(room) = limit.checked_sub(size) else {
+                    continue;
+                };
+                for body in bodies(room) {
+                    let res = response(headers, body.clone());
+                    let Ok(recorded) = record(&cfg, res).await else {
+                        panic!("cap {cap}: a response of {limit} bytes was refused");
+                    };
+                    let bytes = stored(&recorded);
+                    assert!(
+                        bytes.len() <= cap,
+                        "cap {cap}: a response of {limit} bytes records in {}",
+                        bytes.len()
+                    );
+                    let back: Recorded = serde_json::from_slice(&bytes).unwrap();
+                    assert_eq!(back, recorded);
+                    assert_eq!(back.body.into_bytes(), body);
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_response_over_the_limit_is_unrecordable() {
+        let cfg = config(1000, &[]);
+        let res = response(&[], vec![b'x'; cfg.max_response_bytes + 1]);
+        assert!(matches!(
+            record(&cfg, res).await,
+            Err(NotRecorded::Unrecordable)
+        ));
+    }
+
+    #[test]
+    fn bodies_record_compactly_and_exactly() {
+        let json = br#"{"b": [1, 2.50, "\u00e9"], "a":null}"#;
+        let body = RecordedBody::new(json);
+        assert!(matches!(body, RecordedBody::Json(_)));
+        let record = serde_json::to_string(&body).unwrap();
+        assert_eq!(record.len(), json.len() + r#"{"json":}"#.len());
+        let back: RecordedBody = serde_json::from_str(&record).unwrap();
+        assert_eq!(back.into_bytes(), json);
+        // Whitespace around a document is kept, as text.
+        assert!(matches!(RecordedBody::new(b"[1]\n"), RecordedBody::Text(_)));
+        assert!(matches!(RecordedBody::new(b"done"), RecordedBody::Text(_)));
+        assert!(matches!(
+            RecordedBody::new(&[b'"'; 30]),
+            RecordedBody::Base64(_)
+        ));
+        assert!(matches!(
+            RecordedBody::new(b"\xff\x00"),
+            RecordedBody::Base64(_)
+        ));
+    }
+
+    #[test]
+    fn escaped_len_matches_serde_json() {
+        let all: String = (0u8..0x80).map(char::from).chain("é€".chars()).collect();
+        for text in [all.as_str(), "", "plain", "\"q\"\\"] {
+            let quoted = serde_json::to_string(text).unwrap();
+            assert_eq!(escaped_len(text), quoted.len() - 2, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn version_one_records_are_read() {
+        let cfg = config(64 * 1024, &[]);
+        let v1 = serde_json::json!({
+            "status": 201,
+            "headers": [["content-type", "application/json"]],
+            "body": {"Text": "{\"id\":7}"},
+        });
+        let r = upgrade(&cfg, 1, v1).unwrap();
+        assert_eq!(r.status, 201);
+        assert_eq!(
+            r.headers,
+            [(
+                "content-type".to_owned(),
+                HeaderBytes::Text("application/json".into())
+            )]
+        );
+        assert_eq!(r.body.into_bytes(), b"{\"id\":7}");
+        let hex = serde_json::json!({"status": 200, "headers": [], "body": {"Hex": "ff00"}});
+        assert_eq!(
+            upgrade(&cfg, 1, hex).unwrap().body.into_bytes(),
+            [0xff, 0x00]
+        );
+        assert!(matches!(
+            upgrade(&cfg, 3, serde_json::Value::Null),
+            Err(IdemError::Codec { .. })
+        ));
+    }
+
+    #[test]
+    #[should_panic(expected = "IdemBuilder::max_outcome_bytes(87448)")]
+    fn a_limit_the_cap_may_not_hold_is_refused_at_construction() {
+        let _ = IdempotencyLayer::new(crate::Idem::memory()).max_response_bytes(64 * 1024);
+    }
 }

@@ -1233,10 +1233,8 @@ impl<D: Dialect> SqlStore<D> {
             .fetch(On::Conn(conn), &self.sql.tx_record, args)
             .await
             .map_err(D::map_err)?;
-        Ok(if rows.is_empty() {
-            Fence::Lost
-        } else {
-            Fence::Held
-        })
+        // Held only when the update changed a row: PostgreSQL and SQLite return one row
+        // per changed record, MySQL one row with the count of rows the update matched.
+        fence(&rows)
     }
 }

@@ -50,7 +50,7 @@ use sqlx::mysql::{
 
 use super::engine::statements;
 use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, bind, migrate, open_error};
-use super::sql_common::{self, SqlOptions, TableName, redact_url};
+use super::sql_common::{self, Server, SqlOptions, TableName, first_connection, redact_url};
 use crate::error::{IdemError, StoreError};
 
 use sql_common::MYSQL_MIGRATIONS as MIGRATIONS;
@@ -184,6 +184,32 @@ pub(crate) fn exec_text<'c>(
     })
 }
 
+/// Whether `conn` is outside any transaction: so it is once the server rolled the
+/// caller's transaction back whole (InnoDB does on a deadlock, and on a lock-wait
+/// timeout under `innodb_rollback_on_timeout`), dropping idem's savepoints and claim with
+/// it. Outside a transaction MySQL accepts `SAVEPOINT` and forgets it at once, so
+/// releasing it fails with "does not exist"; inside one both succeed.
+pub(crate) fn transaction_gone<'c>(
+    conn: &'c mut MySqlConnection,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'c>> {
+    Box::pin(async move {
+        if conn
+            .execute(sqlx::raw_sql("SAVEPOINT idem_probe"))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        match conn
+            .execute(sqlx::raw_sql("RELEASE SAVEPOINT idem_probe"))
+            .await
+        {
+            Ok(_) => false,
+            Err(e) => error_number(&e) == Some(ER_SP_DOES_NOT_EXIST),
+        }
+    })
+}
+
 /// A statement file's statements: split at each line-ending `;`.
 fn split(sql: &str) -> Vec<&str> {
     sql.split(";\n")
@@ -282,24 +308,20 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, Ide
             "invalid MySQL URL `{shown}`: {e}; expected `mysql://user:password@host:port/database`"
         ),
     })?;
+    let server = Server {
+        db: "MySQL",
+        shown: &shown,
+        at: match connect.get_socket() {
+            Some(socket) => socket.display().to_string(),
+            None => format!("{}:{}", connect.get_host(), connect.get_port()),
+        },
+        map_err,
+    };
+    let first = first_connection(&server, &connect).await?;
+    let _ = sqlx::Connection::close(first).await;
     let pool = MySqlPoolOptions::new()
         .max_connections(opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
-        .connect_with(connect)
-        .await
-        .map_err(|e| {
-            let e = map_err(e);
-            IdemError::store(
-                "connecting to MySQL",
-                StoreError::new(
-                    e.retryable,
-                    format!(
-                        "cannot connect to MySQL at `{shown}`: {}; check the server is up and \
-                         the URL's host, port, user and database",
-                        e.source
-                    ),
-                ),
-            )
-        })?;
+        .connect_lazy_with(connect);
     prepare(pool, table, opts).await
 }
 
@@ -342,6 +364,7 @@ async fn prepare(
 
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
+const ER_SP_DOES_NOT_EXIST: u16 = 1305;
 
 /// The server's error number, for a database error.
 fn error_number(e: &sqlx::Error) -> Option<u16> {

@@ -23,7 +23,7 @@ use super::engine::{
     statements,
 };
 use super::group::Gather;
-use super::sql_common::{self, SqlOptions, TableName, redact_url};
+use super::sql_common::{self, Server, SqlOptions, TableName, first_connection, redact_url};
 use crate::error::{IdemError, StoreError};
 use crate::store::WakeHub;
 
@@ -517,6 +517,17 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
             "invalid PostgreSQL URL `{shown}`: {e}; expected `postgres://user:password@host:port/database`"
         ),
     })?;
+    let server = Server {
+        db: "PostgreSQL",
+        shown: &shown,
+        at: match connect.get_socket() {
+            Some(socket) => socket.display().to_string(),
+            None => format!("{}:{}", connect.get_host(), connect.get_port()),
+        },
+        map_err,
+    };
+    let first = first_connection(&server, &connect).await?;
+    let _ = sqlx::Connection::close(first).await;
     // The claim and the record run on idem's own connections (`Conns`); this pool
     // serves migrations, renewals and the operations queries. sqlx pings every
     // connection it hands out, one extra round trip per statement; ping only those that
@@ -532,22 +543,7 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
                 Ok(true)
             })
         })
-        .connect_with(connect)
-        .await
-        .map_err(|e| {
-            let e = map_err(e);
-            IdemError::store(
-                "connecting to PostgreSQL",
-                StoreError::new(
-                    e.retryable,
-                    format!(
-                        "cannot connect to PostgreSQL at `{shown}`: {}; check the server is up \
-                         and the URL's host, port, user and database",
-                        e.source
-                    ),
-                ),
-            )
-        })?;
+        .connect_lazy_with(connect);
     let owned = Arc::new(Conns::new(
         (*pool.connect_options()).clone(),
         opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),

@@ -653,6 +653,78 @@ pub(crate) fn claim_token() -> i64 {
     i64::from_ne_bytes((z ^ (z >> 31)).to_ne_bytes())
 }
 
+/// How long opening a server store waits for its first connection: sqlx's default
+/// acquire timeout, which bounded the open before.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const FIRST_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a server store connects, and how its errors read, for [`first_connection`].
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct Server<'a> {
+    /// The database's name in messages: `PostgreSQL`, `MySQL`.
+    pub(crate) db: &'static str,
+    /// The URL with its password redacted.
+    pub(crate) shown: &'a str,
+    /// `host:port`, or the Unix socket's path.
+    pub(crate) at: String,
+    /// The dialect's error mapping.
+    pub(crate) map_err: fn(sqlx::Error) -> StoreError,
+}
+
+/// Opens one connection to the server, once, and says why it failed. A sqlx pool
+/// retries a refused connection until its acquire timeout and then reports only that
+/// it timed out; opening with one connection first reports the cause at once.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn first_connection<O: sqlx::ConnectOptions>(
+    server: &Server<'_>,
+    options: &O,
+) -> Result<O::Connection, IdemError>
+where
+    O::Connection: Sized,
+{
+    let Server {
+        db,
+        shown,
+        at,
+        map_err,
+    } = server;
+    let (cause, retryable, unreachable) =
+        match tokio::time::timeout(FIRST_CONNECTION_TIMEOUT, options.connect()).await {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(sqlx::Error::Io(e))) if e.kind() == std::io::ErrorKind::ConnectionRefused => (
+                format!(
+                    "connection refused at {at}: nothing listens there; check the server is up \
+                     and the URL's host and port"
+                ),
+                true,
+                true,
+            ),
+            Ok(Err(e)) => {
+                let e = map_err(e);
+                let cause = format!(
+                    "{}; check the server is up and the URL's host, port, user and database",
+                    e.source
+                );
+                (cause, e.retryable, e.unreachable)
+            }
+            Err(_) => (
+                format!(
+                    "no connection to {at} within {}s; check the URL's host and port, and that \
+                     no firewall drops the traffic",
+                    FIRST_CONNECTION_TIMEOUT.as_secs()
+                ),
+                true,
+                true,
+            ),
+        };
+    let mut err = StoreError::new(
+        retryable,
+        format!("cannot connect to {db} at `{shown}`: {cause}"),
+    );
+    err.unreachable = unreachable;
+    Err(IdemError::store("connecting", err))
+}
+
 /// `user:password@` in a database URL replaced by `user:***@`, for error messages.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn redact_url(url: &str) -> String {
