@@ -1,9 +1,11 @@
 //! The attribute end to end: each argument changes behaviour as documented.
 mod common;
 use common::*;
-use idem_runtime::{Disposition, Idem, IdemError, current, idempotent, observe};
+use idem_runtime::{Disposition, Idem, IdemError, State, current, idempotent, observe};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
 
 suite!(
     method_with_self_store_replays,
@@ -198,4 +200,56 @@ async fn downstream_key_is_stable_per_operation(ctx: Ctx) {
     assert_ne!(a, b);
     assert_eq!(a.len(), 64);
     assert!(idem_runtime::try_current().is_none());
+}
+
+static RESERVE_STARTED: Notify = Notify::const_new();
+
+/// A body that never finishes on its own, so its caller can cancel it once it started.
+#[idempotent(store = idem, tx = tx, key = order, retain = "1d", lease = "2s")]
+async fn reserve(
+    idem: &Idem,
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    order: &str,
+) -> Result<u64, AppError> {
+    RESERVE_STARTED.notify_one();
+    std::future::pending().await
+}
+
+/// `lease` in transactional mode bounds how long a claim abandoned in a committed
+/// transaction (its body cancelled) holds the key: 2 s here, not the 60 s default.
+#[tokio::test]
+async fn tx_lease_bounds_a_claim_left_by_a_cancelled_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("lease.db").display()
+    );
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let idem = Idem::from_pool(pool.clone()).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    {
+        let call = reserve(&idem, &mut tx, "o-1");
+        tokio::pin!(call);
+        tokio::select! {
+            _ = RESERVE_STARTED.notified() => {}
+            r = &mut call => panic!("the body cannot finish: {r:?}"),
+        }
+        // Dropped here: the body is cancelled after its claim.
+    }
+    tx.commit().await.unwrap();
+    let id = idem.operation("reserve", "o-1").id().clone();
+    let record = idem
+        .get(&id)
+        .await
+        .unwrap()
+        .expect("the claim was committed");
+    assert_eq!(record.info.state, State::InProgress);
+    // By the store's clock: at most the 2 s given, whatever the time since the claim.
+    let remaining = record
+        .lease_remaining
+        .expect("an IN_PROGRESS record has a lease");
+    assert!(
+        remaining <= Duration::from_secs(2),
+        "the claim holds its key for {remaining:?} more, not within the `lease = \"2s\"` given"
+    );
 }

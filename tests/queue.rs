@@ -10,7 +10,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use idem_runtime::{Idem, IdemError};
+use idem_runtime::queue::{Action, AsIdemError, Cause, Policy, Verdict};
+use idem_runtime::{Disposition, Idem, IdemError};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -421,4 +422,126 @@ async fn an_empty_payment_id_is_terminated_as_invalid_with_an_alert() {
     assert_eq!(setup.payments().await, (1, 1), "p-1 only");
     assert_eq!(setup.pending().await, (0, 0), "terminated, not redelivered");
     setup.delete().await;
+}
+
+/// Everything `Policy::run` logged, for the alert it raises.
+struct Logged(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `handler` through the default policy, returning its verdict and the events logged.
+async fn verdict_of<F, T, E>(handler: F, delivery: u64) -> (Verdict, String)
+where
+    F: std::future::Future<Output = Result<T, E>>,
+    E: AsIdemError + std::fmt::Display,
+{
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || Logged(sink.clone()))
+        .finish();
+    // A current-thread runtime: the policy logs on this thread.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (_, verdict) = Policy::default().run(handler, delivery).await;
+    let logged = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
+    (verdict, logged)
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ApplyError {
+    #[error("the ledger timed out; the payment may have been applied")]
+    Timeout,
+    #[error(transparent)]
+    Idem(#[from] IdemError),
+}
+
+impl AsIdemError for ApplyError {
+    fn as_idem_error(&self) -> Option<&IdemError> {
+        match self {
+            ApplyError::Idem(e) => Some(e),
+            ApplyError::Timeout => None,
+        }
+    }
+}
+
+impl Serialize for ApplyError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ApplyError {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(|_| ApplyError::Timeout)
+    }
+}
+
+/// A handler error classified `Unknown` parks the operation in UNKNOWN: the message is
+/// terminated with an alert, not redelivered as if released, and so is its redelivery.
+#[tokio::test]
+async fn a_handler_error_classified_unknown_terminates_with_an_alert() {
+    let idem = Idem::memory();
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    let apply = || {
+        idem.operation("apply_payment", "p-1")
+            .retain(Duration::from_secs(86_400))
+            .fingerprint(&100i64)
+            .classify(|e: &ApplyError| match e {
+                ApplyError::Timeout => Disposition::Unknown,
+                ApplyError::Idem(_) => Disposition::Release,
+            })
+            .run(|| async {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Err::<i64, _>(ApplyError::Timeout)
+            })
+    };
+    for delivery in [1, 2] {
+        let (verdict, logged) = verdict_of(apply(), delivery).await;
+        assert_eq!(
+            (verdict.action, verdict.cause),
+            (Action::Terminate, Cause::Unknown),
+            "delivery {delivery}"
+        );
+        assert!(verdict.alert(), "delivery {delivery}");
+        assert!(
+            logged.contains("ERROR") && logged.contains("message needs attention"),
+            "delivery {delivery}: no alert event in {logged:?}"
+        );
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// An outcome that does not serialize cannot be recorded; the handler ran, so the
+/// operation is UNKNOWN: `Unknown`, not `Invalid`.
+#[tokio::test]
+async fn an_outcome_that_does_not_serialize_terminates_as_unknown() {
+    let idem = Idem::memory();
+    let apply = || {
+        idem.operation("apply_payment", "p-2")
+            .retain(Duration::from_secs(86_400))
+            .fingerprint(&100i64)
+            .run(|| async {
+                // JSON object keys must be strings: serde_json refuses this map.
+                let applied: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+                Ok::<_, IdemError>(applied)
+            })
+    };
+    for delivery in [1, 2] {
+        let (verdict, logged) = verdict_of(apply(), delivery).await;
+        assert_eq!(
+            (verdict.action, verdict.cause),
+            (Action::Terminate, Cause::Unknown),
+            "delivery {delivery}"
+        );
+        assert!(logged.contains("message needs attention"), "{logged:?}");
+    }
 }

@@ -465,3 +465,74 @@ async fn a_short_hash_keys_secret_is_refused() {
         .await
         .unwrap();
 }
+
+/// A prefix keeps its key mode, as a SQL table does: opened once with `hash_keys`, it
+/// refuses an open without them, or with another secret, with a `Config` error naming
+/// both modes and what to do, instead of treating one operation as two and running its
+/// body again.
+#[tokio::test]
+async fn a_prefix_keeps_its_key_mode() {
+    let test = "a_prefix_keeps_its_key_mode";
+    if common::redis_skip(test).is_some() {
+        return;
+    }
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+    let prefix = common::unique_prefix(test);
+    let url = common::redis_url();
+    let open = |secret: Option<&'static [u8]>| {
+        let builder = Idem::builder().key_prefix(prefix.clone());
+        let builder = match secret {
+            Some(secret) => builder.hash_keys(secret),
+            None => builder,
+        };
+        builder.redis(&url)
+    };
+    let runs = common::Counter::default();
+    let retain = Duration::from_secs(60);
+    let hashed = open(Some(SECRET)).await.unwrap();
+    common::counted_call(&hashed, "email", "bob", retain, &runs, 1)
+        .await
+        .unwrap();
+
+    let refused = |opened: Result<Idem, IdemError>, found: &str, wanted: &str| match opened {
+        Err(IdemError::Config { message }) => {
+            for part in [prefix.as_str(), found, wanted, "same `hash_keys` setting"] {
+                assert!(message.contains(part), "`{part}` missing: {message}");
+            }
+        }
+        Ok(_) => panic!("opened in another key mode; one operation would run twice"),
+        Err(e) => panic!("expected a Config error, got {e:?}"),
+    };
+    refused(
+        open(None).await,
+        "keyed-hashed with the secret",
+        "as given (no `hash_keys`)",
+    );
+    refused(
+        open(Some(b"another secret of 32 bytes......")).await,
+        "keyed-hashed with the secret",
+        "keyed-hashed with the secret",
+    );
+    let again = open(Some(SECRET)).await.unwrap();
+    let replayed = common::counted_call(&again, "email", "bob", retain, &runs, 2).await;
+    assert_eq!(
+        replayed.unwrap(),
+        1,
+        "the same secret finds the same operation"
+    );
+    assert_eq!(runs.get(), 1);
+    common::Cleanup::for_redis_prefix(&prefix).run().await;
+
+    // A prefix first opened without hashing refuses `hash_keys` the same way.
+    let prefix = common::unique_prefix(test);
+    let plain = Idem::builder().key_prefix(prefix.clone());
+    plain.redis(&common::redis_url()).await.unwrap();
+    let hashed = Idem::builder().key_prefix(prefix.clone()).hash_keys(SECRET);
+    match hashed.redis(&common::redis_url()).await {
+        Err(IdemError::Config { message }) => {
+            assert!(message.contains("as given (no `hash_keys`)"), "{message}")
+        }
+        other => panic!("expected a Config error, got {other:?}"),
+    }
+    common::Cleanup::for_redis_prefix(&prefix).run().await;
+}

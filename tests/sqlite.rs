@@ -92,3 +92,47 @@ async fn a_refused_write_fails_alone_in_a_shared_transaction() {
     }
     assert_eq!(replayed.get(), 0, "a recorded outcome was lost");
 }
+
+/// Callers that go away while their claims wait on the database lock (one writing, one
+/// queued behind it for group commit) leave no claim behind: once the lock is free,
+/// the claims that still land are released, and the key's next caller runs the body
+/// rather than waiting out a lease nobody holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_cancelled_while_queued_are_not_left_behind() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let idem = Idem::sqlite(&url).await.unwrap();
+    // Another process holds the write lock.
+    let holder = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let mut lock = holder.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let call = |idem: Idem, n: u32| async move {
+        idem.operation("ship", "order-1")
+            .retain(Duration::from_secs(86_400))
+            .fingerprint_none()
+            .run(|| async move { Ok::<_, IdemError>(n) })
+            .await
+    };
+    let waiting: Vec<_> = (0..2)
+        .map(|n| tokio::spawn(call(idem.clone(), n)))
+        .collect();
+    // Long enough for both claims to be sent: one on the lock, one queued behind it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for w in &waiting {
+        w.abort();
+    }
+    for w in waiting {
+        assert!(w.await.unwrap_err().is_cancelled());
+    }
+    lock.rollback().await.unwrap();
+    // The abandoned claims' lease is the default minute: a caller waiting 10 s runs the
+    // body only if they were released.
+    let next = idem
+        .operation("ship", "order-1")
+        .retain(Duration::from_secs(86_400))
+        .fingerprint_none()
+        .in_flight(idem_runtime::InFlight::Wait(Duration::from_secs(10)))
+        .run(|| async { Ok::<_, IdemError>(7) })
+        .await;
+    assert_eq!(next.unwrap(), 7, "an abandoned claim held the key");
+}

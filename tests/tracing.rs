@@ -1,4 +1,5 @@
-//! Events of an idempotent call carry its scope, name and key.
+//! Events of an idempotent call carry its scope, name and key, quoted so that a key
+//! cannot forge fields or lines in text logs.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -100,11 +101,78 @@ fn claim_replay_and_mismatch_events_carry_the_operation() {
             .iter()
             .find(|(m, _)| m.contains(wanted))
             .unwrap_or_else(|| panic!("no `{wanted}` event in {events:?}"));
-        for field in ["scope=s4:acme", "name=charge", "key=s7:order-1"] {
+        for field in [
+            r#"scope="s4:acme""#,
+            r#"name="charge""#,
+            r#"key="s7:order-1""#,
+        ] {
             assert!(
                 context.contains(field),
                 "`{wanted}` lacks {field}: {context}"
             );
         }
     }
+}
+
+/// An `io::Write` into a shared buffer, for a formatting subscriber's output.
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A key or scope holding spaces, `=` or a newline shows in text logs as one quoted,
+/// escaped value: it cannot add a `name=refund` field, nor a line of its own.
+#[test]
+fn keys_cannot_forge_fields_or_lines_in_text_logs() {
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let idem = Idem::memory();
+            idem.operation("charge", "k name=refund key=x")
+                .scope("acme\nINFO forged: line")
+                .retain(std::time::Duration::from_secs(60))
+                .fingerprint_none()
+                .run(|| async {
+                    tracing::info!("inside the body");
+                    Ok::<_, IdemError>(1)
+                })
+                .await
+                .unwrap();
+        });
+    });
+    let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("inside the body"))
+        .unwrap_or_else(|| panic!("no body event in {text}"));
+    assert!(
+        line.contains(r#"key="s19:k name=refund key=x""#),
+        "the key is not one quoted value: {line}"
+    );
+    assert!(
+        line.contains(r#"scope="s22:acme\nINFO forged: line""#),
+        "the scope is not one escaped value: {line}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("INFO forged")),
+        "the scope's newline started a line: {text}"
+    );
 }

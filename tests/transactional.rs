@@ -136,7 +136,8 @@ macro_rules! tx_suite {
                 drop_orders(&pool, &orders_table).await;
             }
 
-            #[idem_runtime::idempotent(store = idem, key = order, retain = "1d", tx = tx)]
+            // One operation instantiated per backend: the name is shared on purpose.
+            #[idem_runtime::idempotent(store = idem, key = order, retain = "1d", tx = tx, name = "ship")]
             async fn ship(
                 idem: &Idem,
                 tx: &mut sqlx::Transaction<'static, $db>,

@@ -33,7 +33,8 @@ Exit codes:
 struct Cli {
     /// The store: `sqlite://PATH`, `postgres://USER@HOST[:PORT]/DB` or
     /// `mysql://USER@HOST[:PORT]/DB`.
-    #[arg(long, env = "IDEM_URL", global = true)]
+    // The URL may hold a password: `--help` names the variable, never its value.
+    #[arg(long, env = "IDEM_URL", hide_env_values = true, global = true)]
     url: Option<String>,
     /// The table the application configured with `IdemBuilder::table`.
     #[arg(long, default_value = "idem_operations", global = true)]
@@ -102,7 +103,8 @@ struct Target {
     /// The key is an integer.
     #[arg(long)]
     int_key: bool,
-    /// SCOPE and KEY are given encoded, as `list` prints them.
+    /// SCOPE and KEY are given encoded, as `list` prints them (copy keys holding control
+    /// characters, which the table shows escaped, from `list --json`).
     #[arg(long, conflicts_with = "int_key")]
     encoded: bool,
 }
@@ -185,7 +187,9 @@ async fn main() -> ExitCode {
             if cli.json {
                 println!("{}", json!({ "error": f.message, "exit_code": f.code }));
             }
-            eprintln!("idem: {}", f.message);
+            // Messages can quote stored names and keys: one line each, escaped.
+            let lines: Vec<_> = f.message.lines().map(shown).collect();
+            eprintln!("idem: {}", lines.join("\n"));
             ExitCode::from(f.code)
         }
     }
@@ -252,10 +256,22 @@ async fn open(cli: &Cli) -> Result<Idem, Failure> {
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
         builder.mysql(url).await
     } else {
+        // Only the scheme is shown: the rest of the URL may hold a password.
+        let scheme = match url.split_once("://") {
+            Some((scheme, _))
+                if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                    && scheme
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+            {
+                format!("with the scheme `{scheme}://`")
+            }
+            _ => "without a `scheme://`".to_owned(),
+        };
         return Err(Failure {
             code: 2,
             message: format!(
-                "unsupported store URL `{url}`; expected sqlite://PATH, \
+                "unsupported store URL ({scheme}); expected sqlite://PATH, \
                  postgres://USER@HOST[:PORT]/DB or mysql://USER@HOST[:PORT]/DB"
             ),
         });
@@ -267,6 +283,28 @@ async fn open(cli: &Cli) -> Result<Idem, Failure> {
         )),
         e => e.into(),
     })
+}
+
+/// A stored name, scope or key as a terminal shows it: control characters (ESC, CR,
+/// ...) and bidirectional overrides escaped, so a stored key cannot move the cursor,
+/// clear the screen or disguise another row. `--json` prints them exactly.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.contains(unsafe_char) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
 }
 
 fn state_name(state: State) -> &'static str {
@@ -357,9 +395,9 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
                 state_name(r.state),
                 r.epoch,
                 age(Some(r.age)),
-                r.id.scope,
-                r.id.name,
-                r.id.key
+                shown(&r.id.scope),
+                shown(&r.id.name),
+                shown(&r.id.key)
             );
         }
         if rows.is_empty() {
@@ -401,7 +439,9 @@ async fn read(idem: &Idem, id: &OperationId) -> Result<RecordDetail, Failure> {
         message: format!(
             "no record for operation `{}` with scope `{}` and key `{}`; check the name, and \
              pass --int-key for integer keys or --encoded for keys copied from `list`",
-            id.name, id.scope, id.key
+            shown(&id.name),
+            shown(&id.scope),
+            shown(&id.key)
         ),
     })
 }
@@ -428,9 +468,9 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
             })
         );
     } else {
-        println!("operation  {}", d.info.id.name);
-        println!("scope      {}", d.info.id.scope);
-        println!("key        {}", d.info.id.key);
+        println!("operation  {}", shown(&d.info.id.name));
+        println!("scope      {}", shown(&d.info.id.scope));
+        println!("key        {}", shown(&d.info.id.key));
         println!("state      {}", state_name(d.info.state));
         println!("epoch      {}", d.info.epoch);
         println!("age        {}", age(Some(d.info.age)));
@@ -459,14 +499,16 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
     if current.info.state == State::Completed {
         return Err(refused(format!(
             "operation `{}` is already COMPLETED at epoch {}; nothing to resolve",
-            id.name, current.info.epoch
+            shown(&id.name),
+            current.info.epoch
         )));
     }
     if current.info.epoch != epoch {
         return Err(refused(format!(
             "operation `{}` is at epoch {}, not {epoch}: another attempt claimed it since; \
              check it with `show` and decide again",
-            id.name, current.info.epoch
+            shown(&id.name),
+            current.info.epoch
         )));
     }
     let parse = |flag: &str, text: &str| {
@@ -500,7 +542,7 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
     if cli.json {
         println!("{}", json!({ "resolved": what, "epoch": epoch }));
     } else {
-        println!("resolved `{}` at epoch {epoch}: {what}", id.name);
+        println!("resolved `{}` at epoch {epoch}: {what}", shown(&id.name));
     }
     Ok(())
 }

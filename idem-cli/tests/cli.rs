@@ -370,3 +370,107 @@ fn schema_prints_the_ddl_for_a_table() {
         );
     }
 }
+
+/// The secret in the URLs below, in each spelling a message could show.
+const URL_SECRETS: [&str; 3] = ["hunter2", "s3cr", "pa?ss"];
+
+fn assert_no_secret(what: &str, text: &str) {
+    for secret in URL_SECRETS {
+        assert!(!text.contains(secret), "{what} shows `{secret}`: {text}");
+    }
+}
+
+/// A store URL may hold a password: the unsupported-URL message names its scheme only,
+/// connection errors redact it (in the user info, unencoded, or as a query parameter),
+/// and `--help` names `IDEM_URL` without printing its value.
+#[test]
+fn no_message_shows_the_urls_password() {
+    for url in [
+        "redis://:hunter2@127.0.0.1:6379",
+        "http://u:hunter2@h/x?password=hunter2",
+        "u:hunter2@db/app",
+    ] {
+        let out = idem_cmd(url, "t", &["stats"]);
+        assert_eq!(out.status.code(), Some(2), "{url}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("unsupported store URL"), "{err}");
+        assert_no_secret(url, &err);
+    }
+    let out = idem_cmd("redis://:hunter2@h", "t", &["stats"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`redis://`"));
+
+    // Nothing listens on port 1: the connect error quotes the URL, redacted.
+    for url in [
+        "postgres://u:s3cr%2Ft@127.0.0.1:1/db?password=hunter2",
+        "postgres://u:pa?ss@127.0.0.1:1/db",
+        "mysql://u:s3cr%2Ft@127.0.0.1:1/db?password=hunter2",
+    ] {
+        let out = idem_cmd(url, "t", &["stats"]);
+        assert_eq!(out.status.code(), Some(1), "{url}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("127.0.0.1"), "{err}");
+        assert_no_secret(url, &err);
+        let out = idem_cmd(url, "t", &["--json", "stats"]);
+        assert_no_secret(url, &String::from_utf8_lossy(&out.stdout));
+    }
+
+    for args in [&["--help"][..], &["stats", "--help"], &["-h"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(args)
+            .env("IDEM_URL", "postgres://u:hunter2@127.0.0.1/db")
+            .output()
+            .expect("run the idem binary");
+        assert!(out.status.success(), "{args:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("IDEM_URL"), "{help}");
+        assert_no_secret("--help", &help);
+    }
+}
+
+/// Whether `bytes` holds a control byte other than a newline (ESC, CR, BEL, DEL, ...).
+fn has_control(bytes: &[u8]) -> bool {
+    bytes.iter().any(|&b| (b < 0x20 && b != b'\n') || b == 0x7f)
+}
+
+/// A stored key holding ESC and CR (clear the screen, return to the start of the line
+/// and print over it) is shown escaped by `list` and `show`, so it cannot rewrite the
+/// operator's screen; `--json` keeps the key exact.
+#[tokio::test]
+async fn list_and_show_escape_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    let idem = Idem::sqlite(&format!("{url}?mode=rwc")).await.unwrap();
+    let key = "k\x1b[2J\rorder-1 completed";
+    let scope = "acme\x07\u{202e}";
+    idem.operation("charge\x1b[1A", key)
+        .scope(scope)
+        .retain(Duration::from_secs(3600))
+        .fingerprint_none()
+        .run(|| async { Ok::<_, IdemError>(1) })
+        .await
+        .unwrap();
+
+    let table = "idem_operations";
+    for args in [
+        &["list"][..],
+        &["show", scope, "charge\x1b[1A", key],
+        &["show", scope, "charge\x1b[1A", "k\x1b[2J\rmissing"],
+    ] {
+        let out = idem_cmd(&url, table, args);
+        for (stream, bytes) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            assert!(
+                !has_control(bytes),
+                "idem {args:?} wrote a control byte to {stream}: {:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+    let out = idem_cmd(&url, table, &["list"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(r"k\u{1b}[2J\rorder-1 completed") && text.contains(r"acme\u{7}\u{202e}"),
+        "{text}"
+    );
+    let rows = json(&url, table, &["list"], 0);
+    assert_eq!(rows[0]["key"], format!("s{}:{key}", key.len()));
+}

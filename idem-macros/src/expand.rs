@@ -189,15 +189,21 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
     let ret = &plan.ret;
     let fake_return = fake_return(ret);
     let block = body_block(block);
-    let run_ident = syn::Ident::new("run", sig.ident.span());
-    let await_tok = quote_spanned!(sig.fn_token.span=> .await);
-    let at = sig.fn_token.span;
-    let call = quote_spanned!(at=> __idem_op.run(move || async move { #fake_return #block }));
+    // The calls whose bounds are about the return type (`T: Serialize`,
+    // `E: From<IdemError>`, a recordable `E`) are spanned on it, each with its `.await`.
+    let ret_at = ret.span();
     let body = match &plan.tx {
-        None => quote! {
-            let __idem_op = #op;
-            #call #await_tok
-        },
+        None => {
+            let run = awaited_call(
+                ret_at,
+                quote!(__idem_op.run),
+                quote!(move || async move { #fake_return #block }),
+            );
+            quote! {
+                let __idem_op = #op;
+                #run
+            }
+        }
         Some(tx) => {
             // Spanned on the parameter's type, where a wrong transaction type is fixed.
             let tx_ty = sig.inputs.iter().find_map(|arg| match arg {
@@ -207,11 +213,22 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
                 },
                 syn::FnArg::Receiver(_) => None,
             });
-            let begin =
-                quote_spanned!(tx_ty.unwrap_or_else(|| tx.span())=> __idem_op.begin_tx(&mut *#tx));
+            let tx_at = tx_ty.unwrap_or_else(|| tx.span());
+            let begin = awaited_call(
+                tx_at,
+                quote!(__idem_op.begin_tx),
+                respan(quote!(&mut *#tx), tx_at),
+            );
+            // Both halves on one span, which the bounds they share (`C: TxConnection`
+            // above all) are then reported at once.
+            let finish = awaited_call(
+                tx_at,
+                quote!(__idem_guard.finish),
+                respan(quote!(&mut *#tx, __idem_out), tx_at),
+            );
             quote! {
             let __idem_op = #op;
-            let __idem_guard = match #begin.await {
+            let __idem_guard = match #begin {
                 ::core::result::Result::Ok(#private::TxStep::Replay(__idem_v)) => return __idem_v,
                 ::core::result::Result::Ok(#private::TxStep::Run(__idem_g)) => __idem_g,
                 ::core::result::Result::Err(__idem_e) => {
@@ -225,7 +242,7 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
                 let #tx = &mut *#tx;
                 __idem_guard.body(async move { #fake_return #block }).await
             };
-            __idem_guard.finish(&mut *#tx, __idem_out).await
+            #finish
             }
         }
     };
@@ -250,6 +267,28 @@ fn by_ref(expr: &Expr) -> TokenStream {
         Expr::Paren(paren) => by_ref(&paren.expr),
         _ => quote_spanned!(expr.span()=> &(#expr)),
     }
+}
+
+/// `method(args).await`, the call and its `.await` spanned on `at` (a token of the
+/// user's): an unmet bound of the method is then reported once, there, rather than once
+/// for the call and again for the `.await` of the future it returns, on the attribute.
+fn awaited_call(at: Span, method: TokenStream, args: TokenStream) -> TokenStream {
+    let method = respan(method, at);
+    let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, args);
+    args.set_span(at);
+    quote_spanned!(at=> #method #args .await)
+}
+
+/// `tokens` with every top-level token spanned on `at` (generated names and punctuation,
+/// no user tokens).
+fn respan(tokens: TokenStream, at: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(at);
+            token
+        })
+        .collect()
 }
 
 /// The body's block with its braces marked as the macro's: they sit in a position

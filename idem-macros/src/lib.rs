@@ -79,7 +79,10 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// async fn charge(idem: &Idem, tenant: &str, order: &Order) -> Result<Receipt, PayError> {
-///     let __idem_op = ::idem_runtime::__private::operation(&(idem), "charge", &(order.id))
+///     // The defaulted name, registered with this function's place (see `name`).
+///     static __IDEM_NAME: DefaultedName = DefaultedName::new("charge", module_path!(), file!(), line!());
+///     inventory::submit! { Registered(&__IDEM_NAME) }
+///     let __idem_op = ::idem_runtime::__private::operation(&(idem), &__IDEM_NAME, &(order.id))
 ///         .scope(&(tenant))
 ///         .retain(::idem_runtime::__private::Duration::new(604800, 0))
 ///         .fingerprint_part("tenant", &tenant)
@@ -88,7 +91,9 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
-/// Only the arguments you give are emitted; the runtime holds the defaults. The key,
+/// Only the arguments you give are emitted (and `.fingerprint_none()` where nothing is
+/// fingerprinted, since the builder runs only once its fingerprint is stated); the
+/// runtime holds the defaults. The key,
 /// scope and fingerprint are encoded when the builder is made, so nothing borrowed for
 /// them is held across the body's `.await`s. Inside the body, `?` and `return` work as
 /// in the original function.
@@ -118,7 +123,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// #[idempotent(store = idem, key = format!("charge:v1:{}", order_id), retain = "7d")]
-/// async fn charge(idem: &Idem, order_id: u64) -> Result<u64, IdemError> {
+/// async fn charge_order(idem: &Idem, order_id: u64) -> Result<u64, IdemError> {
 ///     Ok(order_id)
 /// }
 ///
@@ -130,7 +135,7 @@ use proc_macro::TokenStream;
 /// assert_eq!(handle(&idem, &billing).await?, 1);
 /// assert_eq!(handle(&idem, &billing).await?, 1); // same (source, id): replayed
 /// assert_eq!(handle(&idem, &shipping).await?, 2); // another source: another key
-/// assert_eq!(charge(&idem, 42).await?, 42);
+/// assert_eq!(charge_order(&idem, 42).await?, 42);
 /// # Ok(()) }
 /// ```
 ///
@@ -204,7 +209,7 @@ use proc_macro::TokenStream;
 ///
 /// impl Payments {
 ///     #[idempotent(store = self.idem, key = order_id, retain = "7d")]
-///     async fn charge(&self, order_id: u64, cents: u64) -> Result<Receipt, IdemError> {
+///     async fn bill(&self, order_id: u64, cents: u64) -> Result<Receipt, IdemError> {
 ///         Ok(Receipt { cents })
 ///     }
 /// }
@@ -212,8 +217,8 @@ use proc_macro::TokenStream;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), IdemError> {
 /// let payments = Payments { idem: Idem::memory() };
-/// let receipt = payments.charge(1, 500).await?;
-/// assert_eq!(payments.charge(1, 500).await?, receipt); // replayed from `payments.idem`
+/// let receipt = payments.bill(1, 500).await?;
+/// assert_eq!(payments.bill(1, 500).await?, receipt); // replayed from `payments.idem`
 /// # Ok(()) }
 /// ```
 ///
@@ -238,31 +243,80 @@ use proc_macro::TokenStream;
 /// # `name = "op"`
 ///
 /// The operation's name, the namespace of the key within the scope. Default: the
-/// function's name. Renaming the function therefore changes the name, and keys recorded
-/// under the old name are no longer replayed; give `name` to keep it stable across
-/// refactors.
+/// function's name, without its module path, so moving the function to another module
+/// keeps its records.
+///
+/// A function is never answered with another function's outcome. Two `#[idempotent]`
+/// functions whose names default to the same one (`stripe::refund` and
+/// `paypal::refund`, or methods `refund` of two types) would share records, so both are
+/// refused: each call returns `IdemError::Config` naming both functions (module path,
+/// name, `file:line`), whichever is called first, and neither body runs. Every
+/// function with a defaulted name is registered at link time; each checks the registry
+/// on its first call and keeps the verdict, so later calls cost one atomic load. Give
+/// each its own `name`; the one whose existing records must still be replayed keeps
+/// its old name as `name = "refund"`.
+///
+/// An explicit `name` is never refused: functions may share one on purpose, such as an
+/// HTTP handler and a queue consumer for one operation, or a function and a builder
+/// call `idem.operation("refund", ..)` (their fingerprints must then agree).
 ///
 /// ```
 /// use idem_runtime::{idempotent, Idem, IdemError};
 ///
-/// #[idempotent(store = idem, key = order_id, retain = "7d")]
-/// async fn charge(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
-///     Ok("charged by the old build".into())
+/// mod stripe {
+///     # use super::*;
+///     #[idempotent(store = idem, key = order_id, retain = "7d")]
+///     pub async fn refund(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+///         Ok(format!("stripe refunded order {order_id}"))
+///     }
 /// }
 ///
-/// // The same function, renamed in a later build: `name` keeps its operation.
-/// #[idempotent(store = idem, key = order_id, retain = "7d", name = "charge")]
-/// async fn charge_card(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
-///     Ok("charged by the new build".into())
+/// mod paypal {
+///     # use super::*;
+///     #[idempotent(store = idem, key = order_id, retain = "7d", name = "paypal.refund")]
+///     pub async fn refund(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+///         Ok(format!("paypal refunded order {order_id}"))
+///     }
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), IdemError> {
 /// let idem = Idem::memory();
-/// charge(&idem, 1).await?;
+/// stripe::refund(&idem, 7).await?;
+/// // Without its `name`, this call (and the one above) would be a `Config` error.
+/// assert_eq!(paypal::refund(&idem, 7).await?, "paypal refunded order 7");
+/// # Ok(()) }
+/// ```
+///
+/// Renaming the function changes its default name: keys recorded under the old name
+/// are no longer replayed, so a retry that arrives after the deploy runs the body
+/// again. Keep the operation's identity with the old name:
+///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+///
+/// // Was `async fn charge`: its records stay this function's.
+/// #[idempotent(store = idem, key = order_id, retain = "7d", name = "charge")]
+/// async fn charge_card(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+///     Ok(format!("order {order_id} charged"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// // What the old build recorded, as its `charge` recorded it:
+/// idem.operation("charge", &1u64)
+///     .retain(std::time::Duration::from_secs(7 * 86_400))
+///     .fingerprint_part("order_id", &1u64)
+///     .run(|| async { Ok::<_, IdemError>("charged by the old build".to_owned()) })
+///     .await?;
 /// assert_eq!(charge_card(&idem, 1).await?, "charged by the old build"); // replayed
 /// # Ok(()) }
 /// ```
+///
+/// The registry covers the whole process, so in a crate of edition 2024, whose
+/// doctests are compiled into one binary, two doctests that each define a `charge`
+/// with a defaulted name refuse each other: give them distinct names.
 ///
 /// # `lease = "DUR"`
 ///
@@ -271,7 +325,8 @@ use proc_macro::TokenStream;
 /// of it for as long as the call's future is alive, so a slow but live body is not taken
 /// over, and renewal stops when the future is dropped or the process dies. A body that
 /// awaits forever therefore keeps its claim: bound slow calls with a timeout. Measured
-/// by the store's clock. Zero is a compile error.
+/// by the store's clock. Zero is a compile error. In transactional mode (`tx`) nothing
+/// renews the lease: it bounds only a claim left behind by a cancelled body (see `tx`).
 ///
 /// ```
 /// use idem_runtime::{idempotent, Idem, IdemError};
@@ -353,7 +408,7 @@ use proc_macro::TokenStream;
 /// static RUNS: AtomicUsize = AtomicUsize::new(0);
 ///
 /// #[idempotent(store = idem, key = order_id, retain = "7d", errors = record)]
-/// async fn refund(idem: &Idem, order_id: u64) -> Result<u64, PayError> {
+/// async fn refund_order(idem: &Idem, order_id: u64) -> Result<u64, PayError> {
 ///     RUNS.fetch_add(1, Ordering::SeqCst);
 ///     Err(PayError::Declined)
 /// }
@@ -361,8 +416,8 @@ use proc_macro::TokenStream;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), PayError> {
 /// let idem = Idem::memory();
-/// assert!(matches!(refund(&idem, 9).await, Err(PayError::Declined)));
-/// assert!(matches!(refund(&idem, 9).await, Err(PayError::Declined))); // replayed
+/// assert!(matches!(refund_order(&idem, 9).await, Err(PayError::Declined)));
+/// assert!(matches!(refund_order(&idem, 9).await, Err(PayError::Declined))); // replayed
 /// assert_eq!(RUNS.load(Ordering::SeqCst), 1);
 /// # Ok(()) }
 /// ```
@@ -394,17 +449,17 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// #[idempotent(store = idem, key = order_id, retain = "7d", classify = classify)]
-/// async fn charge(idem: &Idem, order_id: u64) -> Result<Receipt, PayError> {
+/// async fn authorize(idem: &Idem, order_id: u64) -> Result<Receipt, PayError> {
 ///     psp_charge(order_id).await
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), PayError> {
 /// let idem = Idem::memory();
-/// assert!(matches!(charge(&idem, 1).await, Err(PayError::Declined)));
-/// assert!(matches!(charge(&idem, 1).await, Err(PayError::Declined))); // replayed
-/// assert!(matches!(charge(&idem, 2).await, Err(PayError::Timeout)));
-/// let retry = charge(&idem, 2).await; // not run again while the charge is in doubt
+/// assert!(matches!(authorize(&idem, 1).await, Err(PayError::Declined)));
+/// assert!(matches!(authorize(&idem, 1).await, Err(PayError::Declined))); // replayed
+/// assert!(matches!(authorize(&idem, 2).await, Err(PayError::Timeout)));
+/// let retry = authorize(&idem, 2).await; // not run again while the charge is in doubt
 /// assert!(matches!(retry, Err(PayError::Idem(IdemError::Unknown { .. }))));
 /// # Ok(()) }
 /// ```
@@ -421,7 +476,7 @@ use proc_macro::TokenStream;
 /// use idem_runtime::{current, idempotent, Idem, IdemError};
 ///
 /// #[idempotent(store = idem, key = order_id, retain = "7d", on_takeover = rerun)]
-/// async fn charge(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+/// async fn pay_invoice(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
 ///     // Sent to the payment provider as its idempotency key.
 ///     Ok(current().downstream_key("psp"))
 /// }
@@ -434,8 +489,8 @@ use proc_macro::TokenStream;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), IdemError> {
 /// // A body that runs again (here, against a fresh store) hands the provider the same key.
-/// let first = charge(&Idem::memory(), 42).await?;
-/// assert_eq!(charge(&Idem::memory(), 42).await?, first);
+/// let first = pay_invoice(&Idem::memory(), 42).await?;
+/// assert_eq!(pay_invoice(&Idem::memory(), 42).await?, first);
 /// send_receipt(&Idem::memory(), 7).await?;
 /// # Ok(()) }
 /// ```
@@ -483,7 +538,7 @@ use proc_macro::TokenStream;
 ///
 /// // Only the amount is bound to the order; the note may differ between retries.
 /// #[idempotent(store = idem, key = order, retain = "7d", fingerprint = cents)]
-/// async fn charge(idem: &Idem, order: u64, cents: u64, note: &str) -> Result<String, IdemError> {
+/// async fn charge_amount(idem: &Idem, order: u64, cents: u64, note: &str) -> Result<String, IdemError> {
 ///     Ok(format!("{cents} charged ({note})"))
 /// }
 ///
@@ -496,9 +551,9 @@ use proc_macro::TokenStream;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), IdemError> {
 /// let idem = Idem::memory();
-/// assert_eq!(charge(&idem, 1, 500, "first try").await?, "500 charged (first try)");
-/// assert_eq!(charge(&idem, 1, 500, "retry").await?, "500 charged (first try)"); // replayed
-/// assert!(matches!(charge(&idem, 1, 900, "retry").await, Err(IdemError::Mismatch { .. })));
+/// assert_eq!(charge_amount(&idem, 1, 500, "first try").await?, "500 charged (first try)");
+/// assert_eq!(charge_amount(&idem, 1, 500, "retry").await?, "500 charged (first try)"); // replayed
+/// assert!(matches!(charge_amount(&idem, 1, 900, "retry").await, Err(IdemError::Mismatch { .. })));
 /// assert_eq!(ingest(&idem, 5, "a").await?, "a");
 /// assert_eq!(ingest(&idem, 5, "b").await?, "a"); // nothing bound: the first outcome
 /// # Ok(()) }
@@ -517,25 +572,6 @@ use proc_macro::TokenStream;
 /// parameter is not fingerprinted. An `Err` classified `Disposition::Unknown` is recorded
 /// like `Record` here: the body's writes commit or roll back with the transaction, so
 /// nothing in it is in doubt.
-///
-/// `lease = "DUR"` (default `"60s"`) still applies: a transactional claim is written with
-/// a lease, which matters only when the body is cancelled (its future dropped) and the
-/// caller commits the transaction anyway. The claim is then committed IN_PROGRESS with
-/// no body to finish it, and holds its key (duplicates are told `IdemError::InFlight`)
-/// until the lease lapses; the next call then takes it over and runs the body again.
-/// While the transaction is open, duplicates block on its row lock whatever the lease,
-/// so a short lease never lets one in beside a running body.
-///
-/// ```
-/// use idem_runtime::{idempotent, BoxError, Idem};
-/// use sqlx::{Sqlite, Transaction};
-///
-/// // A claim abandoned in a committed transaction holds its key for 2 minutes, not 60 s.
-/// #[idempotent(store = idem, tx = tx, key = order_id, retain = "30d", lease = "2m")]
-/// async fn reserve(idem: &Idem, tx: &mut Transaction<'_, Sqlite>, order_id: &str) -> Result<(), BoxError> {
-///     Ok(())
-/// }
-/// ```
 ///
 /// ```
 /// use idem_runtime::{idempotent, BoxError, Idem};
@@ -592,6 +628,25 @@ use proc_macro::TokenStream;
 /// __idem_guard.finish(&mut *tx, __idem_out).await
 /// ```
 ///
+/// `lease = "DUR"` (default `"60s"`) still applies: a transactional claim is written with
+/// a lease, which matters only when the body is cancelled (its future dropped) and the
+/// caller commits the transaction anyway. The claim is then committed IN_PROGRESS with
+/// no body to finish it, and holds its key (duplicates are told `IdemError::InFlight`)
+/// until the lease lapses; the next call then takes it over and runs the body again.
+/// While the transaction is open, duplicates block on its row lock whatever the lease,
+/// so a short lease never lets one in beside a running body.
+///
+/// ```
+/// use idem_runtime::{idempotent, BoxError, Idem};
+/// use sqlx::{Sqlite, Transaction};
+///
+/// // A claim abandoned in a committed transaction holds its key for 2 minutes, not 60 s.
+/// #[idempotent(store = idem, tx = tx, key = order_id, retain = "30d", lease = "2m")]
+/// async fn reserve(idem: &Idem, tx: &mut Transaction<'_, Sqlite>, order_id: &str) -> Result<(), BoxError> {
+///     Ok(())
+/// }
+/// ```
+///
 /// # `on_store_error = fail_closed | fail_open`
 ///
 /// The store is unreachable at claim time. `fail_closed` (default): the call returns
@@ -609,7 +664,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// #[idempotent(store = idem, key = order_id, retain = "7d")]
-/// async fn charge(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
+/// async fn debit(idem: &Idem, order_id: u64) -> Result<String, IdemError> {
 ///     Ok(format!("order {order_id} charged"))
 /// }
 ///
@@ -619,7 +674,7 @@ use proc_macro::TokenStream;
 /// let idem = Idem::from_pool(pool.clone()).await?;
 /// pool.close().await; // the store is now unreachable
 /// assert_eq!(refresh_cache(&idem, 7).await?, "cache of user 7 refreshed"); // unprotected
-/// assert!(matches!(charge(&idem, 1).await, Err(IdemError::Store { .. }))); // body not run
+/// assert!(matches!(debit(&idem, 1).await, Err(IdemError::Store { .. }))); // body not run
 /// # Ok(()) }
 /// ```
 ///

@@ -13,6 +13,8 @@ pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 64 * 1024;
 const DEFAULT_MAX_WAITERS: usize = 1024;
 const DEFAULT_REPLAY_CACHE_BYTES: usize = 4 * 1024 * 1024;
 const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// How long a claim (or a replay's read) waits for the store's answer by default.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Idem {
     /// A process-local store, for tests and single-process tools.
@@ -88,6 +90,7 @@ pub struct IdemBuilder {
     pub(crate) replay_cache_bytes: usize,
     pub(crate) max_waiters: usize,
     pub(crate) poll_interval: Duration,
+    pub(crate) store_timeout: Duration,
     pub(crate) renew_leases: bool,
     /// The secret keys and scopes are HMAC'd with, when they are stored hashed.
     pub(crate) hash_keys: Option<Secret>,
@@ -134,6 +137,7 @@ impl Default for IdemBuilder {
             replay_cache_bytes: DEFAULT_REPLAY_CACHE_BYTES,
             max_waiters: DEFAULT_MAX_WAITERS,
             poll_interval: DEFAULT_POLL_INTERVAL,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
             renew_leases: true,
             hash_keys: None,
             log_keys_hashed: false,
@@ -210,12 +214,14 @@ impl IdemBuilder {
         self
     }
 
-    /// Bytes of outcomes this process recorded that it keeps in memory, so a retry that
+    /// Memory, in bytes, for the outcomes this process recorded, kept so a retry that
     /// returns to the same process replays without a round trip (default 4 MiB; 0 turns
-    /// it off). An entry lives at most 60 seconds and never past its record's
-    /// retention; completed records do not change before they expire, so the cache is
-    /// safe with other processes on the same store. Records deleted by hand may still
-    /// be replayed from it for up to a minute.
+    /// it off). The budget counts everything the cache holds: keys, outcomes and its
+    /// own bookkeeping, each heap block as `malloc` sizes it. An entry lives at most 60
+    /// seconds and never past its record's retention, and expired entries are dropped
+    /// as new ones come in; completed records do not change before they expire, so the
+    /// cache is safe with other processes on the same store. Records deleted by hand
+    /// may still be replayed from it for up to a minute.
     pub fn replay_cache_bytes(mut self, bytes: usize) -> Self {
         self.replay_cache_bytes = bytes;
         self
@@ -235,6 +241,23 @@ impl IdemBuilder {
         self
     }
 
+    /// How long a call waits for the store's answer to a claim, or to the read that
+    /// looks for a replay, before it gives up with a retryable [`IdemError::Store`]
+    /// (the body did not run; `fail_open` applies, as for a refused connection).
+    /// Default 5 seconds.
+    ///
+    /// The other round trips of a call are bounded by its lease instead: a record (its
+    /// retries included) or a release gets what is left of the lease as a whole, then
+    /// the call ends [`IdemError::Unrecorded`]; a renewal gets a third of the lease. So
+    /// during a network partition a call answers within the store timeout (before its
+    /// body) or about one lease (after it), never later; retry it with the same key
+    /// once the store is back. A connection whose statement timed out is closed, never
+    /// reused mid-protocol.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
     /// Whether a running body's lease is renewed in the background (default `true`).
     /// Turning it off makes a body that outlives its lease lose its claim; meant for
     /// tests of takeover and fencing. ([`IdemBuilder::memory`]'s store, in the call's
@@ -249,9 +272,18 @@ impl IdemBuilder {
     /// scopes (emails, account numbers, principals) never reach the table and a
     /// dictionary cannot reverse them without the secret. `list` then shows digests.
     ///
-    /// The mode (and a check value of the secret) is recorded in the table at first
-    /// open; opening it later without hashing, or with another secret, is a
-    /// [`IdemError::Config`] rather than a silent change of every operation's identity.
+    /// Request fingerprints are keyed too (HMAC-SHA256 under a key derived from the
+    /// secret): a fingerprint covers the request's parameters, so an unkeyed one would
+    /// let a dictionary of likely requests recover them, key and scope included.
+    ///
+    /// Outcomes are stored as they are, not encrypted: what a function returns is
+    /// readable by whoever reads the table. Keep secrets and personal data out of
+    /// outcomes, or encrypt them in the function before returning them.
+    ///
+    /// The mode (and a check value of the secret) is recorded with the records at first
+    /// open (in the SQL stores' table, under the Redis key prefix); opening them later
+    /// without hashing, or with another secret, is a [`IdemError::Config`] rather than a
+    /// silent change of every operation's identity.
     /// Keep the secret stable: changing it makes every recorded operation new.
     ///
     /// The secret must be at least 16 bytes (32 random bytes are best), on every store:
@@ -352,8 +384,11 @@ impl IdemBuilder {
             max_outcome_bytes: self.max_outcome_bytes,
             max_waiters: self.max_waiters,
             poll_interval: self.poll_interval,
+            store_timeout: self.store_timeout,
             renew_leases: self.renew_leases,
             hash_keys: self.hash_keys.clone(),
+            fingerprint_key: (self.hash_keys.as_ref())
+                .map(|secret| crate::fingerprint::FingerprintKey::new(&secret.0)),
             log_keys_hashed: self.log_keys_hashed,
         };
         Idem::new(store, local, sql, cfg, self.replay_cache_bytes)
@@ -375,12 +410,7 @@ impl IdemBuilder {
         opts.max_connections = self.max_connections;
         opts.group_commit = self.group_commit;
         self.check_secret()?;
-        if let Some(Secret(secret)) = &self.hash_keys {
-            opts.key_mode = format!(
-                "hmac-sha256:{}",
-                &crate::idem::keyed_hex(secret, b"idem key-mode check")[..16]
-            );
-        }
+        opts.key_mode = crate::idem::key_mode(self.hash_keys.as_ref());
         Ok(opts)
     }
 
@@ -411,6 +441,9 @@ impl IdemBuilder {
         self.check_secret()?;
         let prefix = self.redis_prefix();
         let store = crate::store::redis::RedisStore::connect(url, &prefix).await?;
+        store
+            .check_key_mode(&crate::idem::key_mode(self.hash_keys.as_ref()))
+            .await?;
         Ok(self.store(store))
     }
 
@@ -421,6 +454,9 @@ impl IdemBuilder {
         self.check_secret()?;
         let prefix = self.redis_prefix();
         let store = crate::store::redis::RedisStore::connect_cluster(nodes, &prefix).await?;
+        store
+            .check_key_mode(&crate::idem::key_mode(self.hash_keys.as_ref()))
+            .await?;
         Ok(self.store(store))
     }
 

@@ -91,6 +91,7 @@ pub struct CallInfo {
     replayed: bool,
     epoch: Option<u64>,
     recorded: bool,
+    unknown: bool,
 }
 
 impl CallInfo {
@@ -110,6 +111,15 @@ impl CallInfo {
     pub fn recorded(&self) -> bool {
         self.recorded
     }
+
+    /// Whether this call ran the body and left its outcome unknown: the body's error
+    /// was classified [`Disposition::Unknown`](crate::Disposition::Unknown), or its
+    /// result could not be recorded (it does not serialize, or is over the outcome
+    /// cap). The operation is then UNKNOWN, and later calls get
+    /// [`IdemError::Unknown`](crate::IdemError::Unknown) until it is resolved.
+    pub fn unknown(&self) -> bool {
+        self.unknown
+    }
 }
 
 pub(crate) fn report(info: CallInfo) {
@@ -121,6 +131,7 @@ pub(crate) fn report_replay() {
         replayed: true,
         epoch: None,
         recorded: true,
+        unknown: false,
     });
 }
 
@@ -129,6 +140,17 @@ pub(crate) fn report_run(epoch: u64, recorded: bool) {
         replayed: false,
         epoch: Some(epoch),
         recorded,
+        unknown: false,
+    });
+}
+
+/// The body ran (epoch `epoch`) and its outcome was neither recorded nor released.
+pub(crate) fn report_unknown(epoch: u64) {
+    report(CallInfo {
+        replayed: false,
+        epoch: Some(epoch),
+        recorded: false,
+        unknown: true,
     });
 }
 

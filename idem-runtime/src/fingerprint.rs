@@ -1,7 +1,9 @@
 //! The canonical request fingerprint: SHA-256 over a typed, length-prefixed,
 //! versioned encoding of any `Serialize` value, with map and struct entries sorted so
-//! that `HashMap` iteration order and serde_json's feature flags cannot change it.
+//! that `HashMap` iteration order and serde_json's feature flags cannot change it; and
+//! under `hash_keys`, the keyed form of it that the store holds.
 
+use hmac::{Hmac, Mac};
 use serde::ser::{self, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -82,10 +84,56 @@ impl FingerprintBuilder {
     }
 }
 
+/// What the store holds for a fingerprint under `hash_keys`: HMAC-SHA256 of the
+/// fingerprint, so a dictionary of likely requests (tenant, order number, amount) cannot
+/// be checked against a stolen table without the secret.
+///
+/// Keyed with a key derived from the secret rather than the secret itself, so no
+/// stored fingerprint can equal the digest of a key or scope beside it. The MAC covers
+/// the SHA-256 of the encoding, not the encoding: one MAC over 32 bytes per call, and the
+/// fingerprint stays collision-resistant (a collision of the MAC input is one of SHA-256).
+#[derive(Clone)]
+pub(crate) struct FingerprintKey(Hmac<Sha256>);
+
+impl FingerprintKey {
+    /// What the fingerprint key is derived with, under the `hash_keys` secret.
+    const LABEL: &'static [u8] = b"idem fingerprint key v1";
+
+    pub(crate) fn new(secret: &[u8]) -> FingerprintKey {
+        let derived = Hmac::<Sha256>::new_from_slice(secret)
+            .expect("HMAC takes a key of any length")
+            .chain_update(Self::LABEL)
+            .finalize()
+            .into_bytes();
+        // The inner and outer pads are hashed here once; each call clones the state.
+        FingerprintKey(
+            Hmac::<Sha256>::new_from_slice(&derived).expect("HMAC takes a key of any length"),
+        )
+    }
+
+    /// The stored form of `fingerprint`.
+    pub(crate) fn apply(&self, fingerprint: [u8; 32]) -> [u8; 32] {
+        self.0
+            .clone()
+            .chain_update(fingerprint)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+}
+
+impl std::fmt::Debug for FingerprintKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FingerprintKey(***)")
+    }
+}
+
 /// The fingerprint of one value, as `Operation::fingerprint` computes it.
 ///
 /// Stable across processes and builds: a struct holding a `HashMap` fingerprints the
-/// same whatever the map's iteration order.
+/// same whatever the map's iteration order. An [`Idem`](crate::Idem) built with
+/// [`hash_keys`](crate::IdemBuilder::hash_keys) stores not this value but an
+/// HMAC-SHA256 of it under a key derived from the secret.
 ///
 /// ```
 /// use std::collections::HashMap;

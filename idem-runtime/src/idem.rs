@@ -54,8 +54,11 @@ pub(crate) struct Config {
     pub(crate) max_outcome_bytes: usize,
     pub(crate) max_waiters: usize,
     pub(crate) poll_interval: Duration,
+    pub(crate) store_timeout: Duration,
     pub(crate) renew_leases: bool,
     pub(crate) hash_keys: Option<Secret>,
+    /// Under `hash_keys`, what request fingerprints are keyed with before they are stored.
+    pub(crate) fingerprint_key: Option<crate::fingerprint::FingerprintKey>,
     pub(crate) log_keys_hashed: bool,
 }
 
@@ -81,6 +84,78 @@ impl Secret {
             });
         }
         Ok(())
+    }
+}
+
+/// The key mode of a store whose keys and scopes are stored as given.
+#[cfg_attr(
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    )),
+    allow(dead_code)
+)]
+pub(crate) const PLAIN_KEYS: &str = "plain";
+
+/// How a store records the way its keys and scopes are stored, at its first open:
+/// [`PLAIN_KEYS`], or `hmac-sha256:` and a check value of the secret, so that opening
+/// it later without the secret, or with another one, is refused rather than giving every
+/// operation a new identity (and running every body again).
+#[cfg_attr(
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    )),
+    allow(dead_code)
+)]
+pub(crate) fn key_mode(secret: Option<&Secret>) -> String {
+    match secret {
+        None => PLAIN_KEYS.to_owned(),
+        Some(Secret(secret)) => format!(
+            "hmac-sha256:{}",
+            &keyed_hex(secret, b"idem key-mode check")[..16]
+        ),
+    }
+}
+
+/// Fails unless the key mode `where_` recorded (if any) is `wanted`. `where_` names the
+/// records ("the idem table `t`"), `other` the way out ("another table").
+#[cfg_attr(
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    )),
+    allow(dead_code)
+)]
+pub(crate) fn check_key_mode(
+    where_: &str,
+    other: &str,
+    recorded: Option<&str>,
+    wanted: &str,
+) -> Result<(), IdemError> {
+    let describe = |mode: &str| {
+        if mode == PLAIN_KEYS {
+            "as given (no `hash_keys`)".to_owned()
+        } else {
+            format!("keyed-hashed with the secret whose check value is `{mode}`")
+        }
+    };
+    match recorded {
+        Some(found) if found != wanted => Err(IdemError::Config {
+            message: format!(
+                "{where_} stores keys and scopes {}, but this store was opened with keys {}; \
+                 open it with the same `hash_keys` setting and secret, or use {other}",
+                describe(found),
+                describe(wanted)
+            ),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -225,7 +300,7 @@ impl Idem {
         self.wake(id);
         match fence {
             crate::store::Fence::Held => {
-                tracing::info!(scope = %self.log_key(&id.scope), name = %id.name, key = %self.log_key(&id.key), epoch, ?resolution, "resolved");
+                tracing::info!(scope = ?self.log_key(&id.scope), name = ?id.name, key = ?self.log_key(&id.key), epoch, ?resolution, "resolved");
                 Ok(())
             }
             crate::store::Fence::Lost => Err(IdemError::Fenced {
@@ -303,6 +378,10 @@ impl Idem {
         self.inner.cfg.poll_interval
     }
 
+    pub(crate) fn store_timeout(&self) -> Duration {
+        self.inner.cfg.store_timeout
+    }
+
     pub(crate) fn wake(&self, id: &OperationId) {
         self.inner.hub.wake(id);
     }
@@ -319,6 +398,16 @@ impl Idem {
             encoded.clear();
             encoded.push_str("h:");
             encoded.push_str(&hashed);
+        }
+    }
+
+    /// A request fingerprint made what is stored: under `hash_keys` its HMAC, so the
+    /// table holds nothing a dictionary of likely requests can be checked against; else
+    /// as computed. Every store, transactional mode and the replay cache see this form.
+    pub(crate) fn store_fingerprint(&self, fingerprint: [u8; 32]) -> [u8; 32] {
+        match &self.inner.cfg.fingerprint_key {
+            Some(key) => key.apply(fingerprint),
+            None => fingerprint,
         }
     }
 
@@ -424,7 +513,8 @@ mod tests {
         fn exit(&self, _: &Id) {}
     }
 
-    /// The key a call of `key` on `idem` shows in its tracing span.
+    /// The key a call of `key` on `idem` shows in its tracing span, without the quotes
+    /// it is logged in.
     fn logged_key<K: KeyPart + ?Sized>(idem: &Idem, key: &K) -> String {
         let spans = SpanKeys::default();
         let keys = spans.keys.clone();
@@ -442,7 +532,9 @@ mod tests {
             .unwrap();
         });
         let keys = keys.lock().unwrap();
-        keys.first().cloned().expect("no span carried the key")
+        let logged = keys.first().expect("no span carried the key");
+        let unquoted = logged.strip_prefix('"').and_then(|k| k.strip_suffix('"'));
+        unquoted.expect("the key is logged quoted").to_owned()
     }
 
     #[test]
@@ -482,6 +574,78 @@ mod tests {
         assert_eq!(logged_key(&idem, &Tagged), tagged);
         let shown = Idem::builder().memory();
         assert_eq!(logged_key(&shown, "order-1001"), encoded);
+    }
+
+    async fn charge(idem: &Idem, cents: u64, runs: &AtomicU64) -> Result<u64, IdemError> {
+        let request = ("acme-corp", 48213u64, cents);
+        idem.operation("charge", &request.1)
+            .scope(request.0)
+            .retain(Duration::from_secs(60))
+            .fingerprint(&request)
+            .run(|| async move {
+                runs.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, IdemError>(cents)
+            })
+            .await
+    }
+
+    /// Under `hash_keys` the table holds the fingerprint keyed (HMAC-SHA256 of it, under
+    /// a key derived from the secret), never the plain SHA-256 a dictionary of likely
+    /// requests could be checked against; another request is still a mismatch and the
+    /// same one still replays, from the replay cache and from the store.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn hashed_keys_store_the_fingerprint_keyed() {
+        use hmac::Mac;
+        let path = std::env::temp_dir().join(format!("idem-keyed-fp-{}.db", std::process::id()));
+        let url = format!("sqlite://{}", path.display());
+        let runs = AtomicU64::new(0);
+        let idem = Idem::builder()
+            .hash_keys(SECRET)
+            .sqlite(&url)
+            .await
+            .unwrap();
+        assert_eq!(charge(&idem, 2500, &runs).await.unwrap(), 2500);
+
+        let table = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let stored: Vec<u8> = sqlx::query_scalar("SELECT fingerprint FROM idem_operations")
+            .fetch_one(&table)
+            .await
+            .unwrap();
+        table.close().await;
+        let plain = crate::fingerprint::fingerprint(&("acme-corp", 48213u64, 2500u64)).unwrap();
+        assert_ne!(stored, plain, "the plain SHA-256 reached the table");
+        let derived = hmac::Hmac::<Sha256>::new_from_slice(SECRET)
+            .unwrap()
+            .chain_update(b"idem fingerprint key v1")
+            .finalize()
+            .into_bytes();
+        let keyed = hmac::Hmac::<Sha256>::new_from_slice(&derived)
+            .unwrap()
+            .chain_update(plain)
+            .finalize()
+            .into_bytes();
+        assert_eq!(stored, keyed.to_vec());
+
+        let uncached = Idem::builder()
+            .hash_keys(SECRET)
+            .replay_cache_bytes(0)
+            .sqlite(&url)
+            .await
+            .unwrap();
+        for handle in [&idem, &uncached] {
+            assert_eq!(charge(handle, 2500, &runs).await.unwrap(), 2500);
+            let other = charge(handle, 9999, &runs).await;
+            assert!(
+                matches!(other, Err(IdemError::Mismatch { .. })),
+                "{other:?}"
+            );
+        }
+        assert_eq!(runs.load(Ordering::Relaxed), 1);
+        drop((idem, uncached));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
     }
 
     #[test]

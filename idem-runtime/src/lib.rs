@@ -75,7 +75,7 @@ mod tx;
 #[doc(inline)]
 pub use idem_macros::idempotent;
 
-pub use builder::{DEFAULT_MAX_OUTCOME_BYTES, IdemBuilder};
+pub use builder::{DEFAULT_MAX_OUTCOME_BYTES, DEFAULT_STORE_TIMEOUT, IdemBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use builder::{IntoStore, Pool};
 pub use context::{CallInfo, Current, current, observe, try_current};

@@ -132,11 +132,13 @@ where
             let id = &self.op.id;
             // Every event of the call (claim, replay, mismatch, wait, takeover, fence,
             // unknown), the renewal task's and the body's own carry scope, name and key.
+            // Debug-formatted (quoted, escaped): a key or scope holding spaces, `=` or
+            // newlines cannot forge fields or lines in text logs.
             let span = tracing::info_span!(
                 "idem",
-                scope = %self.idem.log_key(&id.scope),
-                name = %id.name,
-                key = %self.idem.log_key(&id.key),
+                scope = ?self.idem.log_key(&id.scope),
+                name = ?id.name,
+                key = ?self.idem.log_key(&id.key),
             );
             let call = async {
                 let span = tracing::Span::current();
@@ -181,7 +183,8 @@ where
             None => {}
         }
         if store.peeks() {
-            match store.peek_completed(id, &self.fingerprint).await {
+            let read = store.peek_completed(id, &self.fingerprint);
+            match Box::pin(bounded(self.idem.store_timeout(), "replay read", read)).await {
                 Ok(Some(Ok(outcome))) => return Ok(Decided::Replay(Replayed::Read(outcome))),
                 Ok(Some(Err(_))) => return Err(self.mismatch()),
                 Ok(None) => {}
@@ -225,7 +228,10 @@ where
             },
             None => {
                 let sent = Instant::now();
-                let answer = ClaimInFlight::send(&self.idem, self.op.id.shared(), req).await;
+                let claim = ClaimInFlight::send(&self.idem, self.op.id.shared(), req);
+                // Boxed with its timer: the memory store's calls should not carry them,
+                // and a round trip dwarfs the allocation.
+                let answer = Box::pin(bounded(self.idem.store_timeout(), "claim", claim)).await;
                 Attempt::Answered(
                     answer,
                     At {
@@ -300,7 +306,12 @@ where
             });
         };
         tracing::debug!(?retry_after, "waiting on in-flight duplicate");
-        if let Err(e) = self.idem.store().announce_wait(id).await {
+        let announced = bounded(
+            self.idem.store_timeout(),
+            "wait announcement",
+            self.idem.store().announce_wait(id),
+        );
+        if let Err(e) = announced.await {
             tracing::debug!(error = %e, "could not announce the wait; polling");
         }
         // Re-claim at once: the first call may have finished meanwhile.
@@ -343,6 +354,12 @@ where
                 .min(deadline - now);
             let _ = tokio::time::timeout(nap, notified).await;
         }
+    }
+
+    /// How long one write of a running claim (a confirmation, a record attempt, a move
+    /// to UNKNOWN) may wait for the store: the store timeout, but never past a lease.
+    fn write_bound(&self) -> Duration {
+        self.idem.store_timeout().min(self.op.lease)
     }
 
     fn mismatch(&self) -> IdemError {
@@ -390,12 +407,13 @@ where
         async move {
             let id = &self.op.id;
             // Released if the caller goes away before the body starts: nothing ran.
-            let unstarted = Unstarted::arm(&self.idem, &self.op.id, epoch, at_once);
+            let unstarted = Unstarted::arm(&self.idem, &self.op.id, epoch, self.op.lease, at_once);
             // A claim answered late (a stalled process, a starved scheduler) may have lapsed
             // and been taken over before its body starts: confirm it first rather than run
             // a second body beside the taker's.
             if !at_once && claimed_at.elapsed() >= self.op.lease / 2 {
-                match self.idem.store().renew(id, epoch, self.op.lease).await {
+                let confirm = self.idem.store().renew(id, epoch, self.op.lease);
+                match Box::pin(bounded(self.write_bound(), "claim's confirmation", confirm)).await {
                     Ok(Fence::Held) => {}
                     Ok(Fence::Lost) => {
                         unstarted.disarm();
@@ -435,7 +453,8 @@ where
             let (outcome, result) = match self.op.encode(out, max, false) {
                 Encoded::Record(outcome, result) => (outcome, result),
                 Encoded::Release(err) => {
-                    match self.idem.store().release(id, epoch).await {
+                    let release = self.idem.store().release(id, epoch);
+                    match Box::pin(bounded(self.op.lease, "release", release)).await {
                         Ok(Fence::Held) => {
                             tracing::debug!(parent: span, epoch, "released after error")
                         }
@@ -452,12 +471,13 @@ where
                 }
                 Encoded::Unknown(err) => {
                     Box::pin(self.settle_unknown(epoch, lease_end)).await;
-                    context::report_run(epoch, false);
+                    context::report_unknown(epoch);
                     return Err(err);
                 }
                 // The body ran; a release would run it again, so park it in UNKNOWN.
                 Encoded::Unrecordable(why) => {
                     let then = Box::pin(self.settle_unknown(epoch, lease_end)).await;
+                    context::report_unknown(epoch);
                     return Err(why.error(self.name(), max, then).into());
                 }
             };
@@ -508,12 +528,22 @@ where
         let sent_at = std::time::Instant::now();
         let started = Instant::from_std(sent_at);
         loop {
-            match self
+            // Each attempt gets what is left of the window below, and the first at least
+            // one write bound, so a late record after a partition still learns `Fenced`.
+            let window = lease
+                .held_until(self.op.lease)
+                .map_or(started, |held| started.min(held))
+                + self.op.lease;
+            let attempt = window.max(Instant::now() + self.write_bound());
+            let record = self
                 .idem
                 .store()
-                .record(id, epoch, &outcome, self.op.retain)
-                .await
-            {
+                .record(id, epoch, &outcome, self.op.retain);
+            let answer = match tokio::time::timeout_at(attempt, record).await {
+                Ok(answer) => answer,
+                Err(_) => Err(no_answer("record", attempt - started)),
+            };
+            match answer {
                 Ok(fence) => {
                     if fence == Fence::Held {
                         self.idem.cache().put(
@@ -587,7 +617,8 @@ where
     async fn settle_unknown(&self, epoch: u64, lease: &Lease<'_>) -> &'static str {
         let id = &self.op.id;
         loop {
-            match self.idem.store().mark_unknown(id, epoch).await {
+            let mark = self.idem.store().mark_unknown(id, epoch);
+            match bounded(self.write_bound(), "move to UNKNOWN", mark).await {
                 Ok(Fence::Held) => {
                     tracing::warn!(epoch, "operation moved to UNKNOWN");
                     metrics::count(metrics::UNKNOWN, self.name());
@@ -621,6 +652,26 @@ where
     }
 }
 
+/// `answer`, or an unreachable-store error once `timeout` passes without it. Dropping a
+/// statement's future closes its connection (the stores never reuse one mid-protocol),
+/// so a black-holed connection is not handed to the next call.
+async fn bounded<T>(
+    timeout: Duration,
+    what: &'static str,
+    answer: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, answer)
+        .await
+        .unwrap_or_else(|_| Err(no_answer(what, timeout)))
+}
+
+fn no_answer(what: &str, after: Duration) -> StoreError {
+    StoreError::unreachable(format!(
+        "the store did not answer the {what} within {after:?} (a network partition or a \
+         stalled server); see `IdemBuilder::store_timeout`"
+    ))
+}
+
 /// A claim sent to the store, owned so that it can outlive the call: if the caller goes
 /// away before the store answers, the claim may still be made, with an epoch nobody
 /// knows. Dropped unanswered, it finishes on a task of its own and releases what it
@@ -630,6 +681,7 @@ struct ClaimInFlight {
     claim: Option<ClaimFuture>,
     idem: Idem,
     id: Arc<crate::store::OperationId>,
+    lease: Duration,
 }
 
 type ClaimFuture =
@@ -657,6 +709,7 @@ impl ClaimInFlight {
             claim: Some(claim),
             idem: idem.clone(),
             id,
+            lease,
         }
     }
 }
@@ -683,10 +736,12 @@ impl Drop for ClaimInFlight {
         let Some(claim) = self.claim.take() else {
             return;
         };
-        let (idem, id) = (self.idem.clone(), self.id.clone());
+        let (idem, id, lease) = (self.idem.clone(), self.id.clone(), self.lease);
         spawn_cleanup(async move {
-            if let Ok(Claim::Acquired { epoch, .. }) = claim.await {
-                release_unstarted(&idem, &id, epoch).await;
+            // Past a lease the claim, if it was made, lapses on its own.
+            if let Ok(Ok(Claim::Acquired { epoch, .. })) = tokio::time::timeout(lease, claim).await
+            {
+                release_unstarted(&idem, &id, epoch, lease).await;
             }
         });
     }
@@ -694,15 +749,21 @@ impl Drop for ClaimInFlight {
 
 /// A claim this call holds whose body has not started; released if dropped armed.
 struct Unstarted<'a> {
-    armed: Option<(&'a Idem, &'a Arc<crate::store::OperationId>, u64)>,
+    armed: Option<(&'a Idem, &'a Arc<crate::store::OperationId>, u64, Duration)>,
 }
 
 impl<'a> Unstarted<'a> {
     /// Armed only where there is a window to cancel in: a claim made at once (the memory
     /// store's) goes straight to its body.
-    fn arm(idem: &'a Idem, id: &'a crate::op::Id, epoch: u64, at_once: bool) -> Unstarted<'a> {
+    fn arm(
+        idem: &'a Idem,
+        id: &'a crate::op::Id,
+        epoch: u64,
+        lease: Duration,
+        at_once: bool,
+    ) -> Unstarted<'a> {
         Unstarted {
-            armed: (!at_once).then(|| (idem, id.arc_ref(), epoch)),
+            armed: (!at_once).then(|| (idem, id.arc_ref(), epoch, lease)),
         }
     }
 
@@ -713,9 +774,9 @@ impl<'a> Unstarted<'a> {
 
 impl Drop for Unstarted<'_> {
     fn drop(&mut self) {
-        if let Some((idem, id, epoch)) = self.armed.take() {
+        if let Some((idem, id, epoch, lease)) = self.armed.take() {
             let (idem, id) = (idem.clone(), id.clone());
-            spawn_cleanup(async move { release_unstarted(&idem, &id, epoch).await });
+            spawn_cleanup(async move { release_unstarted(&idem, &id, epoch, lease).await });
         }
     }
 }
@@ -734,8 +795,13 @@ fn spawn_cleanup(cleanup: impl Future<Output = ()> + Send + 'static) {
     }
 }
 
-async fn release_unstarted(idem: &Idem, id: &crate::store::OperationId, epoch: u64) {
-    match idem.store().release(id, epoch).await {
+async fn release_unstarted(
+    idem: &Idem,
+    id: &crate::store::OperationId,
+    epoch: u64,
+    lease: Duration,
+) {
+    match bounded(lease, "release", idem.store().release(id, epoch)).await {
         Ok(Fence::Held) => {
             tracing::debug!(
                 epoch,

@@ -676,8 +676,14 @@ impl<P, U, F, R> Operation<P, U, F, R> {
         self.idem.clone().ok_or(IdemError::NoStore)
     }
 
+    /// The fingerprint as the store holds it (keyed under `hash_keys`): the one value
+    /// every claim, replay read and cache lookup of this operation compares.
     pub(crate) fn fingerprint_bytes(&self) -> [u8; 32] {
-        self.fingerprint.finish()
+        let fingerprint = self.fingerprint.finish();
+        match &self.idem {
+            Some(idem) => idem.store_fingerprint(fingerprint),
+            None => fingerprint,
+        }
     }
 }
 

@@ -15,8 +15,8 @@
 //! | store down, contention, lost claim, unrecorded outcome | `StoreDown`, `Fenced`, `Unrecorded` | `Redeliver` after [`Policy::store_down`] |
 //! | the body's error, released (`errors = release`) | `Released` | `Redeliver` with backoff by delivery count |
 //! | same business id, other payload | `Mismatch` | `Terminate`, alert |
-//! | UNKNOWN outcome (reconcile first) | `Unknown` | `Terminate`, alert |
-//! | a message that can never be handled (key over the cap, outcome undecodable) | `Invalid` | `Terminate`, alert |
+//! | UNKNOWN outcome: this delivery's or an earlier one's (an error classified `Unknown`, an outcome that could not be recorded); reconcile first | `Unknown` | `Terminate`, alert |
+//! | a message that can never be handled (key empty or over the cap, outcome undecodable) | `Invalid` | `Terminate`, alert |
 //! | no store configured, invalid configuration | `Misconfigured` | `Redeliver` after [`Policy::backoff_max`], alert |
 //!
 //! `Redeliver` is a negative acknowledgement with a delay (JetStream `Nak(delay)`,
@@ -90,7 +90,9 @@ pub enum Cause {
     Released,
     /// The business id was first used with another payload.
     Mismatch,
-    /// An earlier attempt's effect is unknown; reconcile, then resolve the operation.
+    /// This attempt's or an earlier one's effect is unknown (an error classified
+    /// `Unknown`, an outcome that could not be recorded); reconcile, then resolve the
+    /// operation.
     Unknown,
     /// The message can never be handled as it is.
     Invalid,
@@ -207,6 +209,11 @@ impl Policy {
             Ok(_) => return done(info),
             Err(e) => e,
         };
+        // The handler ran and left the operation UNKNOWN, whatever the error: a
+        // redelivery would only be refused until someone reconciles it.
+        if info.unknown() {
+            return verdict(Action::Terminate, Cause::Unknown);
+        }
         let Some(idem) = err.as_idem_error() else {
             // The body's own error: final when it was recorded (`errors = record`).
             if info.recorded() {
@@ -228,10 +235,11 @@ impl Policy {
                 verdict(Action::Terminate, Cause::Unknown)
             }
             IdemError::KeyTooLong { .. }
+            | IdemError::EmptyKey { .. }
             | IdemError::ScopeTooLong { .. }
             | IdemError::BadName { .. }
             | IdemError::Codec { .. } => verdict(Action::Terminate, Cause::Invalid),
-            IdemError::NoStore | IdemError::EmptyKey { .. } | IdemError::Config { .. } => {
+            IdemError::NoStore | IdemError::Config { .. } => {
                 verdict(redeliver(self.backoff_max), Cause::Misconfigured)
             }
         }

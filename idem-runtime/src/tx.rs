@@ -146,16 +146,21 @@ impl Conn<'_> {
         &mut self,
         idem: &crate::Idem,
         id: &crate::OperationId,
+        epoch: u64,
         outcome: &StoredOutcome,
         retain: std::time::Duration,
     ) -> Result<crate::store::Fence, IdemError> {
         let recorded = match self {
             #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => sqlite(idem)?.tx_record(c, id, outcome, retain).await,
+            Conn::Sqlite(c) => sqlite(idem)?.tx_record(c, id, epoch, outcome, retain).await,
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => postgres(idem)?.tx_record(c, id, outcome, retain).await,
+            Conn::Postgres(c) => {
+                postgres(idem)?
+                    .tx_record(c, id, epoch, outcome, retain)
+                    .await
+            }
             #[cfg(feature = "mysql")]
-            Conn::MySql(c) => mysql(idem)?.tx_record(c, id, outcome, retain).await,
+            Conn::MySql(c) => mysql(idem)?.tx_record(c, id, epoch, outcome, retain).await,
         };
         recorded.map_err(store_err("record"))
     }
@@ -320,7 +325,7 @@ impl<P, U, FP, R> Operation<P, U, FP, R> {
                 conn.exec(RUN_SAVEPOINT)
                     .await
                     .map_err(store_err("savepoint"))?;
-                tracing::debug!(scope = %idem.log_key(&this.id().scope), name = %this.id().name, key = %idem.log_key(&this.id().key), epoch, "claimed in transaction");
+                tracing::debug!(scope = ?idem.log_key(&this.id().scope), name = ?this.id().name, key = ?idem.log_key(&this.id().key), epoch, "claimed in transaction");
                 return Ok(TxStep::Run(TxGuard { op: this, epoch }));
             }
             conn.exec(RELEASE_SAVEPOINT)
@@ -400,7 +405,10 @@ impl<P, U> TxGuard<P, U> {
                     return Err(why.error(&name, max, then).into());
                 }
             };
-            let recorded = match conn.record(&idem, op.id(), &stored, op.retain_for()).await {
+            let recorded = match conn
+                .record(&idem, op.id(), epoch, &stored, op.retain_for())
+                .await
+            {
                 Ok(fence) => fence,
                 Err(e) => match result {
                     // The body's own SQL may have failed and aborted the transaction
@@ -410,7 +418,7 @@ impl<P, U> TxGuard<P, U> {
                         tracing::debug!(error = %e, "record failed; recording again without the body's writes");
                         let again = match conn.exec(ROLLBACK_RUN).await {
                             Ok(()) => conn
-                                .record(&idem, op.id(), &stored, op.retain_for())
+                                .record(&idem, op.id(), epoch, &stored, op.retain_for())
                                 .await
                                 .ok(),
                             Err(_) => None,

@@ -1217,15 +1217,23 @@ impl<D: Dialect> SqlStore<D> {
         .await
     }
 
-    /// Transactional mode: records the outcome of the claim this transaction holds.
+    /// Transactional mode: records the outcome of the claim this transaction holds at
+    /// `epoch`. Fenced like a leased record: should the server have rolled the
+    /// transaction back (a MySQL deadlock victim), the statement runs on its own and
+    /// must not complete another caller's claim made meanwhile.
     pub(crate) async fn tx_record(
         &self,
         conn: &mut D::Conn,
         id: &OperationId,
+        epoch: u64,
         outcome: &StoredOutcome,
         retain: Duration,
     ) -> Result<Fence, StoreError> {
+        let Some(epoch) = sql_epoch(epoch) else {
+            return Ok(Fence::Lost);
+        };
         let mut named = id_args(id).to_vec();
+        named.push(("epoch", Arg::Int(epoch)));
         named.extend_from_slice(&outcome_args(outcome, retain));
         let args = self.sql.tx_record.args(&named)?;
         let rows = self

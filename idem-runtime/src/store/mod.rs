@@ -3,6 +3,28 @@
 //! A store keeps one record per operation `(scope, name, key)` and moves it through
 //! the states of the contract. Every method that changes a record is one atomic step;
 //! every method after a claim is fenced on the epoch that claimed.
+//!
+//! # Network faults
+//!
+//! No call waits on a store without a bound, whichever store it is:
+//!
+//! | round trip | bounded by | what the caller gets past it |
+//! |---|---|---|
+//! | the claim, the read that looks for a replay | [`IdemBuilder::store_timeout`](crate::IdemBuilder::store_timeout), 5 s by default | [`IdemError::Store`](crate::IdemError::Store), retryable; the body did not run (`fail_open` runs it unprotected) |
+//! | the record, with its retries | what is left of the lease, as a whole | [`IdemError::Unrecorded`](crate::IdemError::Unrecorded): the body ran; its record may or may not have landed |
+//! | a release, a move to UNKNOWN | the lease | the claim lapses with its lease |
+//! | a lease renewal | a third of the lease | the next renewal is tried |
+//!
+//! So during a partition a call answers within the store timeout if its body had not
+//! started, and within about one lease if it had. Retry a `Store` error with the same
+//! key once the store is back. After `Unrecorded`, the claim stays in progress until its
+//! lease lapses; a retry with the same key then replays the outcome if its record
+//! landed, or runs the body again (`on_takeover = rerun`) or answers `Unknown`
+//! (`on_takeover = unknown`), so give the downstream system
+//! [`downstream_key`](crate::Current::downstream_key) where a second run must not
+//! repeat the effect. A statement that timed out has its connection closed rather than
+//! reused. A call that goes away before its body starts has its claim released even if
+//! the store answers only later.
 
 #[doc(hidden)]
 pub mod conformance;

@@ -95,12 +95,14 @@ impl Conns {
         let out = query.fetch_all(&mut conn).await;
         // A statement error leaves the connection ready for the next statement; an I/O
         // or protocol error, or the server ending the session (SQLSTATE classes 08 and
-        // 57, as in a shutdown or `pg_terminate_backend`), does not.
+        // 57, as in a shutdown or `pg_terminate_backend`), does not. Nor does a
+        // read-only refusal (25006): the server is a standby or was demoted, and a new
+        // connection may reach the primary that replaced it.
         let reusable = match &out {
             Ok(_) => true,
-            Err(sqlx::Error::Database(e)) => !e
-                .code()
-                .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),
+            Err(sqlx::Error::Database(e)) => !e.code().is_some_and(|c| {
+                c.starts_with("08") || c.starts_with("57") || c == READ_ONLY_TRANSACTION
+            }),
             Err(_) => false,
         };
         if reusable {
@@ -364,20 +366,29 @@ async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
         };
         match done {
             Ok(rows) => answer(now, &rows),
-            // The server refused the statement, so none of it took effect: each is
-            // issued alone, and a refusal is its own caller's.
-            Err(sqlx::Error::Database(e)) => {
+            Err(e) if refused(&e) => {
                 tracing::debug!(error = %e, "group commit refused; issuing each alone");
                 alone(&group, now).await;
             }
-            // The batch may or may not have committed: each caller gets the error, as
-            // from its own statement.
-            Err(e) => {
-                for w in now {
-                    let _ = w.reply.send(Err(copy_error(&e)));
-                }
-            }
+            Err(e) => fail_all(now, &e),
         }
+    }
+}
+
+/// Whether the server refused a batch's statement on a connection that is still up: then
+/// none of it took effect, and each call is issued alone, so that a refusal is its own
+/// caller's. A connection-level failure (I/O, or SQLSTATE classes 08 and 57P: the
+/// server went away, is going, or ended the session) is not a refusal: the server may
+/// be down, and issuing each call again would meet it once per caller.
+fn refused(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if !db.code().is_some_and(|c| unreachable_code(&c)))
+}
+
+/// Answers every caller of a failed batch with the same error, classified as its own
+/// statement's would be (a connection-level failure stays unreachable and retryable).
+fn fail_all(batch: Vec<Waiting>, e: &sqlx::Error) {
+    for w in batch {
+        let _ = w.reply.send(Err(copy_error(e)));
     }
 }
 
@@ -416,9 +427,7 @@ fn answer(batch: Vec<Waiting>, rows: &[PgRow]) {
                 }
             }
             Err(e) => {
-                for w in batch {
-                    let _ = w.reply.send(Err(copy_error(&e)));
-                }
+                fail_all(batch, &e);
                 return;
             }
         }
@@ -496,14 +505,82 @@ fn bind_batch<'q>(
 }
 
 /// The same error for each caller of a failed batch (`sqlx::Error` is not `Clone`),
-/// keeping the kind that decides whether it is retryable.
+/// keeping what decides whether it is retryable and unreachable: the kind, and a
+/// database error's SQLSTATE.
 fn copy_error(e: &sqlx::Error) -> sqlx::Error {
     match e {
         sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+        sqlx::Error::Tls(tls) => sqlx::Error::Tls(tls.to_string().into()),
+        sqlx::Error::Database(db) => sqlx::Error::Database(Box::new(CopiedDbError::of(&**db))),
         sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
         sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
         sqlx::Error::WorkerCrashed => sqlx::Error::WorkerCrashed,
         other => sqlx::Error::Protocol(other.to_string()),
+    }
+}
+
+/// A database error as another caller of the same batch sees it: its message, SQLSTATE
+/// and kind.
+#[derive(Debug)]
+struct CopiedDbError {
+    message: String,
+    code: Option<String>,
+    kind: sqlx::error::ErrorKind,
+}
+
+impl CopiedDbError {
+    fn of(e: &dyn sqlx::error::DatabaseError) -> CopiedDbError {
+        CopiedDbError {
+            message: e.message().to_owned(),
+            code: e.code().map(|c| c.into_owned()),
+            kind: copy_kind(&e.kind()),
+        }
+    }
+}
+
+/// `ErrorKind` is not `Clone`.
+fn copy_kind(kind: &sqlx::error::ErrorKind) -> sqlx::error::ErrorKind {
+    use sqlx::error::ErrorKind;
+    match kind {
+        ErrorKind::UniqueViolation => ErrorKind::UniqueViolation,
+        ErrorKind::ForeignKeyViolation => ErrorKind::ForeignKeyViolation,
+        ErrorKind::NotNullViolation => ErrorKind::NotNullViolation,
+        ErrorKind::CheckViolation => ErrorKind::CheckViolation,
+        _ => ErrorKind::Other,
+    }
+}
+
+impl std::fmt::Display for CopiedDbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CopiedDbError {}
+
+impl sqlx::error::DatabaseError for CopiedDbError {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.code.as_deref().map(std::borrow::Cow::Borrowed)
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        copy_kind(&self.kind)
     }
 }
 
@@ -602,18 +679,35 @@ async fn prepare(
     SqlStore::prepare(dialect, &table, &opts.key_mode).await
 }
 
+/// `read_only_sql_transaction`: "cannot execute … in a read-only transaction" (a
+/// standby, a primary being demoted in a failover, `default_transaction_read_only`) and
+/// "cannot execute … during recovery".
+const READ_ONLY_TRANSACTION: &str = "25006";
+
 /// SQLSTATEs a retry can clear: serialization failure, deadlock, lock timeout, statement
-/// timeout, server shutting down or starting, too many connections, and the connection
-/// exception class.
+/// timeout, server shutting down or starting, too many connections, the connection
+/// exception class, and a read-only server (a failover in progress: the retry may reach
+/// the new primary).
 fn retryable_code(code: &str) -> bool {
     matches!(
         code,
-        "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "53300"
+        "40001"
+            | "40P01"
+            | "55P03"
+            | "57014"
+            | "57P01"
+            | "57P02"
+            | "57P03"
+            | "53300"
+            | READ_ONLY_TRANSACTION
     ) || code.starts_with("08")
 }
 
 /// SQLSTATEs that mean the server cannot be reached: the connection exception class and
-/// a server shutting down, crashed or starting. Not contention, refusals or conflicts.
+/// a server shutting down, crashed or starting. Not contention, refusals, conflicts, or
+/// a read-only server: that one answered and holds the records (a running call's claim
+/// among them), so `fail_open` running the body unprotected could duplicate a call idem
+/// knows of, where a retry after the failover succeeds.
 fn unreachable_code(code: &str) -> bool {
     code.starts_with("08") || code.starts_with("57P")
 }
@@ -1053,10 +1147,11 @@ mod tests {
         let store = Arc::new(db.store);
         let id = op("tx-1");
         let mut first = store.dialect.pool.begin().await.unwrap();
-        assert!(matches!(
-            store.tx_claim(&mut first, &id, &FP, LEASE).await.unwrap(),
-            TxClaim::Acquired { .. }
-        ));
+        let TxClaim::Acquired { epoch } =
+            store.tx_claim(&mut first, &id, &FP, LEASE).await.unwrap()
+        else {
+            panic!("a fresh key was not acquired");
+        };
         assert!(matches!(
             store.tx_claim(&mut first, &id, &FP, LEASE).await.unwrap(),
             TxClaim::InFlight { .. }
@@ -1074,7 +1169,10 @@ mod tests {
         };
         let done = outcome("\"tx\"");
         assert_eq!(
-            store.tx_record(&mut first, &id, &done, DAY).await.unwrap(),
+            store
+                .tx_record(&mut first, &id, epoch, &done, DAY)
+                .await
+                .unwrap(),
             Fence::Held
         );
         first.commit().await.unwrap();
@@ -1118,10 +1216,15 @@ mod tests {
         // Under REPEATABLE READ the conflict is a retryable serialization failure.
         let serial = op("tx-3");
         let mut first = store.dialect.pool.begin().await.unwrap();
-        store
+        let TxClaim::Acquired {
+            epoch: serial_epoch,
+        } = store
             .tx_claim(&mut first, &serial, &FP, LEASE)
             .await
-            .unwrap();
+            .unwrap()
+        else {
+            panic!("a fresh key was not acquired");
+        };
         let second = {
             let (store, serial) = (store.clone(), serial.clone());
             tokio::spawn(async move {
@@ -1138,7 +1241,7 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         store
-            .tx_record(&mut first, &serial, &done, DAY)
+            .tx_record(&mut first, &serial, serial_epoch, &done, DAY)
             .await
             .unwrap();
         first.commit().await.unwrap();
@@ -1154,11 +1257,134 @@ mod tests {
 
     #[test]
     fn transient_sqlstates_are_retryable() {
-        for code in ["40001", "40P01", "55P03", "08006", "57P01"] {
+        for code in [
+            "40001", "40P01", "55P03", "08006", "57P01", "53300", "25006",
+        ] {
             assert!(retryable_code(code), "{code}");
         }
         for code in ["23505", "42P01", "42601", "22P02"] {
             assert!(!retryable_code(code), "{code}");
         }
+        // Answered, if with a refusal: `fail_open` must not run the body on these.
+        for code in ["25006", "53300", "40001", "55P03"] {
+            assert!(!unreachable_code(code), "{code}");
+        }
+    }
+
+    /// A database error as the one raised on a batch's connection.
+    fn db_error(code: &str) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(CopiedDbError {
+            message: format!("error {code}"),
+            code: Some(code.to_owned()),
+            kind: sqlx::error::ErrorKind::Other,
+        }))
+    }
+
+    /// A batch of fresh claims of `n` keys, and where each caller's answer arrives.
+    #[allow(clippy::type_complexity)]
+    fn fresh_batch(
+        n: usize,
+    ) -> (
+        Vec<Waiting>,
+        Vec<tokio::sync::oneshot::Receiver<Result<Vec<Row>, sqlx::Error>>>,
+    ) {
+        (0..n)
+            .map(|i| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let op = Gathered::Fresh {
+                    id: op(&format!("batch-{i}")),
+                    fp: FP,
+                    lease_ms: 60_000,
+                };
+                (Waiting { op, reply }, answer)
+            })
+            .unzip()
+    }
+
+    /// Each caller's error from a failed batch, as the store maps it.
+    async fn failed(
+        answers: Vec<tokio::sync::oneshot::Receiver<Result<Vec<Row>, sqlx::Error>>>,
+    ) -> Vec<(Option<String>, StoreError)> {
+        let mut out = Vec::new();
+        for answer in answers {
+            let e = answer
+                .await
+                .expect("every caller is answered")
+                .expect_err("a caller of the failed batch got rows");
+            let code = match &e {
+                sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+                _ => None,
+            };
+            out.push((code, map_err(e)));
+        }
+        out
+    }
+
+    /// A connection-level failure of a batch (SQLSTATE classes 08 and 57P) is every
+    /// caller's, unreachable and retryable as from its own statement; a refusal on a
+    /// live connection is issued again call by call.
+    #[tokio::test]
+    async fn a_lost_connection_reaches_every_caller_of_a_batch_as_unreachable() {
+        for code in ["57P01", "57P02", "57P03", "08006", "08003"] {
+            let e = db_error(code);
+            assert!(!refused(&e), "{code} was taken for a refusal");
+            let (batch, answers) = fresh_batch(3);
+            fail_all(batch, &e);
+            for (got, e) in failed(answers).await {
+                assert_eq!(got.as_deref(), Some(code));
+                assert!(e.retryable && e.unreachable, "{code}: {e:?}");
+                assert_eq!(
+                    e.to_string(),
+                    format!("error returned from database: error {code}")
+                );
+            }
+        }
+        for code in ["23505", "42P01", "25006", "53300"] {
+            assert!(refused(&db_error(code)), "{code}");
+        }
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(!refused(&io));
+        let (batch, answers) = fresh_batch(2);
+        fail_all(batch, &io);
+        for (_, e) in failed(answers).await {
+            assert!(e.retryable && e.unreachable, "{e:?}");
+        }
+    }
+
+    /// The same through a real batch: its statement ends its own session
+    /// (`pg_terminate_backend`, SQLSTATE 57P01), and every caller gets that error, not
+    /// a statement of its own on a new connection.
+    #[tokio::test]
+    async fn a_batch_whose_session_ends_fails_each_caller_as_unreachable() {
+        let Some(db) = TestDb::new("batchlost").await else {
+            return;
+        };
+        let table = TableName::parse(&db.table, true).unwrap();
+        let r = |name: &str| Stmt::render::<Pg>(Pg::sql(name), &table);
+        let pool = db.store.dialect.pool.clone();
+        let group = Arc::new(PgGroup {
+            owned: Some(Arc::new(Conns::new((*pool.connect_options()).clone(), 2))),
+            pool,
+            claim_fresh: r("claim_fresh"),
+            claim: r("claim"),
+            record: r("record"),
+            claim_fresh_batch: Stmt::render::<Pg>(
+                "SELECT pg_terminate_backend(pg_backend_pid()), \
+                 cardinality(:scopes::text[])::int8 AS ord",
+                &table,
+            ),
+            claim_batch: r("claim_batch"),
+            record_batch: r("record_batch"),
+            claims: [Gather::new(1), Gather::new(1)],
+            fresh: Gather::new(1),
+            records: Gather::new(1),
+        });
+        let (batch, answers) = fresh_batch(3);
+        write_batch(group, batch).await;
+        for (code, e) in failed(answers).await {
+            assert_eq!(code.as_deref(), Some("57P01"), "{e}");
+            assert!(e.retryable && e.unreachable, "{e:?}");
+        }
+        db.cleanup().await;
     }
 }

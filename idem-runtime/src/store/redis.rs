@@ -19,6 +19,13 @@
 //!   finds early, and Redis drops the rest by itself, so nothing needs to run a purge.
 //! - `<prefix>:e:{<tag>}`, the operation's epoch counter (`INCR`).
 //!
+//! Beside them, `<prefix>:m:{key-mode}` records how the prefix stores keys and scopes
+//! (as given, or keyed-hashed under [`hash_keys`](crate::IdemBuilder::hash_keys) with
+//! a check value of the secret). [`IdemBuilder::redis`](crate::IdemBuilder::redis)
+//! writes it at the first open (`SET … NX`) and refuses an open in another mode, as the
+//! SQL stores do with their table: the other mode would give every operation another
+//! identity and run its body again. Its own hash tag keeps it one key on one slot.
+//!
 //! # Why epochs never repeat
 //!
 //! A claim takes its epoch from the operation's counter, never from the record, and the
@@ -197,6 +204,11 @@ impl RedisStore {
     /// Connects to a standalone Redis or Valkey server (`redis://…`, `rediss://…` with
     /// TLS support compiled into the `redis` crate), keeping records under `prefix`.
     /// The connection reconnects by itself after a drop.
+    ///
+    /// A store connected here and passed to [`IdemBuilder::store`](crate::IdemBuilder::store)
+    /// is used as it is: the prefix's key mode is neither recorded nor checked against
+    /// the builder's [`hash_keys`](crate::IdemBuilder::hash_keys). Open with
+    /// [`IdemBuilder::redis`](crate::IdemBuilder::redis) to have it checked.
     pub async fn connect(url: &str, prefix: &str) -> Result<RedisStore, IdemError> {
         check_prefix(prefix)?;
         let client =
@@ -222,7 +234,9 @@ impl RedisStore {
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port`),
-    /// keeping records under `prefix`.
+    /// keeping records under `prefix`. As with [`connect`](Self::connect), the key mode
+    /// is checked only when opened through
+    /// [`IdemBuilder::redis_cluster`](crate::IdemBuilder::redis_cluster).
     pub async fn connect_cluster(nodes: &[&str], prefix: &str) -> Result<RedisStore, IdemError> {
         use ::redis::IntoConnectionInfo;
         check_prefix(prefix)?;
@@ -254,6 +268,43 @@ impl RedisStore {
             listener: Default::default(),
             gate: ReplayGate::default(),
         })
+    }
+
+    /// Records `wanted` as the prefix's key mode if it has none yet, and fails with a
+    /// [`IdemError::Config`] naming both modes if it has another.
+    pub(crate) async fn check_key_mode(&self, wanted: &str) -> Result<(), IdemError> {
+        let key = format!("{}:m:{{key-mode}}", self.prefix);
+        let failed = |e: RedisError| IdemError::store("open", store_error(e));
+        let mut set = ::redis::cmd("SET");
+        set.arg(&key).arg(wanted).arg("NX");
+        let mut get = ::redis::cmd("GET");
+        get.arg(&key);
+        // Written once and never changed, so reading it after a refused `SET NX` reads
+        // what the first open wrote.
+        let recorded: Option<String> = match &self.conn {
+            Conn::Single(c) => {
+                let written: Option<String> =
+                    set.query_async(&mut c.clone()).await.map_err(failed)?;
+                match written {
+                    Some(_) => None,
+                    None => get.query_async(&mut c.clone()).await.map_err(failed)?,
+                }
+            }
+            Conn::Cluster { conn, .. } => {
+                let written: Option<String> =
+                    set.query_async(&mut conn.clone()).await.map_err(failed)?;
+                match written {
+                    Some(_) => None,
+                    None => get.query_async(&mut conn.clone()).await.map_err(failed)?,
+                }
+            }
+        };
+        crate::idem::check_key_mode(
+            &format!("the Redis key prefix `{}`", self.prefix),
+            "another prefix (`IdemBuilder::key_prefix`)",
+            recorded.as_deref(),
+            wanted,
+        )
     }
 
     /// The record key and the epoch counter key of `id`.

@@ -65,8 +65,7 @@ pub(crate) const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     ),
 ];
 
-/// The key mode of a table whose keys and scopes are stored as given.
-pub(crate) const PLAIN_KEYS: &str = "plain";
+use crate::idem::PLAIN_KEYS;
 
 /// Fails unless the table's recorded key mode is the one this store was opened with:
 /// opening it in the other mode would silently give every operation a new identity.
@@ -75,25 +74,12 @@ pub(crate) fn check_key_mode(
     recorded: Option<String>,
     wanted: &str,
 ) -> Result<(), IdemError> {
-    let describe = |mode: &str| {
-        if mode == PLAIN_KEYS {
-            "as given (no `hash_keys`)".to_owned()
-        } else {
-            format!("keyed-hashed with the secret whose check value is `{mode}`")
-        }
-    };
-    match recorded {
-        Some(found) if found != wanted => Err(IdemError::Config {
-            message: format!(
-                "the idem table `{table}` stores keys and scopes {}, but this store was opened \
-                 with keys {}; open it with the same `hash_keys` setting and secret, or use \
-                 another table",
-                describe(&found),
-                describe(wanted)
-            ),
-        }),
-        _ => Ok(()),
-    }
+    crate::idem::check_key_mode(
+        &format!("the idem table `{table}`"),
+        "another table",
+        recorded.as_deref(),
+        wanted,
+    )
 }
 
 /// The table name the shipped DDL uses.
@@ -725,21 +711,111 @@ where
     Err(IdemError::store("connecting", err))
 }
 
-/// `user:password@` in a database URL replaced by `user:***@`, for error messages.
+/// A database URL as messages show it: the password, and the value of every query
+/// parameter that may hold a secret, replaced by `***`.
+///
+/// Read as the driver reads it where it parses. A password with an unencoded `/`, `?`
+/// or `#` makes the parser end the user info early (or fail), so where the URL does not
+/// parse, or leaves an `@` outside the user info, everything from `://` to the last `@`
+/// is taken for the user info: a message may then show less than it could, never a
+/// password.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let shown = redact_parsed(url).unwrap_or_else(|| redact_user_info(url));
+    redact_query(&shown)
+}
+
+/// The URL with its password redacted, or `None` when it does not parse, or parses with
+/// an `@` outside the user info.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn redact_parsed(raw: &str) -> Option<String> {
+    let mut url = url::Url::parse(raw).ok()?;
+    let stray_at = [Some(url.path()), url.query(), url.fragment()]
+        .into_iter()
+        .flatten()
+        .any(|part| part.contains('@') || part.to_ascii_lowercase().contains("%40"));
+    if stray_at {
+        return None;
+    }
+    if url.password().is_some_and(|p| !p.is_empty()) {
+        url.set_password(Some("***")).ok()?;
+    }
+    Some(url.into())
+}
+
+/// Everything between `://` and the last `@` redacted, keeping a user name that stands
+/// plainly before the first `:`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn redact_user_info(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return raw.to_owned();
+    };
+    let Some((user_info, host)) = rest.rsplit_once('@') else {
+        return raw.to_owned();
+    };
+    match user_info.split_once(':') {
+        Some((user, _)) if !user.contains(['/', '?', '#', '@']) => {
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => format!("{scheme}://***@{host}"),
+    }
+}
+
+/// Query parameter names that may hold a secret, as parts of the decoded, lowercased
+/// name (`password`, `sslpassword`, `pass`, `pwd`, `secret`, `token`, `api_key`, ...).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const SECRET_PARAMS: [&str; 7] = [
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "key",
+    "auth",
+    "credential",
+];
+
+/// The values of secret-bearing query parameters redacted. A value with an unencoded
+/// `&` reads as more parameters; the pieces after it without a `=` are taken for the
+/// rest of the value.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn redact_query(url: &str) -> String {
+    let Some((head, rest)) = url.split_once('?') else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+    let (query, fragment) = match rest.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (rest, None),
+    };
+    let mut out = format!("{head}?");
+    let mut in_secret = false;
+    for (i, param) in query.split('&').enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        match param.split_once('=') {
+            Some((name, _)) => {
+                let decoded = url::form_urlencoded::parse(name.as_bytes())
+                    .next()
+                    .map_or_else(|| name.to_owned(), |(n, _)| n.into_owned())
+                    .to_ascii_lowercase();
+                in_secret = SECRET_PARAMS.iter().any(|s| decoded.contains(s));
+                out.push_str(name);
+                out.push('=');
+                if in_secret {
+                    out.push_str("***");
+                } else {
+                    out.push_str(&param[name.len() + 1..]);
+                }
+            }
+            None if in_secret => out.push_str("***"),
+            None => out.push_str(param),
+        }
     }
+    if let Some(fragment) = fragment {
+        out.push('#');
+        out.push_str(fragment);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -806,16 +882,57 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[test]
     fn urls_are_redacted() {
-        assert_eq!(
-            redact_url("postgres://u:secret@127.0.0.1:5432/db"),
-            "postgres://u:***@127.0.0.1:5432/db"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("sqlite::memory:"), "sqlite::memory:");
-        assert_eq!(
-            redact_url("postgres://u:p@ss@h/db?x=1"),
-            "postgres://u:***@h/db?x=1"
-        );
+        let cases = [
+            (
+                "postgres://u:secret@127.0.0.1:5432/db",
+                "postgres://u:***@127.0.0.1:5432/db",
+            ),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("sqlite::memory:", "sqlite::memory:"),
+            ("postgres://u:p@ss@h/db?x=1", "postgres://u:***@h/db?x=1"),
+            // Percent-encoded, and in the query under the names drivers read.
+            (
+                "postgres://u:s3cr%2Ft@127.0.0.1:1/db?password=hunter2",
+                "postgres://u:***@127.0.0.1:1/db?password=***",
+            ),
+            (
+                "mysql://u@h/db?ssl-mode=required&Pass%77ord=hunter2&pwd=x&token=y",
+                "mysql://u@h/db?ssl-mode=required&Pass%77ord=***&pwd=***&token=***",
+            ),
+            // A value with an unencoded `&`: its tail is redacted with it.
+            (
+                "postgres://h/db?password=hun&ter2&sslmode=disable",
+                "postgres://h/db?password=***&***&sslmode=disable",
+            ),
+            // Unencoded `/`, `?` and `#` in the password: the URL does not parse, or
+            // parses with the password taken for a port and a path, query or fragment.
+            (
+                "postgres://u:s3cr/t@h:5432/db",
+                "postgres://u:***@h:5432/db",
+            ),
+            ("postgres://u:12/cd@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:pa?ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:12?ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:12#ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u/x:pw@h/db", "postgres://***@h/db"),
+            (
+                "postgres://u:pw@[::1]:5432/db",
+                "postgres://u:***@[::1]:5432/db",
+            ),
+            ("postgres://:pw@h/db", "postgres://:***@h/db"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+        for secret in [
+            "hunter2", "s3cr", "12/cd", "12?ss", "pa?ss", "12#ss", "ter2", "x:pw",
+        ] {
+            for (url, _) in cases {
+                if url.contains(secret) {
+                    assert!(!redact_url(url).contains(secret), "{url}");
+                }
+            }
+        }
     }
 
     fn row(mine: bool, state: i64, same: bool) -> ClaimRow {

@@ -525,18 +525,39 @@ mod tests {
     async fn transactional(store: SqliteStore) {
         let id = op("tx-1");
         let mut tx = store.dialect.pool.begin().await.unwrap();
-        assert!(matches!(
-            store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap(),
-            TxClaim::Acquired { .. }
-        ));
+        let TxClaim::Acquired { epoch } = store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap()
+        else {
+            panic!("a fresh key was not acquired");
+        };
         // The same transaction claiming twice sees its own claim.
         assert!(matches!(
             store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap(),
             TxClaim::InFlight { .. }
         ));
         let done = outcome("\"tx\"");
+        // The record is fenced by the transaction's epoch: a row claimed at another epoch
+        // (as after the server rolled this transaction back and another caller claimed)
+        // is not completed by it.
+        sqlx::query("UPDATE idem_operations SET epoch = epoch + 1000")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
         assert_eq!(
-            store.tx_record(&mut tx, &id, &done, DAY).await.unwrap(),
+            store
+                .tx_record(&mut tx, &id, epoch, &done, DAY)
+                .await
+                .unwrap(),
+            Fence::Lost
+        );
+        sqlx::query("UPDATE idem_operations SET epoch = epoch - 1000")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .tx_record(&mut tx, &id, epoch, &done, DAY)
+                .await
+                .unwrap(),
             Fence::Held
         );
         tx.commit().await.unwrap();

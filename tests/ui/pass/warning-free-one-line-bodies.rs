@@ -22,7 +22,7 @@ async fn all_skipped(idem: &Idem, #[idem(skip)] id: u64) -> Result<u64, IdemErro
 async fn unit(idem: &Idem, id: u64) -> Result<(), IdemError> { Ok(()) }
 
 #[idempotent(store = idem, key = id, retain = "1h")]
-async fn question_mark(idem: &Idem, id: &str) -> Result<u64, IdemError> { Ok(parse(id)?) }
+async fn question_mark(idem: &Idem, id: &str) -> Result<u64, IdemError> { Ok(parse(id)? + 1) }
 
 fn parse(id: &str) -> Result<u64, IdemError> { id.parse().map_err(|_| IdemError::NoStore) }
 

@@ -1,0 +1,149 @@
+//! A TCP proxy between idem and a store, for network faults: latency, a black hole
+//! (every byte held, nothing closed), a reset of the next reply, or the next reply
+//! dropped with its connection held open. Listens on 127.0.0.1 only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does to the traffic it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Bytes pass as they come.
+    Pass,
+    /// Each chunk waits this long, both ways.
+    Delay(Duration),
+    /// Every byte is held until the mode changes; no connection is closed.
+    BlackHole,
+    /// The next reply from the server resets its connection (the request was served).
+    ResetNextReply,
+    /// The next reply from the server is dropped and its connection held open, silent,
+    /// for good (the request was served); the proxy then passes traffic again.
+    DropNextReply,
+}
+
+/// A running proxy; stops when dropped.
+pub struct Proxy {
+    pub port: u16,
+    mode: Arc<watch::Sender<Mode>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Proxy {
+    /// Proxies 127.0.0.1:`self.port` to `upstream` (a `host:port` on 127.0.0.1).
+    pub async fn start(upstream: &str) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, _) = watch::channel(Mode::Pass);
+        let mode = Arc::new(tx);
+        let upstream = upstream.to_owned();
+        let task = {
+            let mode = mode.clone();
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(server) = TcpStream::connect(&upstream).await else {
+                        continue;
+                    };
+                    tokio::spawn(carry(client, server, mode.clone()));
+                }
+            })
+        };
+        Proxy { port, mode, task }
+    }
+
+    /// Changes what the proxy does from now on.
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// The mode now (a one-shot mode returns to `Pass` once it has acted).
+    pub fn mode(&self) -> Mode {
+        *self.mode.borrow()
+    }
+}
+
+/// Carries one connection both ways under the proxy's mode.
+async fn carry(client: TcpStream, server: TcpStream, mode: Arc<watch::Sender<Mode>>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let up = {
+        let mut watch = mode.subscribe();
+        async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match client_rx.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if !pass(&mut watch).await || server_tx.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let down = {
+        let mut watch = mode.subscribe();
+        async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match server_rx.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let now = *watch.borrow_and_update();
+                match now {
+                    Mode::ResetNextReply => {
+                        mode.send_replace(Mode::Pass);
+                        // Closed with zero linger and no FIN first: the client sees a reset.
+                        let _ = client_tx.as_ref().set_zero_linger();
+                        client_tx.forget();
+                        return;
+                    }
+                    Mode::DropNextReply => {
+                        mode.send_replace(Mode::Pass);
+                        // Nothing more reaches the client; its socket stays open.
+                        std::future::pending::<()>().await;
+                    }
+                    _ => {}
+                }
+                if !pass(&mut watch).await || client_tx.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+/// Waits while the mode holds traffic; `false` once the proxy is gone.
+async fn pass(mode: &mut watch::Receiver<Mode>) -> bool {
+    loop {
+        let now = *mode.borrow_and_update();
+        match now {
+            Mode::Pass | Mode::ResetNextReply | Mode::DropNextReply => return true,
+            Mode::Delay(d) => {
+                tokio::time::sleep(d).await;
+                return true;
+            }
+            Mode::BlackHole => {
+                if mode.changed().await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
