@@ -175,6 +175,7 @@ net_suite!(
     ),
     (a_finisher_cut_off_past_its_lease_is_fenced, super::plain),
     (latency_keeps_one_execution_per_key, super::patient),
+    (a_silenced_connection_is_not_reused, super::plain),
 );
 
 fn op(idem: &Idem, key: &str) -> idem_runtime::Operation {
@@ -345,5 +346,29 @@ fn urls_are_routed_through_the_proxy() {
             "127.0.0.1:6379".to_owned(),
             "redis://127.0.0.1:9".to_owned()
         )
+    );
+}
+
+async fn a_silenced_connection_is_not_reused(t: &Through) {
+    let proxy = &t.proxy;
+    let _ = op(&t.idem, "k")
+        .run(|| async {
+            proxy.set(Mode::DropNextReply);
+            Ok::<_, IdemError>(7)
+        })
+        .await;
+    assert_eq!(proxy.mode(), Mode::Pass, "no reply was dropped");
+    // The connection that lost a reply is silent for good; the next calls must not keep
+    // using it. A call may meet it once (and time out), never every time.
+    let mut answers = Vec::new();
+    for i in 0..3 {
+        let r = op(&t.idem, &format!("next-{i}"))
+            .run(|| async { Ok::<_, IdemError>(i) })
+            .await;
+        answers.push(r.is_ok());
+    }
+    assert!(
+        answers.iter().any(|ok| *ok),
+        "every call met the silent connection: {answers:?}"
     );
 }

@@ -219,8 +219,8 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
                 quote!(__idem_op.begin_tx),
                 respan(quote!(&mut *#tx), tx_at),
             );
-            // Both halves on one span, which the bounds they share (`C: TxConnection`
-            // above all) are then reported at once.
+            // Both halves on one span, so a bound they share (`C: TxConnection` above
+            // all) is reported once.
             let finish = awaited_call(
                 tx_at,
                 quote!(__idem_guard.finish),
@@ -279,8 +279,8 @@ fn awaited_call(at: Span, method: TokenStream, args: TokenStream) -> TokenStream
     quote_spanned!(at=> #method #args .await)
 }
 
-/// `tokens` with every top-level token spanned on `at` (generated names and punctuation,
-/// no user tokens).
+/// `tokens` with every top-level token spanned on `at`: generated names and punctuation,
+/// and at most the user's `tx` name, which resolves alike on any span of the user's.
 fn respan(tokens: TokenStream, at: Span) -> TokenStream {
     tokens
         .into_iter()

@@ -166,12 +166,20 @@ impl IdemBuilder {
         self
     }
 
-    /// Connections that [`IdemBuilder::postgres`] holds for claims and records (default
-    /// 16; size it to the number of concurrent callers), beside a small sqlx pool for
-    /// everything else. Not used with [`IdemBuilder::pool`], whose pool is the
-    /// application's.
+    /// Connections that [`IdemBuilder::postgres`] holds for claims, records and lease
+    /// renewals (default 16; size it to the number of concurrent callers).
     ///
-    /// On MySQL, the size of the pool [`IdemBuilder::mysql`] opens (default 16).
+    /// It does not bound the whole of what idem holds on PostgreSQL: beside these, a
+    /// sqlx pool of up to 4 serves migrations and the operations queries, and 1
+    /// connection listens for wake-ups, so the store holds up to `max + 5` connections
+    /// (21 by default) to the server, shared by every clone of its `Idem`. Give the
+    /// server that many free slots per `Idem` opened; an open that finds none fails at
+    /// once with the server's reason and these numbers.
+    ///
+    /// On MySQL, the size of the one pool [`IdemBuilder::mysql`] opens (default 16),
+    /// which is all it holds. Not used with [`IdemBuilder::pool`], whose pool is the
+    /// application's (on PostgreSQL the listener still adds one connection), nor on
+    /// Redis, whose commands share one multiplexed connection.
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);

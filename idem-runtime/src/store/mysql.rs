@@ -40,6 +40,28 @@
 //! each claim inserts a row, takes `LAST_INSERT_ID()` and deletes the row, so epochs
 //! never repeat for the table, whatever was released, resolved or purged. (Transactional
 //! mode draws one per claim attempt: its statements cannot tell "I inserted" otherwise.)
+//!
+//! # Connections
+//!
+//! Opened by `Idem::mysql` or `IdemBuilder::mysql`, one store (and every clone of its
+//! `Idem`) holds one sqlx pool of up to `max_connections` (default 16) connections,
+//! for everything; there is no listener (waiters poll). That is the whole footprint;
+//! on an application's pool (`Idem::from_pool`) idem holds none of its own, and
+//! transactional mode uses the caller's connection. Opening needs one free slot: a
+//! server with none left refuses the open at once with its reason (error 1040, or 1203
+//! for a user's `max_user_connections`) and the pool's size.
+//!
+//! # A read-only server
+//!
+//! A replica, or a primary being demoted in a failover (`read_only`,
+//! `super_read_only`, `transaction_read_only`), refuses idem's writes with error 1290
+//! ("running with the --read-only option"), 1836 ("running in read-only mode") or
+//! 1792 ("cannot execute statement in a READ ONLY transaction"). Each is a retryable
+//! store error, never an unreachable one: the body does not run, and `fail_open` does
+//! not run it unprotected either (the server answered and holds the records); a record
+//! is retried while its lease holds. Opening on a read-only server fails the same way,
+//! as the open writes its bookkeeping. (`read_only` does not bind users with `SUPER`
+//! or `READ_ONLY ADMIN`, so idem's writes as such a user still succeed there.)
 
 use std::str::FromStr;
 
@@ -308,6 +330,7 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, Ide
             "invalid MySQL URL `{shown}`: {e}; expected `mysql://user:password@host:port/database`"
         ),
     })?;
+    let size = opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
     let server = Server {
         db: "MySQL",
         shown: &shown,
@@ -316,11 +339,16 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, Ide
             None => format!("{}:{}", connect.get_host(), connect.get_port()),
         },
         map_err,
+        is_full: |e| {
+            error_number(e)
+                .is_some_and(|n| matches!(n, ER_CON_COUNT_ERROR | ER_TOO_MANY_USER_CONNECTIONS))
+        },
+        footprint: format!("idem holds a pool of up to {size} connections to this server"),
     };
     let first = first_connection(&server, &connect).await?;
     let _ = sqlx::Connection::close(first).await;
     let pool = MySqlPoolOptions::new()
-        .max_connections(opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
+        .max_connections(size)
         .connect_lazy_with(connect);
     prepare(pool, table, opts).await
 }
@@ -365,6 +393,18 @@ async fn prepare(
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+/// "Too many connections": the server's `max_connections`.
+const ER_CON_COUNT_ERROR: u16 = 1040;
+/// A user's `max_user_connections`.
+const ER_TOO_MANY_USER_CONNECTIONS: u16 = 1203;
+/// "The server is running with the --<option> option so it cannot execute this
+/// statement": a read-only server when the option is `--read-only` or
+/// `--super-read-only`.
+const ER_OPTION_PREVENTS_STATEMENT: u16 = 1290;
+/// "Cannot execute statement in a READ ONLY transaction".
+const ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: u16 = 1792;
+/// "Running in read-only mode".
+const ER_READ_ONLY_MODE: u16 = 1836;
 
 /// The server's error number, for a database error.
 fn error_number(e: &sqlx::Error) -> Option<u16> {
@@ -377,24 +417,56 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
 }
 
 /// Error numbers a retry can clear: lock-wait timeout, deadlock, too many connections,
-/// and the server going away.
+/// a read-only server (a failover in progress: the retry may reach the new primary;
+/// 1290 only for its read-only options, see [`read_only`]), and the server going away.
 fn retryable_number(n: u16) -> bool {
-    matches!(n, ER_LOCK_WAIT_TIMEOUT | ER_LOCK_DEADLOCK | 1040) || unreachable_number(n)
+    matches!(
+        n,
+        ER_LOCK_WAIT_TIMEOUT
+            | ER_LOCK_DEADLOCK
+            | ER_CON_COUNT_ERROR
+            | ER_TOO_MANY_USER_CONNECTIONS
+            | ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+            | ER_READ_ONLY_MODE
+    ) || unreachable_number(n)
+}
+
+/// Whether a database error says the server is read-only. Error 1290 names the option
+/// that prevents the statement; only `--read-only` and `--super-read-only` are that.
+fn read_only(number: u16, message: &str) -> bool {
+    match number {
+        ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION | ER_READ_ONLY_MODE => true,
+        ER_OPTION_PREVENTS_STATEMENT => {
+            message.contains("read-only") || message.contains("read_only")
+        }
+        _ => false,
+    }
 }
 
 /// Error numbers that mean the server cannot be reached: shutting down (1053), the
 /// connection killed (1927), network read and write failures (1158-1161), and the
 /// client's "can't connect", "server has gone away" and "lost connection" (2002, 2003,
-/// 2006, 2013). Not contention, refusals or constraints.
+/// 2006, 2013). Not contention, refusals, constraints, or a read-only server: that one
+/// answered and holds the records, so `fail_open` running the body unprotected could
+/// duplicate a call idem knows of.
 fn unreachable_number(n: u16) -> bool {
     matches!(n, 1053 | 1927 | 1158..=1161 | 2002 | 2003 | 2006 | 2013)
+}
+
+/// A database error's message; empty for other errors.
+fn database_message(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => db.message().to_owned(),
+        _ => String::new(),
+    }
 }
 
 /// Maps a driver error to a [`StoreError`], retryable when a retry can clear it.
 pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
     match error_number(&e) {
         Some(n) => {
-            let mut err = StoreError::new(retryable_number(n), e);
+            let retryable = retryable_number(n) || read_only(n, &database_message(&e));
+            let mut err = StoreError::new(retryable, e);
             err.unreachable = unreachable_number(n);
             err
         }
@@ -420,6 +492,26 @@ mod tests {
         // A duplicate key, data too long, a syntax error, a missing table: fail closed.
         for n in [1062, 1406, 1064, 1146] {
             assert!(!retryable_number(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_read_only_server_is_retryable_but_answered() {
+        let mariadb = "The MariaDB server is running with the --read-only option so it cannot \
+                       execute this statement";
+        let mysql = "The MySQL server is running with the --super-read-only option so it \
+                     cannot execute this statement";
+        assert!(read_only(ER_OPTION_PREVENTS_STATEMENT, mariadb));
+        assert!(read_only(ER_OPTION_PREVENTS_STATEMENT, mysql));
+        assert!(read_only(ER_READ_ONLY_MODE, "Running in read-only mode"));
+        assert!(read_only(ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION, ""));
+        // Another option preventing a statement is configuration, not a failover.
+        let other = "The MariaDB server is running with the --secure-file-priv option so it \
+                     cannot execute this statement";
+        assert!(!read_only(ER_OPTION_PREVENTS_STATEMENT, other));
+        assert!(!retryable_number(ER_OPTION_PREVENTS_STATEMENT));
+        for n in [ER_OPTION_PREVENTS_STATEMENT, ER_READ_ONLY_MODE, 1792] {
+            assert!(!unreachable_number(n), "{n}");
         }
     }
 

@@ -7,6 +7,36 @@
 //! `LISTEN`/`NOTIFY`. The claim is one statement that reads its snapshot first, so a
 //! replay neither locks nor writes; under READ COMMITTED it may miss a row committed
 //! after it began and is then issued again (`CLAIM_ATTEMPTS`).
+//!
+//! # Connections
+//!
+//! Opened by `Idem::postgres` or `IdemBuilder::postgres`, one store (and every clone of
+//! its `Idem`) holds at most 21 connections to the server by default:
+//!
+//! - `max_connections` (default 16) for claims, records, releases, lease renewals and
+//!   replay reads, opened on demand, kept while idle, closed after a failure on the
+//!   wire;
+//! - a sqlx pool of up to 4 ([`ADMIN_CONNECTIONS`]) for migrations, the checks on open,
+//!   announcing waiters, and the operations queries (`stats`, `list`, `purge`, ...);
+//! - 1 listening for wake-ups (`LISTEN idem_wake`), held for the store's life.
+//!
+//! `IdemBuilder::max_connections` sets the first number only: the whole is
+//! `max_connections + 5`. On an application's pool (`Idem::from_pool`) idem takes its
+//! connections from that pool, transactional mode uses the caller's own, and the
+//! listener adds one of its own. Opening needs one free slot: a server with none left
+//! refuses the open at once with its reason (SQLSTATE 53300) and these numbers.
+//!
+//! # A read-only server
+//!
+//! A hot standby, a primary being demoted in a failover, or
+//! `default_transaction_read_only` refuses idem's writes with SQLSTATE 25006 ("cannot
+//! execute … in a read-only transaction", "… during recovery"). That is a retryable
+//! store error, never an unreachable one: the body does not run, and `fail_open` does
+//! not run it unprotected either (the server answered and holds the records, a running
+//! call's claim among them); a record is retried while its lease holds; and the
+//! connection is closed, so the next one may reach the primary that replaced it.
+//! Opening on a read-only server fails the same way, as the open writes its
+//! bookkeeping.
 
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -40,8 +70,22 @@ const WAKE_CHANNEL: &str = "idem_wake";
 /// otherwise.
 const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 
-/// Connections of the sqlx pool beside idem's own, for everything but claims and records.
+/// Connections of the sqlx pool beside idem's own, for what is not on the hot path.
 const ADMIN_CONNECTIONS: u32 = 4;
+
+/// SQLSTATE `too_many_connections`: no slot left on the server, for the database or
+/// for the role.
+const TOO_MANY_CONNECTIONS: &str = "53300";
+
+/// The connections [`open`] holds at most, with `hot` for claims and records, in words.
+fn footprint(hot: u32) -> String {
+    format!(
+        "idem holds up to {} connections to this server ({hot} for claims and records, set \
+         by `max_connections`; {ADMIN_CONNECTIONS} for migrations and operations queries; 1 \
+         listening for wake-ups)",
+        hot + ADMIN_CONNECTIONS + 1
+    )
+}
 
 /// A connection idle for longer than this is pinged before use. Short enough that a
 /// server restart is caught before a statement fails on a dead connection (restarts
@@ -594,6 +638,10 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
             "invalid PostgreSQL URL `{shown}`: {e}; expected `postgres://user:password@host:port/database`"
         ),
     })?;
+    let hot = opts
+        .max_connections
+        .unwrap_or(DEFAULT_MAX_CONNECTIONS)
+        .max(1);
     let server = Server {
         db: "PostgreSQL",
         shown: &shown,
@@ -602,6 +650,8 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
             None => format!("{}:{}", connect.get_host(), connect.get_port()),
         },
         map_err,
+        is_full: |e| matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(TOO_MANY_CONNECTIONS)),
+        footprint: footprint(hot),
     };
     let first = first_connection(&server, &connect).await?;
     let _ = sqlx::Connection::close(first).await;
@@ -621,10 +671,7 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
             })
         })
         .connect_lazy_with(connect);
-    let owned = Arc::new(Conns::new(
-        (*pool.connect_options()).clone(),
-        opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
-    ));
+    let owned = Arc::new(Conns::new((*pool.connect_options()).clone(), hot));
     prepare(pool, Some(owned), table, opts).await
 }
 
@@ -698,7 +745,7 @@ fn retryable_code(code: &str) -> bool {
             | "57P01"
             | "57P02"
             | "57P03"
-            | "53300"
+            | TOO_MANY_CONNECTIONS
             | READ_ONLY_TRANSACTION
     ) || code.starts_with("08")
 }

@@ -74,6 +74,24 @@
 //! `appendfsync everysec`, up to a second of records can be lost; with `appendfsync
 //! always` a recorded outcome survives a crash as it does in PostgreSQL. A replica
 //! promoted after a failover may miss the last writes (replication is asynchronous).
+//!
+//! # Connections
+//!
+//! One store (and every clone of its `Idem`) holds, on a standalone server, 2
+//! connections: one multiplexed connection for every command (it reconnects by itself
+//! after a drop) and one subscribed to the wake-up channel. On a cluster it holds one
+//! multiplexed connection per node, the subscription to the first node, and, while
+//! [`Store::stats`], [`Store::list`] or [`Store::purge_expired`] runs, one more per
+//! master. The builder's `max_connections` does not apply: commands share their
+//! connection rather than wait for one.
+//!
+//! # A read-only server
+//!
+//! A replica refuses the scripts' writes with `READONLY` (a URL naming a replica, or a
+//! primary demoted in a failover until the client follows the new one). That is a
+//! retryable store error, never an unreachable one: the body does not run, and
+//! `fail_open` does not run it unprotected either (the server answered and holds the
+//! records); a record is retried while its lease holds.
 
 use std::time::Duration;
 
@@ -135,14 +153,97 @@ impl Scripts {
 }
 
 /// A connection to a standalone server (reconnecting) or to a cluster.
-#[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
+    Single(Healing),
     Cluster {
         conn: ClusterConnection,
         /// The first node's connection settings, for the per-node connections of `SCAN`.
         info: Box<::redis::ConnectionInfo>,
     },
+}
+
+/// A standalone server's connection, replaced when it may have gone silent.
+///
+/// The connection manager reconnects after a connection error, but a half-open
+/// connection (a partition, a reply lost on the way with the socket left open) raises
+/// none: every later command would wait on it. A command whose caller gave up on it
+/// after [`SUSPECT_AFTER`] (or that timed out) marks the connection suspect, and the next
+/// command opens a fresh one first.
+struct Healing {
+    current: std::sync::RwLock<ConnectionManager>,
+    client: ::redis::Client,
+    config: ConnectionManagerConfig,
+    suspect: std::sync::atomic::AtomicBool,
+}
+
+/// A command pending this long when its caller gives up is not a slow reply: Redis
+/// answers in microseconds.
+const SUSPECT_AFTER: Duration = Duration::from_millis(500);
+
+impl Healing {
+    /// The connection for the next command: a fresh one if the last was suspect.
+    async fn get(&self) -> Result<ConnectionManager, RedisError> {
+        if self
+            .suspect
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            tracing::warn!("replacing a Redis connection that stopped answering");
+            let fresh =
+                ConnectionManager::new_with_config(self.client.clone(), self.config.clone()).await;
+            match fresh {
+                Ok(fresh) => *self.current.write().unwrap_or_else(|p| p.into_inner()) = fresh,
+                Err(e) => {
+                    self.suspect
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone())
+    }
+
+    /// Runs `command` on the connection, marking it suspect if the command times out
+    /// or its caller gives up on it after [`SUSPECT_AFTER`].
+    async fn run<T>(
+        &self,
+        command: impl AsyncFnOnce(&mut ConnectionManager) -> Result<T, RedisError>,
+    ) -> Result<T, RedisError> {
+        let mut conn = self.get().await?;
+        let watch = Watch {
+            healing: self,
+            since: std::time::Instant::now(),
+            done: false,
+        };
+        let out = command(&mut conn).await;
+        let mut watch = watch;
+        watch.done = true;
+        if out.as_ref().is_err_and(|e| e.is_timeout()) {
+            self.suspect
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        out
+    }
+}
+
+/// Marks the connection suspect when dropped unfinished after [`SUSPECT_AFTER`].
+struct Watch<'a> {
+    healing: &'a Healing,
+    since: std::time::Instant,
+    done: bool,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.since.elapsed() >= SUSPECT_AFTER {
+            self.healing
+                .suspect
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
 }
 
 /// The store on Redis or Valkey; see the [module docs](self).
@@ -220,11 +321,17 @@ impl RedisStore {
             .set_max_delay(Duration::from_millis(500))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(Duration::from_secs(5)));
-        let manager = ConnectionManager::new_with_config(client.clone(), config)
+        let manager = ConnectionManager::new_with_config(client.clone(), config.clone())
             .await
             .map_err(|e| IdemError::store("connect", store_error(e)))?;
+        let healing = Healing {
+            current: std::sync::RwLock::new(manager),
+            client: client.clone(),
+            config,
+            suspect: Default::default(),
+        };
         Ok(RedisStore {
-            conn: Conn::Single(manager),
+            conn: Conn::Single(healing),
             prefix: prefix.to_owned(),
             scripts: Scripts::new(),
             pubsub: client,
@@ -283,11 +390,16 @@ impl RedisStore {
         // what the first open wrote.
         let recorded: Option<String> = match &self.conn {
             Conn::Single(c) => {
-                let written: Option<String> =
-                    set.query_async(&mut c.clone()).await.map_err(failed)?;
+                let written: Option<String> = c
+                    .run(async |c| set.query_async(c).await)
+                    .await
+                    .map_err(failed)?;
                 match written {
                     Some(_) => None,
-                    None => get.query_async(&mut c.clone()).await.map_err(failed)?,
+                    None => c
+                        .run(async |c| get.query_async(c).await)
+                        .await
+                        .map_err(failed)?,
                 }
             }
             Conn::Cluster { conn, .. } => {
@@ -351,7 +463,7 @@ impl RedisStore {
 
     async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
         match &self.conn {
-            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
+            Conn::Single(c) => c.run(async |c| inv.invoke_async(c).await).await,
             Conn::Cluster { conn, .. } => inv.invoke_async(&mut conn.clone()).await,
         }
         .map_err(store_error)
@@ -376,7 +488,10 @@ impl RedisStore {
     async fn scan(&self) -> Result<Vec<(u64, Row)>, StoreError> {
         let mut rows = Vec::new();
         match &self.conn {
-            Conn::Single(c) => self.scan_node(&mut c.clone(), &mut rows).await?,
+            Conn::Single(c) => {
+                let mut c = c.get().await.map_err(store_error)?;
+                self.scan_node(&mut c, &mut rows).await?
+            }
             Conn::Cluster { conn, info } => {
                 for (host, port) in masters(&mut conn.clone()).await? {
                     let node = (**info)
@@ -555,8 +670,10 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-/// Connection-level failures are unreachable (and retryable); cluster redirections and
-/// a server still loading are retryable; anything else is a refusal.
+/// Connection-level failures are unreachable (and retryable); cluster redirections, a
+/// server still loading, and a replica refusing writes (`READONLY`: a failover in
+/// progress, or a URL naming a replica) are retryable but answered, so `fail_open`
+/// does not run a body on them; anything else is a refusal.
 fn store_error(e: RedisError) -> StoreError {
     use ::redis::{ErrorKind, ServerErrorKind};
     if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_timeout() {
@@ -565,7 +682,11 @@ fn store_error(e: RedisError) -> StoreError {
     let retryable = e.is_cluster_error()
         || matches!(
             e.kind(),
-            ErrorKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::MasterDown)
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
         );
     StoreError::new(retryable, e)
 }
@@ -683,12 +804,10 @@ impl Store for RedisStore {
         let read = ["s", "xa", "e", "fp", "err", "v", "body"];
         let (fields, alive) = match &self.conn {
             Conn::Single(conn) => {
-                let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = ::redis::pipe()
-                    .cmd("HMGET")
-                    .arg(&rec)
-                    .arg(&read)
-                    .cmd("TIME")
-                    .query_async(&mut conn.clone())
+                let mut pipe = ::redis::pipe();
+                pipe.cmd("HMGET").arg(&rec).arg(&read).cmd("TIME");
+                let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = conn
+                    .run(async |c| pipe.query_async(c).await)
                     .await
                     .map_err(store_error)?;
                 let now = secs * 1000 + micros / 1000;

@@ -655,11 +655,17 @@ pub(crate) struct Server<'a> {
     pub(crate) at: String,
     /// The dialect's error mapping.
     pub(crate) map_err: fn(sqlx::Error) -> StoreError,
+    /// Whether an error says the server has no connection slot left (PostgreSQL's
+    /// SQLSTATE 53300, MySQL's 1040).
+    pub(crate) is_full: fn(&sqlx::Error) -> bool,
+    /// The connections idem holds to the server, at most, for messages.
+    pub(crate) footprint: String,
 }
 
 /// Opens one connection to the server, once, and says why it failed. A sqlx pool
-/// retries a refused connection until its acquire timeout and then reports only that
-/// it timed out; opening with one connection first reports the cause at once.
+/// retries a refused connection, and a server with no connection slot left, until its
+/// acquire timeout and then reports only that it timed out; opening with one
+/// connection first reports the cause at once, with the connections idem would hold.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn first_connection<O: sqlx::ConnectOptions>(
     server: &Server<'_>,
@@ -673,6 +679,8 @@ where
         shown,
         at,
         map_err,
+        is_full,
+        footprint,
     } = server;
     let (cause, retryable, unreachable) =
         match tokio::time::timeout(FIRST_CONNECTION_TIMEOUT, options.connect()).await {
@@ -685,6 +693,16 @@ where
                 true,
                 true,
             ),
+            Ok(Err(e)) if is_full(&e) => {
+                let e = map_err(e);
+                let cause = format!(
+                    "the server has no connection slot left (too many connections: {}); \
+                     {footprint}: free slots on the server (raise its `max_connections`, or \
+                     close idle sessions), or lower idem's with `IdemBuilder::max_connections`",
+                    e.source
+                );
+                (cause, e.retryable, e.unreachable)
+            }
             Ok(Err(e)) => {
                 let e = map_err(e);
                 let cause = format!(

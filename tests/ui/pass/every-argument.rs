@@ -1,4 +1,5 @@
-//! Every argument at once (`errors` and `tx` aside: they exclude `classify` and `lease`).
+//! Every argument at once (`errors` and `tx` aside: they exclude `classify`, and
+//! `in_flight`, `on_takeover` and `fail_open`).
 #![deny(warnings)]
 #![allow(dead_code)]
 
