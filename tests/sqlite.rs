@@ -105,7 +105,7 @@ async fn claims_cancelled_while_queued_are_not_left_behind() {
     let idem = Idem::sqlite(&url).await.unwrap();
     // Another process holds the write lock.
     let holder = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let mut lock = holder.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let lock = holder.begin_with("BEGIN IMMEDIATE").await.unwrap();
     let call = |idem: Idem, n: u32| async move {
         idem.operation("ship", "order-1")
             .retain(Duration::from_secs(86_400))

@@ -110,6 +110,21 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
         (TokenStream::new(), lit.into_token_stream())
     };
 
+    // A key the client chose (an `IdempotencyKey`) needs the principal in `scope`: the
+    // check is a closure that is type-checked and never called, so the key is not
+    // evaluated twice.
+    let site = match &plan.scope {
+        Some(_) => site,
+        None => {
+            let check = quote_spanned! {plan.key.span()=>
+                #[allow(unused_imports)]
+                use #private::{AnyKeyCheck as _, ClientChosenCheck as _};
+                let _ = || (&#private::KeyCheck(#key)).check_unscoped_key();
+            };
+            quote!(#site #check)
+        }
+    };
+
     let mut op = match &plan.store {
         Some(store) => {
             let store = by_ref(store);

@@ -770,6 +770,12 @@ use proc_macro::TokenStream;
 ///   event's timestamp is a stable value), a function `clock_id()` or `Uuid::new_v5(..)`
 ///   passes;
 /// - a `key` that refers to no parameter (every call would share one key);
+/// - a `key` of a type the client chooses (`http::IdempotencyKey`, `mcp::IdempotencyKey`,
+///   or a field of that type such as `args.idempotency_key`) on an operation without
+///   `scope`: another principal sending the same key would get this one's outcome. Put
+///   the caller's principal in `scope`; where every caller is one principal on purpose,
+///   say so with `scope = "global"`. The check is by type, so it sees through field
+///   accesses and references;
 /// - `retain`, `lease` or `wait` strings that do not parse, zero durations, a missing
 ///   `key` or `retain`, unknown or duplicate arguments, `errors` with `classify`, `tx`
 ///   with `in_flight`, `on_takeover` or `fail_open`, a `tx` naming no

@@ -29,27 +29,78 @@
 //! ```
 //!
 //! Everything the attribute does is available without it, through
-//! [`Idem::operation`]; the attribute's expansion is a short call into that builder.
+//! [`Idem::operation`], for closures, dynamic keys and other macros; the attribute's
+//! expansion is a short call into that builder. A builder call states its retention and
+//! its fingerprint, or [`run`](Operation::run) does not compile:
 //!
-//! Agent tools on the Model Context Protocol (rmcp) are covered by the `mcp` feature:
-//! see the `mcp` module. Redis and Valkey are a store with the `redis` feature: see
-//! `store::redis`.
+//! ```
+//! # use idem_runtime::{Idem, IdemError};
+//! # use std::time::Duration;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), IdemError> {
+//! # let idem = Idem::memory();
+//! # let (tenant, order_id, cents) = ("acme", "order-42", 1999u64);
+//! let receipt = idem
+//!     .operation("charge", order_id)
+//!     .scope(tenant)
+//!     .retain(Duration::from_secs(7 * 86_400))
+//!     .fingerprint(&(tenant, cents))
+//!     .run(|| async { Ok::<_, IdemError>(format!("charged {cents}")) })
+//!     .await?;
+//! # assert_eq!(receipt, "charged 1999");
+//! # Ok(()) }
+//! ```
 //!
-//! # Guarantees
+//! # Features
+//!
+//! | feature | default | adds |
+//! |---|---|---|
+//! | `sqlite` | yes | [`Idem::sqlite`], the embedded store ([`guide::sqlite`]) |
+//! | `postgres` | | [`Idem::postgres`], the production store ([`guide::postgres`]) |
+//! | `mysql` | | [`Idem::mysql`], MySQL and MariaDB ([`guide::mysql`]) |
+//! | `redis` | | [`Idem::redis`], Redis and Valkey, standalone or cluster ([`store::redis`]) |
+//! | `uuid` | | `uuid::Uuid` as a [`KeyPart`] |
+//! | `metrics` | | counters and a histogram through the `metrics` facade ([`metrics`]) |
+//! | `mcp` | | idempotent tools for MCP servers on rmcp ([`mcp`]) |
+//! | `axum` | | the `Idempotency-Key` header for axum services ([`http`]) |
+//!
+//! Any SQL feature adds [`Idem::from_pool`] (the application's own sqlx pool),
+//! [transactional mode](guide::transactions) and the shipped DDL ([`schema`]). With no
+//! feature at all there remain the attribute, the builder, [`Idem::memory`] and the
+//! queue mapping ([`queue`]). The integrations' heavy dependencies sit behind their
+//! features and are never in the default build.
+//!
+//! # Where to read on
+//!
+//! - What idem promises and where each promise ends: [`guide::guarantees`].
+//! - HTTP services: [`http`]. MCP tools: [`mcp`]. Queue consumers: [`queue`].
+//!   Effects in your own database: [`guide::transactions`].
+//! - The stores, their contract and their time bounds: [`store`], and one page per
+//!   store in [`guide`].
+//! - Running it (purge, stuck claims, reconciliation, metrics, the `idem` command):
+//!   [`guide::operations`].
+//! - The attribute's arguments, one section each: [`idempotent`].
+//!
+//! # Guarantees, in short
+//!
 //! - The claim is one atomic statement in the store: of N concurrent callers with one
 //!   key, one runs the body; the others wait for its outcome or are told it is in
 //!   flight.
-//! - A completed outcome is replayed for `retain`; after that the key is free again.
+//! - A completed outcome is replayed for `retain`; the same key with another payload is
+//!   [`IdemError::Mismatch`], never a run and never the old outcome.
 //! - A body that errors (with the default `errors = release`) runs again on retry.
 //! - A body that crashes, panics or is cancelled holds its claim until its lease lapses
-//!   (the lease is renewed while the call's future is alive, so bound a body that may
-//!   await forever with a timeout); then the next caller runs it again at a
-//!   higher epoch, and the late finisher's outcome is refused ([`IdemError::Fenced`]).
-//!   Effects outside the store are therefore *at least once* across crashes: pass
-//!   [`Current::downstream_key`] to the downstream system so it deduplicates, or use
-//!   `on_takeover = unknown`.
+//!   (the lease is renewed while the call's future is alive); then the next caller
+//!   runs it again at a higher epoch, and the late finisher's outcome is refused
+//!   ([`IdemError::Fenced`]). Effects outside the store are therefore *at least once*
+//!   across crashes: pass [`Current::downstream_key`] to the downstream system so it
+//!   deduplicates, or use `on_takeover = unknown`.
 //! - Replays are not authorization: authorize before the call, and put the principal
 //!   in `scope`.
+//!
+//! The full text, with bounds, network faults and the memory store's weaker promise,
+//! is [`guide::guarantees`].
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod builder;
@@ -57,13 +108,16 @@ mod cache;
 mod context;
 mod error;
 mod fingerprint;
+pub mod guide;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod http;
 mod idem;
 mod key;
 mod lease;
 mod machine;
 #[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
 pub mod mcp;
 pub mod metrics;
 mod names;
@@ -77,6 +131,10 @@ pub use idem_macros::idempotent;
 
 pub use builder::{DEFAULT_MAX_OUTCOME_BYTES, DEFAULT_STORE_TIMEOUT, IdemBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub use builder::{IntoStore, Pool};
 pub use context::{CallInfo, Current, current, observe, try_current};
 pub use error::{BoxError, IdemError};
@@ -96,13 +154,39 @@ pub use tx::{TxConnection, TxGuard, TxStep};
 
 /// The SQL idem runs on open, for teams that apply DDL themselves
 /// ([`IdemBuilder::migrate`]`(false)`), with the default table name.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::BoxError> {
+/// use idem_runtime::{Idem, schema::SQLITE_SCHEMA_SQL};
+///
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1)
+///     .connect("sqlite::memory:")
+///     .await?;
+/// sqlx::raw_sql(SQLITE_SCHEMA_SQL).execute(&pool).await?; // your migration tool's job
+/// let idem = Idem::builder().migrate(false).pool(pool).await?;
+/// # let _ = idem; Ok(()) }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+///
+/// The `idem schema` command prints the same SQL for another table name.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub mod schema {
     #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub use crate::store::sql_common::MYSQL_SCHEMA_SQL;
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub use crate::store::sql_common::POSTGRES_SCHEMA_SQL;
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub use crate::store::sql_common::SQLITE_SCHEMA_SQL;
 }
 
@@ -116,6 +200,56 @@ pub mod __private {
     };
     pub use ::core::time::Duration;
     pub use ::inventory;
+
+    /// Not a stable API: a key type a client chooses (an `Idempotency-Key` header, an
+    /// MCP tool's `idempotency_key` argument). Such a key needs the caller's principal
+    /// in `scope`, or one client's key answers another's request.
+    pub trait ClientChosen {}
+    #[cfg(feature = "axum")]
+    impl ClientChosen for crate::http::IdempotencyKey {}
+    #[cfg(feature = "mcp")]
+    impl ClientChosen for crate::mcp::IdempotencyKey {}
+    impl<T: ClientChosen + ?Sized> ClientChosen for &T {}
+
+    /// Not a stable API: implemented by nothing, so a client-chosen key of an operation
+    /// without `scope` is a compile error that says what to do.
+    #[diagnostic::on_unimplemented(
+        message = "this key is chosen by the client (an `IdempotencyKey`), but the operation \
+                   has no `scope`",
+        label = "a key another principal can send too",
+        note = "add `scope = <the caller's principal>` (the authenticated user, tenant or API \
+                key id), so that a key reused by another principal is another operation rather \
+                than a replay of this one's outcome",
+        note = "where every caller is one principal on purpose, say so: `scope = \"global\"`"
+    )]
+    pub trait ScopedByPrincipal {}
+
+    /// Not a stable API: an unscoped operation's key, checked at compile time by method
+    /// resolution (a client-chosen key picks [`ClientChosenCheck`], any other key
+    /// [`AnyKeyCheck`]); the check is never run.
+    pub struct KeyCheck<'a, K: ?Sized>(pub &'a K);
+
+    /// Not a stable API: see [`KeyCheck`].
+    pub trait ClientChosenCheck {
+        /// Refused at compile time.
+        fn check_unscoped_key(&self)
+        where
+            Self: ScopedByPrincipal;
+    }
+    impl<K: ClientChosen + ?Sized> ClientChosenCheck for KeyCheck<'_, K> {
+        fn check_unscoped_key(&self)
+        where
+            Self: ScopedByPrincipal,
+        {
+        }
+    }
+
+    /// Not a stable API: see [`KeyCheck`].
+    pub trait AnyKeyCheck {
+        /// Accepted.
+        fn check_unscoped_key(&self) {}
+    }
+    impl<K: ?Sized> AnyKeyCheck for &KeyCheck<'_, K> {}
 
     /// Not a stable API: an operation on the store given as `store = …`, named by a
     /// string (`name = "…"`) or by the function's [`DefaultedName`].
