@@ -626,6 +626,44 @@ async fn operator(w: &World, key: usize, rng: &mut StdRng) {
     }
 }
 
+/// Two functions whose names default to one operation name: idem must never answer one
+/// with the other's outcome (it refuses both with a `Config` error naming them).
+mod twins {
+    use idem_runtime::{Idem, IdemError, idempotent};
+
+    pub mod stripe {
+        use super::*;
+        #[idempotent(store = idem, key = order, retain = "1h")]
+        pub async fn refund(idem: &Idem, order: u64) -> Result<String, IdemError> {
+            Ok("stripe".into())
+        }
+    }
+
+    pub mod paypal {
+        use super::*;
+        #[idempotent(store = idem, key = order, retain = "1h")]
+        pub async fn refund(idem: &Idem, order: u64) -> Result<String, IdemError> {
+            Ok("paypal".into())
+        }
+    }
+}
+
+/// Calls one of the twins; a violation if it is answered with the other's outcome.
+async fn twin(w: &World, key: usize, paypal: bool) {
+    let (r, own) = if paypal {
+        (twins::paypal::refund(&w.idem, key as u64).await, "paypal")
+    } else {
+        (twins::stripe::refund(&w.idem, key as u64).await, "stripe")
+    };
+    if let Ok(got) = r
+        && got != own
+    {
+        w.model.lock().unwrap().violations.push(format!(
+            "{own}::refund of order {key} was answered with {got}::refund's outcome"
+        ));
+    }
+}
+
 async fn run_seed(backend: Backend, seed: u64) {
     let w = Arc::new(world(backend, seed).await);
     let mut tasks = Vec::new();
@@ -653,6 +691,8 @@ async fn run_seed(backend: Backend, seed: u64) {
                     operator(&w, key, &mut rng).await;
                 } else if roll < 85 {
                     let _ = w.idem.purge_expired().await;
+                } else if roll < 90 {
+                    twin(&w, key, rng.gen_bool(0.5)).await;
                 } else {
                     tokio::time::sleep(Duration::from_millis(rng.gen_range(0..100))).await;
                 }
