@@ -2,7 +2,7 @@
 //! through `Idem::postgres` with 10⁴, 10⁵ and 10⁶ completed records in its table, each
 //! size measured right after the table reached it, as a ratio to the smallest.
 //!
-//! `cargo bench --bench growth` (PostgreSQL at `IDEM_POSTGRES_URL`, default
+//! `cargo bench -p idem-tests --bench growth` (PostgreSQL at `IDEM_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`). `IDEM_BENCH_SECS` sets one measurement's
 //! length (default 2); `IDEM_BENCH_GROWTH_MAX` the largest size (default 10⁶; 10⁷ wants
 //! about 10 GB of free disk).

@@ -2,7 +2,7 @@
 //! through sqlx, on identical pools, at 1 and 16 callers.
 //!
 //! ```text
-//! cargo bench --bench mysql
+//! cargo bench -p idem-tests --bench mysql
 //! ```
 //!
 //! The server at `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`). Every

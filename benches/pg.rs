@@ -2,7 +2,7 @@
 //! against the pgbench floor (the fewest statements that give the same guarantee).
 //!
 //! ```text
-//! cargo bench --bench pg
+//! cargo bench -p idem-tests --bench pg
 //! ```
 //!
 //! PostgreSQL at `IDEM_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
@@ -1333,7 +1333,7 @@ async fn bench(cfg: &Config, connect: &PgConnectOptions, tables: &mut Tables) ->
     )
     .fetch_one(&admin)
     .await?;
-    println!("idem PostgreSQL benchmark: cargo bench --bench pg");
+    println!("idem PostgreSQL benchmark: cargo bench -p idem-tests --bench pg");
     println!("binary: {}", std::env::args().collect::<Vec<_>>().join(" "));
     println!("{server}");
     let pgbench = find_pgbench();

@@ -5,7 +5,7 @@
 //! (where group commit gathers every claim), side by side in one run.
 //!
 //! ```text
-//! cargo bench --bench pg_pools
+//! cargo bench -p idem-tests --bench pg_pools
 //! ```
 //!
 //! PostgreSQL at `IDEM_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
@@ -188,7 +188,7 @@ async fn main() -> Res<()> {
         );
     }
     println!(
-        "\nMedians of {rounds} rounds of {secs}s, subjects alternating; `cargo bench --bench pg_pools`."
+        "\nMedians of {rounds} rounds of {secs}s, subjects alternating; `cargo bench -p idem-tests --bench pg_pools`."
     );
     for table in &tables {
         sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))

@@ -1,11 +1,11 @@
 //! Purge on PostgreSQL beside 10⁶ live records: a reaper tick with nothing expired, and
 //! a backlog of 10⁵ expired records, with idem's statement and, side by side in the same
-//! run, two it replaced: the same delete with each row locked first (`FOR UPDATE SKIP
-//! LOCKED`, which idem now uses only after a row held elsewhere stopped the first), and
-//! the first statement, whose expiry compared with `clock_timestamp()`, volatile, so
-//! the planner could not use the expiry index.
+//! run, two alternatives: the same delete with each row locked first (`FOR UPDATE SKIP
+//! LOCKED`, which idem uses only after a row held elsewhere stopped its statement), and
+//! a delete whose expiry compares with `clock_timestamp()`, volatile, so the planner
+//! cannot use the expiry index.
 //!
-//! `cargo bench --bench purge` (PostgreSQL at `IDEM_POSTGRES_URL`, default
+//! `cargo bench -p idem-tests --bench purge` (PostgreSQL at `IDEM_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`; `IDEM_BENCH_LIVE` and
 //! `IDEM_BENCH_EXPIRED` change the sizes).
 
@@ -24,11 +24,12 @@ use fill::{drop_idem_table, env_or, fill};
 enum Old {
     /// idem's own, with each row locked before it is deleted (its fallback).
     Locked,
-    /// idem's first (`VOLATILE`).
+    /// Expiry against the volatile clock (`VOLATILE`).
     Volatile,
 }
 
-/// idem's first statement: rows chosen by primary key, expiry against the volatile clock.
+/// Rows chosen by primary key, expiry against the volatile clock, which keeps the expiry
+/// index out of the plan.
 const VOLATILE: &str = "DELETE FROM {table} WHERE (scope, name, key) IN (SELECT scope, name, \
      key FROM {table} WHERE state = 1 AND expires_at <= clock_timestamp() LIMIT 1000 FOR UPDATE \
      SKIP LOCKED) AND state = 1 AND expires_at <= clock_timestamp()";

@@ -42,17 +42,17 @@ if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
     pin=(taskset -c 0)
 fi
 
-cargo build --release --benches --quiet
+cargo build --release --benches --quiet -p idem-tests
 cargo build --release --quiet --manifest-path benches/peers/Cargo.toml
 section "PostgreSQL: idem, the same SQL via sqlx, the pgbench floor" \
-    env IDEM_BENCH_NO_PING=1 cargo bench --quiet --bench pg
+    env IDEM_BENCH_NO_PING=1 cargo bench --quiet -p idem-tests --bench pg
 section "PostgreSQL: idem's own connections against sqlx's pools, group commit on and off" \
-    cargo bench --quiet --bench pg_pools
-section "The same at 64 callers" env IDEM_BENCH_CALLERS=64 cargo bench --quiet --bench pg_pools
+    cargo bench --quiet -p idem-tests --bench pg_pools
+section "The same at 64 callers" env IDEM_BENCH_CALLERS=64 cargo bench --quiet -p idem-tests --bench pg_pools
 section "MariaDB: idem and the same statements via sqlx" \
-    env IDEM_BENCH_NO_PING=1 cargo bench --quiet --bench mysql
-section "PostgreSQL purge" cargo bench --quiet --bench purge
-section "PostgreSQL: throughput as the table grows" cargo bench --quiet --bench growth
+    env IDEM_BENCH_NO_PING=1 cargo bench --quiet -p idem-tests --bench mysql
+section "PostgreSQL purge" cargo bench --quiet -p idem-tests --bench purge
+section "PostgreSQL: throughput as the table grows" cargo bench --quiet -p idem-tests --bench growth
 section "Beside the idempotent crate and redis-benchmark; SQLite group commit" \
     "${pin[@]}" benches/peers/target/release/idem-peer-bench "${peer_args[@]}"
 section "In process under criterion: idem and the idempotent crate" \

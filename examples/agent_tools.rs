@@ -2,11 +2,12 @@
 //! agent repeats the call.
 //!
 //! Run it:
-//!   cargo run --example agent_tools                           # stdio
-//!   cargo run --example agent_tools -- --http 127.0.0.1:8080  # streamable HTTP at /mcp
+//!   cargo run -p idem-tests --example agent_tools                          # stdio
+//!   cargo run -p idem-tests --example agent_tools -- --http 127.0.0.1:8080 # HTTP at /mcp
 //! Point an MCP client at it:
-//!   stdio: command `cargo`, arguments `run --quiet --example agent_tools` (or the built
-//!          `target/debug/examples/agent_tools`), environment `IDEM_PRINCIPAL=ana`;
+//!   stdio: command `cargo`, arguments `run --quiet -p idem-tests --example agent_tools`
+//!          (or the built `target/debug/examples/agent_tools`), environment
+//!          `IDEM_PRINCIPAL=ana`;
 //!   HTTP:  URL `http://127.0.0.1:8080/mcp`, header `Authorization: Bearer ana` (the toy
 //!          auth layer takes the token as the caller's name; no header is a 401).
 //! Environment: `IDEM_EXAMPLE_DB` (default `./agent_tools.db`), `IDEM_PRINCIPAL` (the
@@ -19,6 +20,12 @@
 //! outbox row and the recorded result commit together in one SQLite transaction, so a
 //! crash mid-way leaves nothing behind and the retry runs once. `get_balance` is
 //! read-only and takes no key.
+//!
+//! A tool's arguments come from a model, which may have read them anywhere (a web
+//! page, an email): every account is owned by one principal (the `accounts` table,
+//! seeded with [`DEMO_ACCOUNTS`]), tools act only on the caller's own accounts and
+//! match them exactly, and an internal error reaches the client as a reference to the
+//! log line that holds its detail, never as the database's own text.
 
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
@@ -48,6 +55,14 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 /// The tools whose handler runs in the transaction `call_tool` begins and commits.
 const TRANSACTIONAL_TOOLS: [&str; 2] = ["send_email", "refund"];
 
+/// The demo's accounts and their owners, created on open; a real service has its own.
+const DEMO_ACCOUNTS: [(&str, &str); 4] = [
+    ("acct-1", "ana"),
+    ("acct-a", "ana"),
+    ("acct-b", "bob"),
+    ("acct-local", "local"),
+];
+
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 struct SendEmail {
     /// The recipient's address.
@@ -70,7 +85,7 @@ struct Refund {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 struct GetBalance {
-    /// The account whose refunded total to read.
+    /// The account whose refunded total to read: one of yours, by its exact id.
     account: String,
 }
 
@@ -122,8 +137,47 @@ impl IntoCallToolResult for Balance {
     }
 }
 
+/// An internal error as the client sees it: a reference to the log line with the
+/// detail. The detail (database text, table names, paths) is the operator's, not the
+/// client's, and a model would repeat it to whoever prompted it.
 fn internal(e: impl std::fmt::Display) -> ErrorData {
-    ErrorData::internal_error(e.to_string(), None)
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    // A randomly keyed hash of a counter: unique in practice, and unguessable.
+    let random = std::collections::hash_map::RandomState::new();
+    let reference = format!(
+        "{:016x}",
+        random.hash_one(COUNT.fetch_add(1, Ordering::Relaxed))
+    );
+    // stderr: on stdio, stdout is the protocol.
+    eprintln!("agent_tools: internal error, reference {reference}: {e}");
+    ErrorData::internal_error(format!("internal error, reference {reference}"), None)
+}
+
+/// The tool error for an account that is not the caller's, whether it is another's or
+/// no one's: the answer does not tell which.
+fn unknown_account(account: &str) -> ToolError {
+    ToolError::tool(
+        "unknown_account",
+        format!("you have no account `{account}`; name one of your own accounts by its exact id"),
+    )
+}
+
+/// Whether `principal` owns `account`, by exact match.
+async fn owns(
+    conn: &mut SqliteConnection,
+    principal: &Principal,
+    account: &str,
+) -> Result<bool, ErrorData> {
+    let owned: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM accounts WHERE id = ?1 AND principal = ?2")
+            .bind(account)
+            .bind(principal.as_str())
+            .fetch_optional(conn)
+            .await
+            .map_err(internal)?;
+    Ok(owned.is_some())
 }
 
 /// The transaction of one tool call, shared between `call_tool` (which begins and
@@ -218,7 +272,8 @@ impl AgentTools {
             pool,
             stdio_principal,
             pause_file: std::env::var_os("IDEM_EXAMPLE_PAUSE_FILE").map(PathBuf::from),
-            tool_router: Self::tool_router(),
+            // Replays carry `_meta: {"io.idem/replayed": true}`, so the model can tell them.
+            tool_router: idem_runtime::mcp::mark_replays(Self::tool_router()),
         }
     }
 
@@ -271,14 +326,19 @@ impl AgentTools {
         mut tx: OutboxTx,
         #[idem(skip)] ext: Extensions,
     ) -> Result<Refunded, ToolError> {
-        if args.amount_cents == 0 || !args.charge_id.contains('/') {
+        let account = args.charge_id.split_once('/').map(|(account, _)| account);
+        let Some(account) = account.filter(|_| args.amount_cents > 0) else {
             // Released, not recorded: a corrected retry under the same key may run.
             return Err(ToolError::tool(
                 "invalid_refund",
                 "amount_cents must be positive and charge_id of the form <account>/<charge>",
             ));
-        }
+        };
         let principal = Principal::caller(&ext, &self.stdio_principal)?;
+        // The arguments name the account; only the caller's own may be credited.
+        if !owns(tx, &principal, account).await? {
+            return Err(unknown_account(account));
+        }
         let refund_id = outbox(tx, "refund", &principal, &args.idempotency_key, &args).await?;
         Ok(Refunded {
             refund_id,
@@ -288,19 +348,28 @@ impl AgentTools {
     }
 
     #[tool(
-        description = "The total refunded to an account, in cents.",
+        description = "The total refunded to one of your accounts, in cents.",
         annotations(read_only_hint = true)
     )]
     async fn get_balance(
         &self,
         Parameters(args): Parameters<GetBalance>,
+        ext: Extensions,
     ) -> Result<Balance, ToolError> {
+        let principal = Principal::caller(&ext, &self.stdio_principal)?;
+        let mut conn = self.pool.acquire().await.map_err(internal)?;
+        if !owns(&mut conn, &principal, &args.account).await? {
+            return Err(unknown_account(&args.account));
+        }
+        // Compared exactly, never with LIKE: an account id is data, not a pattern.
         let refunded_cents: i64 = sqlx::query_scalar(
             "SELECT coalesce(sum(json_extract(args, '$.amount_cents')), 0) FROM outbox \
-             WHERE tool = 'refund' AND json_extract(args, '$.charge_id') LIKE ?1 || '/%'",
+             WHERE tool = 'refund' AND principal = ?2 \
+             AND substr(json_extract(args, '$.charge_id'), 1, length(?1) + 1) = ?1 || '/'",
         )
         .bind(&args.account)
-        .fetch_one(&self.pool)
+        .bind(principal.as_str())
+        .fetch_one(&mut *conn)
         .await
         .map_err(internal)?;
         Ok(Balance {
@@ -393,6 +462,21 @@ async fn open(path: &str) -> Result<(SqlitePool, Idem), BoxError> {
     )
     .execute(&pool)
     .await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS accounts (
+            id TEXT PRIMARY KEY,
+            principal TEXT NOT NULL
+        )",
+    )
+    .execute(&pool)
+    .await?;
+    for (account, principal) in DEMO_ACCOUNTS {
+        sqlx::query("INSERT OR IGNORE INTO accounts (id, principal) VALUES (?1, ?2)")
+            .bind(account)
+            .bind(principal)
+            .execute(&pool)
+            .await?;
+    }
     // idem's table in the same database, so transactional mode can claim beside the outbox.
     let idem = Idem::from_pool(pool.clone()).await?;
     Ok((pool, idem))

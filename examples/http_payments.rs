@@ -1,7 +1,7 @@
 //! A payments API over HTTP where a retried POST never pays twice.
 //!
 //! ```sh
-//! cargo run --example http_payments -- --addr 127.0.0.1:3000
+//! cargo run -p idem-tests --example http_payments -- --addr 127.0.0.1:3000
 //! # SQLite file: IDEM_EXAMPLE_DB (default ./http_payments.db); PostgreSQL: IDEM_POSTGRES_URL=postgres://...
 //! curl -i localhost:3000/payments -H 'Authorization: Bearer alice' \
 //!      -H 'Idempotency-Key: "5f0c1e2a-order-77"' -H 'Content-Type: application/json' \
@@ -379,7 +379,9 @@ pub fn router(app: App) -> Router {
     let layered = Router::new()
         .route("/payments", post(create_payment_plain))
         .route("/payments/{id}", get(get_payment))
-        .route_layer(IdempotencyLayer::new(app.idem.clone()).name("layer_payments"));
+        // Named per route by default (`POST /layer/payments`, the nest prefix included),
+        // so a key used on another route never replays this one's response.
+        .route_layer(IdempotencyLayer::new(app.idem.clone()));
     Router::new()
         .merge(attribute)
         .nest("/layer", layered)

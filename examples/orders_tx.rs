@@ -2,8 +2,8 @@
 //! one transaction with idem's claim and record. Run twice with the same key, stock
 //! drops once.
 //!
-//! Run it with `cargo run --example orders_tx` (PostgreSQL at `IDEM_POSTGRES_URL`,
-//! default `postgres://postgres@127.0.0.1:5432/test`).
+//! Run it with `cargo run -p idem-tests --example orders_tx` (PostgreSQL at
+//! `IDEM_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
 
 use idem_runtime::{Idem, IdemError, idempotent};
 use sqlx::{PgPool, Postgres, Transaction};

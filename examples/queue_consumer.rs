@@ -5,9 +5,9 @@
 //! (default `nats://127.0.0.1:4222`). Run:
 //!
 //! ```sh
-//! cargo run --example queue_consumer -- --produce 100        # publish 100 test messages
-//! cargo run --example queue_consumer -- --exit-when-idle 5   # consume; stop when idle 5 s
-//! sqlite3 queue_consumer.db 'SELECT count(*) FROM payments'  # one row per payment
+//! cargo run -p idem-tests --example queue_consumer -- --produce 100      # publish 100 messages
+//! cargo run -p idem-tests --example queue_consumer -- --exit-when-idle 5 # consume; stop when idle 5 s
+//! sqlite3 queue_consumer.db 'SELECT count(*) FROM payments'              # one row per payment
 //! ```
 //!
 //! Messages on subject `payments.requested` (stream `PAYMENTS`, created if missing)
@@ -19,12 +19,15 @@
 //! file `IDEM_EXAMPLE_DB` (default `./queue_consumer.db`), or PostgreSQL when
 //! `IDEM_POSTGRES_URL` is set.
 //!
-//! Every message's verdict is printed on stdout as one line,
+//! The consumer pulls batches of up to `--batch` messages (default 10) and runs them
+//! concurrently with `Policy::run_batch`, which answers each message on its own: in one
+//! batch, a payment that failed is redelivered and a reused id terminated while the
+//! others are acked. Every message's verdict is printed on stdout as one line,
 //! `verdict payment_id=<id> delivery=<n> cause=<Cause> action=<Action>`.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind, consumer::pull, stream};
 use clap::Parser;
@@ -56,6 +59,9 @@ struct Args {
     /// Exit after this many seconds with nothing to consume.
     #[arg(long, value_name = "SECS")]
     exit_when_idle: Option<u64>,
+    /// Pull and handle up to this many messages at once.
+    #[arg(long, default_value_t = 10)]
+    batch: usize,
     /// Publish this many test messages (`p-1` … `p-N`) instead of consuming.
     #[arg(long, value_name = "N")]
     produce: Option<u64>,
@@ -277,39 +283,59 @@ async fn main() -> Result<(), BoxError> {
         .await?;
     let (db, idem) = Db::open().await?;
     let policy = Policy::default();
-    let mut messages = consumer.messages().await?;
+    let mut last_message = Instant::now();
     loop {
-        let next = match args.exit_when_idle {
-            Some(secs) => {
-                match tokio::time::timeout(Duration::from_secs(secs), messages.next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                }
+        // Up to `--batch` messages, or what arrived within a second.
+        let mut pulled = consumer
+            .batch()
+            .max_messages(args.batch.max(1))
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await?;
+        let mut batch = Vec::new();
+        while let Some(message) = pulled.next().await {
+            let message = message?;
+            let Ok(request) = serde_json::from_slice::<PaymentRequested>(&message.payload) else {
+                tracing::error!(subject = %message.subject, "undecodable payment message; terminating it");
+                message.ack_with(AckKind::Term).await?;
+                continue;
+            };
+            batch.push((message, request));
+        }
+        if batch.is_empty() {
+            match args.exit_when_idle {
+                Some(secs) if last_message.elapsed() >= Duration::from_secs(secs) => break,
+                _ => continue,
             }
-            None => messages.next().await,
+        }
+        last_message = Instant::now();
+        let delivery = |(message, _): &(jetstream::Message, PaymentRequested)| {
+            message
+                .info()
+                .map(|i| i.delivered.max(1) as u64)
+                .unwrap_or(1)
         };
-        let Some(message) = next else { break };
-        let message = message?;
-        let delivery = message
-            .info()
-            .map(|i| i.delivered.max(1) as u64)
-            .unwrap_or(1);
-        let Ok(request) = serde_json::from_slice::<PaymentRequested>(&message.payload) else {
-            tracing::error!(subject = %message.subject, "undecodable payment message; terminating it");
-            message.ack_with(AckKind::Term).await?;
-            continue;
-        };
-        let (_, verdict) = policy.run(db.apply(&idem, &request), delivery).await;
-        println!(
-            "verdict payment_id={} delivery={delivery} cause={:?} action={:?}",
-            request.payment_id, verdict.cause, verdict.action
-        );
-        match verdict.action {
-            // Wait for the server to confirm, so a crash right after cannot lose the ack
-            // of a recorded outcome (it would only cause a replay, but a quiet one is nicer).
-            Action::Ack => message.double_ack().await?,
-            Action::Redeliver { after } => message.ack_with(AckKind::Nak(Some(after))).await?,
-            Action::Terminate => message.ack_with(AckKind::Term).await?,
+        let handled = policy
+            .run_batch(&batch, delivery, |(_, request)| db.apply(&idem, request))
+            .await;
+        for (item, handled) in batch.iter().zip(handled) {
+            let (message, request) = item;
+            let verdict = handled.verdict;
+            println!(
+                "verdict payment_id={} delivery={} cause={:?} action={:?}",
+                request.payment_id,
+                delivery(item),
+                verdict.cause,
+                verdict.action
+            );
+            match verdict.action {
+                // Wait for the server to confirm, so a crash right after cannot lose the
+                // ack of a recorded outcome (it would only cause a replay, but a quiet one
+                // is nicer).
+                Action::Ack => message.double_ack().await?,
+                Action::Redeliver { after } => message.ack_with(AckKind::Nak(Some(after))).await?,
+                Action::Terminate => message.ack_with(AckKind::Term).await?,
+            }
         }
     }
     Ok(())

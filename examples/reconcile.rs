@@ -9,8 +9,8 @@
 //! applied. The next call replays, or charges afresh.
 //!
 //! ```sh
-//! cargo run --example reconcile                  # a demo: toy provider, SQLite file
-//! cargo run --example reconcile -- --url postgres://postgres@127.0.0.1:5432/test \
+//! cargo run -p idem-tests --example reconcile     # a demo: toy provider, SQLite file
+//! cargo run -p idem-tests --example reconcile -- --url postgres://postgres@127.0.0.1:5432/test \
 //!     --provider http://127.0.0.1:8080 --once   # one reconciler pass on a real store
 //! ```
 //!

@@ -228,7 +228,7 @@ async fn a_frozen_process_is_fenced_when_it_resumes() {
 fn reconcile_binary() -> std::path::PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "--example", "reconcile"])
+        .args(["build", "-q", "-p", "idem-tests", "--example", "reconcile"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .unwrap();

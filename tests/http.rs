@@ -702,12 +702,19 @@ impl AsyncWrite for TrackedIo {
     }
 }
 
-/// Serves `router` on 127.0.0.1 with every request authenticated as `alice`.
+/// Serves `router` on 127.0.0.1 with every request authenticated as `alice`, or as
+/// the caller its `x-user` header names.
 async fn serve_as_alice(router: axum::Router) -> String {
     let router = router.layer(axum::middleware::from_fn(
         |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+            let user = req
+                .headers()
+                .get("x-user")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("alice")
+                .to_owned();
             req.extensions_mut()
-                .insert(idem_runtime::http::Principal::new("alice"));
+                .insert(idem_runtime::http::Principal::new(user));
             next.run(req).await
         },
     ));
@@ -746,6 +753,7 @@ async fn layer_records_final_responses_only() {
         .route("/big", axum::routing::post(big))
         .route_layer(
             idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
+                .name("final")
                 .max_response_bytes(150),
         );
     let base = serve_as_alice(router).await;
@@ -767,7 +775,8 @@ async fn layer_records_final_responses_only() {
     assert_eq!(replay.text().await.unwrap(), "done");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 
-    // One key, one layer name: the same key on another route is another request.
+    // One key under one explicit name, shared by both routes on purpose: the same key
+    // on the other route is another request.
     let reused = Reply::read(post("/big").await.unwrap()).await;
     reused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
     let big = |key: &'static str| {
@@ -969,4 +978,420 @@ async fn optional_key_extractor() {
     )
     .await;
     bad.assert_problem(StatusCode::BAD_REQUEST, types::INVALID_KEY);
+}
+
+/// How long a raw-TCP test waits for a reply before failing: a bound that keeps a
+/// regression from hanging the suite, not a measure of speed.
+const REPLY_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A handler that counts its runs and answers 201 with `tag`.
+fn counting(
+    tag: &'static str,
+) -> (
+    axum::routing::MethodRouter,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move || async move {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            (StatusCode::CREATED, tag)
+        }
+    };
+    (axum::routing::post(handler), runs)
+}
+
+fn count(runs: &std::sync::atomic::AtomicUsize) -> usize {
+    runs.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// A reply read off a raw connection.
+#[derive(Debug)]
+struct RawReply {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl RawReply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    fn problem_type(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{self:?}"
+        );
+        let body: Value = serde_json::from_slice(&self.body).expect("a problem body");
+        body["type"].as_str().unwrap().to_owned()
+    }
+}
+
+/// Reads one HTTP/1.1 reply from `stream`: its head, then its body by `Content-Length`
+/// (or to the end of the connection).
+async fn read_raw_reply(stream: &mut TcpStream) -> RawReply {
+    use tokio::io::AsyncReadExt;
+    let read = async {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = stream.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "connection closed before a reply: {buf:?}");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {head:?}"));
+        let mut reply = RawReply {
+            status,
+            head,
+            body: buf[head_end..].to_vec(),
+        };
+        let length: Option<usize> = reply.header("content-length").map(|v| v.parse().unwrap());
+        while length.is_none_or(|len| reply.body.len() < len) {
+            let n = stream.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            reply.body.extend_from_slice(&chunk[..n]);
+        }
+        reply
+    };
+    tokio::time::timeout(REPLY_BOUND, read)
+        .await
+        .expect("no reply in time: the server is waiting for a body it should not need")
+}
+
+/// Opens a connection to `base` and sends a POST's head for `path` declaring
+/// `content_length` bytes of body, then `body` (all, part or none of them).
+async fn raw_post(
+    base: &str,
+    path: &str,
+    key: &str,
+    content_length: usize,
+    body: &[u8],
+) -> TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr = base.strip_prefix("http://").unwrap();
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nIdempotency-Key: {key}\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: {content_length}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    stream
+}
+
+/// Two nested routers, each with its own `IdempotencyLayer` under the default name:
+/// axum strips the nest prefix, yet one key on both routes is two operations, each
+/// handler runs once and each retry replays its own route's response. Under one
+/// explicit name shared on purpose, the same key on the other route is a 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_routers_answer_one_key_each_with_their_own_response() {
+    use axum::Router;
+    use idem_runtime::http::IdempotencyLayer;
+    let idem = idem_runtime::Idem::sqlite("sqlite::memory:").await.unwrap();
+    let (v1, v1_runs) = counting("v1");
+    let (v2, v2_runs) = counting("v2");
+    let (s1, s1_runs) = counting("s1");
+    let (s2, s2_runs) = counting("s2");
+    let shared = IdempotencyLayer::new(idem.clone()).name("payments");
+    let router = Router::new()
+        .nest(
+            "/v1",
+            Router::new()
+                .route("/payments", v1)
+                .route_layer(IdempotencyLayer::new(idem.clone())),
+        )
+        .nest(
+            "/v2",
+            Router::new()
+                .route("/payments", v2)
+                .layer(IdempotencyLayer::new(idem.clone())),
+        )
+        .nest(
+            "/s1",
+            Router::new()
+                .route("/payments", s1)
+                .route_layer(shared.clone()),
+        )
+        .nest(
+            "/s2",
+            Router::new().route("/payments", s2).route_layer(shared),
+        );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str| {
+        client
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", "one-key")
+            .send()
+    };
+    for replayed in [false, true] {
+        for (path, tag) in [("/v1/payments", "v1"), ("/v2/payments", "v2")] {
+            let res = post(path).await.unwrap();
+            assert_eq!(res.status(), StatusCode::CREATED, "{path}");
+            assert_eq!(
+                res.headers().get("idempotent-replayed").is_some(),
+                replayed,
+                "{path}"
+            );
+            assert_eq!(
+                res.text().await.unwrap(),
+                tag,
+                "{path} answered another route's response"
+            );
+        }
+    }
+    assert_eq!((count(&v1_runs), count(&v2_runs)), (1, 1));
+
+    let first = post("/s1/payments").await.unwrap();
+    assert_eq!(first.text().await.unwrap(), "s1");
+    let other = Reply::read(post("/s2/payments").await.unwrap()).await;
+    other.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    assert_eq!((count(&s1_runs), count(&s2_runs)), (1, 0));
+}
+
+/// A framework's refusal (415 from axum's `Json`, 405 for a method the route lacks) is
+/// passed on unrecorded, so the corrected retry with the same key runs; and the
+/// `Content-Type` is part of the request, so the same key with another media type is a
+/// 422, not a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_not_recorded_and_the_media_type_is_fingerprinted() {
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let create = {
+        let runs = runs.clone();
+        move |axum::Json(item): axum::Json<Value>| async move {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            (StatusCode::CREATED, axum::Json(item))
+        }
+    };
+    let router = axum::Router::new()
+        .route("/items", axum::routing::post(create))
+        .route_layer(
+            idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
+                .methods([reqwest::Method::POST, reqwest::Method::PATCH]),
+        );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let send = |method: reqwest::Method, key: &str, content_type: &str| {
+        client
+            .request(method, format!("{base}/items"))
+            .header("idempotency-key", key)
+            .header("content-type", content_type)
+            .body(r#"{"name": "lamp"}"#)
+            .send()
+    };
+    let post = |key, content_type| send(reqwest::Method::POST, key, content_type);
+
+    let refused = post("k", "text/plain").await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(count(&runs), 0);
+    let corrected = post("k", "application/json").await.unwrap();
+    assert_eq!(
+        corrected.status(),
+        StatusCode::CREATED,
+        "the corrected retry got the recorded refusal"
+    );
+    assert!(corrected.headers().get("idempotent-replayed").is_none());
+    assert_eq!(count(&runs), 1);
+    let replay = post("k", "application/json").await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    // The same key and bytes under another media type: another request.
+    let other = Reply::read(post("k", "application/vnd.api+json").await.unwrap()).await;
+    other.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    // A method the route lacks is a 405 the client corrects; the key stays free.
+    let wrong = send(reqwest::Method::PATCH, "k2", "application/json")
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let right = post("k2", "application/json").await.unwrap();
+    assert_eq!(
+        right.status(),
+        StatusCode::CREATED,
+        "the key was held by the recorded 405"
+    );
+    assert_eq!(count(&runs), 2);
+}
+
+/// A query in another order or spelling, and a JSON body with its keys reordered and
+/// other whitespace, are the same request: the retry replays. Another value is a 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equivalent_queries_and_json_bodies_replay() {
+    let (route, runs) = counting("ok");
+    let router = axum::Router::new().route("/q", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory()),
+    );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |query: &str, body: &str| {
+        client
+            .post(format!("{base}/q?{query}"))
+            .header("idempotency-key", "k")
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    let first = post("b=2&a=1", r#"{"x":1,"y":[1,2],"z":{"b":true,"a":null}}"#)
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let same = post(
+        "a=1&b=%32",
+        "{ \"z\" : { \"a\": null, \"b\": true },\n  \"y\": [1, 2],\t\"x\": 1 }\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(same.status(), StatusCode::CREATED);
+    assert_eq!(
+        same.headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "an equivalent request was not replayed"
+    );
+    let other_query = Reply::read(
+        post("a=1&b=3", r#"{"x":1,"y":[1,2],"z":{"a":null,"b":true}}"#)
+            .await
+            .unwrap(),
+    )
+    .await;
+    other_query.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    let other_body = Reply::read(
+        post("a=1&b=2", r#"{"x":1,"y":[2,1],"z":{"a":null,"b":true}}"#)
+            .await
+            .unwrap(),
+    )
+    .await;
+    other_body.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    assert_eq!(count(&runs), 1);
+}
+
+/// A declared `Content-Length` over the cap is refused with a 413 problem at once: the
+/// client sends only the head, and the reply comes without the body being read; the
+/// handler does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_oversize_body_is_413_before_it_is_sent() {
+    let (route, runs) = counting("ok");
+    let router = axum::Router::new().route("/r", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory()),
+    );
+    let base = serve_as_alice(router).await;
+    let mut stream = raw_post(&base, "/r", "k", (1 << 20) + 1, b"").await;
+    let reply = read_raw_reply(&mut stream).await;
+    assert_eq!(reply.status, 413, "{reply:?}");
+    assert_eq!(reply.problem_type(), types::BODY_TOO_LARGE);
+    assert_eq!(count(&runs), 0);
+}
+
+/// A body that stops arriving is a 408 problem once the layer's body timeout passes;
+/// the handler does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_body_is_408() {
+    let (route, runs) = counting("ok");
+    let router = axum::Router::new().route("/r", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
+            .body_timeout(std::time::Duration::from_millis(200)),
+    );
+    let base = serve_as_alice(router).await;
+    let mut stream = raw_post(&base, "/r", "k", 100, &[b'x'; 10]).await;
+    let reply = read_raw_reply(&mut stream).await;
+    assert_eq!(reply.status, 408, "{reply:?}");
+    assert_eq!(reply.problem_type(), types::BODY_TIMEOUT);
+    assert_eq!(count(&runs), 0);
+}
+
+/// With a buffer budget of 1000 bytes, a client holding 800 of them (it declared 800
+/// and sent half) leaves no room for another 800-byte body: that one is a 503 with
+/// `Retry-After`. The first then completes, and the budget is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_past_the_buffer_budget_are_503_with_retry_after() {
+    use tokio::io::AsyncWriteExt;
+    let (route, runs) = counting("ok");
+    let router = axum::Router::new().route("/r", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory()).buffer_budget(1000),
+    );
+    let base = serve_as_alice(router).await;
+    let mut held = raw_post(&base, "/r", "held", 800, &[b'x'; 400]).await;
+    let client = reqwest::Client::new();
+    let post = |key: String| {
+        client
+            .post(format!("{base}/r"))
+            .header("idempotency-key", key)
+            .body(vec![b'y'; 800])
+            .send()
+    };
+    // Until the server has read the held request's head, other bodies still fit.
+    let refused = tokio::time::timeout(REPLY_BOUND, async {
+        for i in 0.. {
+            let r = Reply::read(post(format!("other-{i}")).await.unwrap()).await;
+            if r.status != StatusCode::CREATED {
+                return r;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        unreachable!()
+    })
+    .await
+    .expect("no body was refused while the budget was held");
+    refused.assert_problem(StatusCode::SERVICE_UNAVAILABLE, types::BUSY);
+    assert!(refused.header("retry-after").is_some(), "{refused:?}");
+    let before = count(&runs);
+    held.write_all(&[b'x'; 400]).await.unwrap();
+    let reply = read_raw_reply(&mut held).await;
+    assert_eq!(reply.status, 201, "{reply:?}");
+    assert_eq!(count(&runs), before + 1);
+    let after = post("after".into()).await.unwrap();
+    assert_eq!(after.status(), StatusCode::CREATED);
+}
+
+/// The claim limiter: with a burst of 2, a caller's third new key is a 429 with
+/// `Retry-After` and does not run; a replay of a recorded key and another caller's new
+/// key pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_keys_past_the_claim_limit_are_429() {
+    let (route, runs) = counting("ok");
+    let router = axum::Router::new().route("/r", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
+            .limit_claims(2, std::time::Duration::from_secs(3600)),
+    );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |user: &str, key: &str| {
+        let req = client
+            .post(format!("{base}/r"))
+            .header("x-user", user)
+            .header("idempotency-key", key);
+        async move { Reply::read(req.send().await.unwrap()).await }
+    };
+    assert_eq!(post("alice", "k1").await.status, StatusCode::CREATED);
+    assert_eq!(post("alice", "k2").await.status, StatusCode::CREATED);
+    let limited = post("alice", "k3").await;
+    limited.assert_problem(StatusCode::TOO_MANY_REQUESTS, types::TOO_MANY_CLAIMS);
+    let wait: u64 = limited.header("retry-after").unwrap().parse().unwrap();
+    assert!((3500..=3600).contains(&wait), "{limited:?}");
+    assert_eq!(count(&runs), 2);
+    let replay = post("alice", "k1").await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert!(replay.replayed(), "{replay:?}");
+    let bob = post("bob", "k3").await;
+    assert_eq!(bob.status, StatusCode::CREATED);
+    assert!(!bob.replayed(), "{bob:?}");
+    // Still limited, and nothing was recorded under the refused key.
+    let again = post("alice", "k3").await;
+    again.assert_problem(StatusCode::TOO_MANY_REQUESTS, types::TOO_MANY_CLAIMS);
+    assert_eq!(count(&runs), 3);
 }

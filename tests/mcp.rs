@@ -357,6 +357,103 @@ async fn http_principals_with_one_key_are_independent() {
     );
 }
 
+/// A tool error's structured body.
+fn tool_error(result: &CallToolResult) -> Value {
+    assert_eq!(result.is_error, Some(true), "not a tool error: {result:?}");
+    result.structured_content.clone().unwrap()
+}
+
+/// Accounts are owned and matched exactly: `%` is no account (not a `LIKE` pattern
+/// that would read every account), another principal's account is refused for
+/// reading and for refunds alike, in the same words as an account that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tools_act_only_on_the_callers_own_accounts_exactly() {
+    let db = db();
+    let server = http_server(&db.path, None).await;
+    let ana = http_client(&server, "ana").await;
+    let bob = http_client(&server, "bob").await;
+    ok(&call(&ana, "refund", refund("r-a", "acct-1/ch-1", 500)).await);
+    ok(&call(&bob, "refund", refund("r-b", "acct-b/ch-1", 900)).await);
+    let balance = |peer: &Client, account: &str| {
+        let peer = peer.peer().clone();
+        let args = json!({ "account": account });
+        async move { call(&peer, "get_balance", args).await }
+    };
+    assert_eq!(ok(&balance(&ana, "acct-1").await)["refunded_cents"], 500);
+    for account in [
+        "%",
+        "acct-%",
+        "acct-_",
+        "acct",
+        "acct-b",
+        "acct-1/ch-1",
+        "nobody",
+    ] {
+        let refused = tool_error(&balance(&ana, account).await);
+        assert_eq!(refused["code"], "unknown_account", "{account}: {refused}");
+        let message = refused["message"].as_str().unwrap();
+        assert!(
+            message.contains("your own accounts"),
+            "{account}: {message}"
+        );
+        assert!(
+            !message.contains("900") && !message.contains("bob"),
+            "{message}"
+        );
+    }
+    // Refunds: another's account is refused and nothing is written.
+    let refused = tool_error(&call(&ana, "refund", refund("r-x", "acct-b/ch-1", 100)).await);
+    assert_eq!(refused["code"], "unknown_account", "{refused}");
+    let refused = tool_error(&call(&ana, "refund", refund("r-y", "%/ch-1", 100)).await);
+    assert_eq!(refused["code"], "unknown_account", "{refused}");
+    assert_eq!(ok(&balance(&bob, "acct-b").await)["refunded_cents"], 900);
+    ana.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+    let keys: Vec<(String, String)> = outbox(&db.path)
+        .await
+        .into_iter()
+        .map(|r| (r.principal, r.key))
+        .collect();
+    assert_eq!(
+        keys,
+        [("ana".into(), "r-a".into()), ("bob".into(), "r-b".into())]
+    );
+}
+
+/// An internal error reaches the client as a reference, never as the database's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn internal_errors_are_opaque_references() {
+    let db = db();
+    let server = http_server(&db.path, None).await;
+    let ana = http_client(&server, "ana").await;
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.path.display()))
+        .await
+        .unwrap();
+    sqlx::query("DROP TABLE outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let Value::Object(args) = json!({ "account": "acct-1" }) else {
+        unreachable!()
+    };
+    let answer = ana
+        .call_tool(CallToolRequestParams::new("get_balance").with_arguments(args))
+        .await;
+    let Err(rmcp::ServiceError::McpError(error)) = answer else {
+        panic!("expected a protocol error, got {answer:?}")
+    };
+    assert!(
+        error.message.starts_with("internal error, reference "),
+        "{error:?}"
+    );
+    assert!(
+        !error.message.contains("outbox") && !error.message.contains("table"),
+        "{error:?}"
+    );
+    ana.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn http_without_bearer_is_refused() {
     let db = db();
@@ -567,5 +664,294 @@ async fn refused_keys_and_scopes_are_invalid_params() {
         assert_eq!(error.data.unwrap()["code"], code);
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0, "{code}");
         client.cancel().await.unwrap();
+    }
+}
+
+/// An in-process server whose side-effecting tool takes an `IdempotencyKey`, with its
+/// router wrapped by `mark_replays`; and one whose tools `audit` must flag.
+mod keyed {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use idem_runtime::mcp::{IdempotencyKey, Principal, ToolError, mark_replays};
+    use idem_runtime::{Idem, idempotent};
+    use rmcp::handler::server::router::tool::ToolRouter;
+    use rmcp::handler::server::wrapper::Parameters;
+    use rmcp::model::{Extensions, JsonObject};
+    use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    use super::Client;
+
+    #[derive(Debug, Serialize, Deserialize, JsonSchema)]
+    pub struct Transfer {
+        /// The amount to move, in cents.
+        amount_cents: u64,
+        idempotency_key: IdempotencyKey,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    pub struct Lookup {
+        /// What to look up.
+        id: String,
+    }
+
+    #[derive(Clone)]
+    pub struct Bank {
+        idem: Idem,
+        principal: Principal,
+        pub runs: Arc<AtomicUsize>,
+        tool_router: ToolRouter<Self>,
+    }
+
+    #[tool_router]
+    impl Bank {
+        #[idempotent(
+            store = self.idem,
+            key = args.idempotency_key,
+            scope = Principal::caller(&ext, &self.principal)?,
+            retain = "1h"
+        )]
+        #[tool(
+            description = "Move money.",
+            annotations(destructive_hint = true, idempotent_hint = true)
+        )]
+        async fn transfer(
+            &self,
+            Parameters(args): Parameters<Transfer>,
+            #[idem(skip)] ext: Extensions,
+        ) -> Result<rmcp::model::CallToolResult, ToolError> {
+            let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let content = serde_json::json!({ "transfer": n, "amount_cents": args.amount_cents });
+            Ok(rmcp::model::CallToolResult::structured(content))
+        }
+
+        #[tool(description = "Look something up.", annotations(read_only_hint = true))]
+        async fn lookup(&self, Parameters(args): Parameters<Lookup>) -> String {
+            args.id
+        }
+    }
+
+    #[tool_handler(router = self.tool_router)]
+    impl ServerHandler for Bank {}
+
+    /// Serves a fresh store to a client of its own, the router wrapped by `mark_replays`.
+    pub async fn serve() -> (Client, Arc<AtomicUsize>) {
+        let idem = Idem::sqlite("sqlite::memory:").await.unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let server = Bank {
+            idem,
+            principal: Principal::new("ana"),
+            runs: runs.clone(),
+            tool_router: mark_replays(Bank::tool_router()),
+        };
+        let (server_io, client_io) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let running = server.serve(server_io).await.unwrap();
+            let _ = running.waiting().await;
+        });
+        (().serve(client_io).await.unwrap(), runs)
+    }
+
+    pub fn transfer_args(key: &str, cents: u64) -> JsonObject {
+        let args = serde_json::json!({ "amount_cents": cents, "idempotency_key": key });
+        let serde_json::Value::Object(args) = args else {
+            unreachable!()
+        };
+        args
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    pub struct Sms {
+        to: String,
+    }
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    pub struct MaybeKeyed {
+        to: String,
+        /// A key the caller may leave out.
+        request_key: Option<IdempotencyKey>,
+    }
+
+    /// Tools `audit` must flag, beside ones it must not.
+    #[derive(Clone)]
+    pub struct Careless;
+
+    #[tool_router(vis = "pub")]
+    impl Careless {
+        #[tool(description = "Send a text message.")]
+        async fn send_sms(&self, Parameters(sms): Parameters<Sms>) -> String {
+            sms.to
+        }
+
+        #[tool(description = "Send a text message, perhaps once.")]
+        async fn send_sms_maybe_once(&self, Parameters(sms): Parameters<MaybeKeyed>) -> String {
+            format!("{} {:?}", sms.to, sms.request_key)
+        }
+
+        #[tool(description = "Move money.", annotations(destructive_hint = true))]
+        async fn transfer(&self, Parameters(t): Parameters<Transfer>) -> String {
+            t.idempotency_key.to_string()
+        }
+
+        #[tool(description = "Read a message.", annotations(read_only_hint = true))]
+        async fn read_sms(&self, Parameters(sms): Parameters<Sms>) -> String {
+            sms.to
+        }
+    }
+
+    #[tool_handler(router = Self::tool_router())]
+    impl ServerHandler for Careless {}
+
+    pub async fn serve_careless() -> Client {
+        let (server_io, client_io) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let running = Careless.serve(server_io).await.unwrap();
+            let _ = running.waiting().await;
+        });
+        ().serve(client_io).await.unwrap()
+    }
+}
+
+/// The replay flag a result carries in `_meta`, if any.
+fn replayed_meta(result: &CallToolResult) -> Option<&Value> {
+    result.meta.as_ref()?.get(idem_runtime::mcp::REPLAYED_META)
+}
+
+/// A replayed result says so in `_meta` under a prefixed name (`io.idem/replayed`), the
+/// first run carries no such entry, and `structuredContent` is the same in both; a tool
+/// without idem's attribute is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_tool_results_carry_io_idem_replayed_in_meta() {
+    assert_eq!(idem_runtime::mcp::REPLAYED_META, "io.idem/replayed");
+    let (client, runs) = keyed::serve().await;
+    let call = |key: &str| {
+        let peer = client.peer().clone();
+        let args = keyed::transfer_args(key, 500);
+        async move {
+            peer.call_tool(CallToolRequestParams::new("transfer").with_arguments(args))
+                .await
+                .unwrap()
+        }
+    };
+    let first = call("t-1").await;
+    assert_eq!(replayed_meta(&first), None, "a first run: {first:?}");
+    for _ in 0..2 {
+        let again = call("t-1").await;
+        assert_eq!(replayed_meta(&again), Some(&json!(true)), "{again:?}");
+        assert_eq!(again.structured_content, first.structured_content);
+        assert_eq!(again.is_error, first.is_error);
+    }
+    let other = call("t-2").await;
+    assert_eq!(
+        replayed_meta(&other),
+        None,
+        "another intent runs: {other:?}"
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let Value::Object(args) = json!({ "id": "x" }) else {
+        unreachable!()
+    };
+    let lookup = client
+        .call_tool(CallToolRequestParams::new("lookup").with_arguments(args))
+        .await
+        .unwrap();
+    assert_eq!(replayed_meta(&lookup), None);
+    client.cancel().await.unwrap();
+}
+
+/// MCP keys take the HTTP header's cap, 255 characters: a key of 255 runs once and
+/// replays, and differs from one that differs only in its last character; a key of 256
+/// never reaches the tool (rmcp refuses its arguments). The schema says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_up_to_the_http_cap_of_255_are_taken() {
+    use idem_runtime::mcp::MAX_IDEMPOTENCY_KEY_LEN;
+    assert_eq!(MAX_IDEMPOTENCY_KEY_LEN, idem_runtime::http::MAX_KEY_LEN);
+    assert_eq!(MAX_IDEMPOTENCY_KEY_LEN, 255);
+    let (client, runs) = keyed::serve().await;
+    let tools = client.list_all_tools().await.unwrap();
+    let transfer = tools.iter().find(|t| t.name == "transfer").unwrap();
+    let key_schema = &transfer.input_schema["properties"]["idempotency_key"];
+    assert_eq!(key_schema["maxLength"], 255, "{key_schema}");
+
+    let call = |key: String| {
+        let peer = client.peer().clone();
+        async move {
+            peer.call_tool(
+                CallToolRequestParams::new("transfer")
+                    .with_arguments(keyed::transfer_args(&key, 7)),
+            )
+            .await
+        }
+    };
+    let longest = "k".repeat(255);
+    let first = call(longest.clone()).await.unwrap();
+    let again = call(longest.clone()).await.unwrap();
+    assert_eq!(replayed_meta(&again), Some(&json!(true)));
+    assert_eq!(again.structured_content, first.structured_content);
+    let sibling = format!("{}j", "k".repeat(254));
+    let other = call(sibling).await.unwrap();
+    assert_ne!(other.structured_content, first.structured_content);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    // rmcp answers arguments that do not deserialize with a tool error the model reads.
+    let refused = call("k".repeat(256)).await.unwrap();
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let said = format!("{:?}", refused.content);
+    assert!(
+        said.contains("idempotency key is 256 bytes, over the cap of 255"),
+        "{said}"
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    client.cancel().await.unwrap();
+}
+
+/// `audit` finds no side-effecting tool without a key in the example's server (as a
+/// client lists its tools) and in the keyed server's router; it names the tool without
+/// a key and the one whose key is optional in a careless server, by its router and over
+/// the protocol alike, and lets read-only tools be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_flags_side_effecting_tools_without_a_key() {
+    use idem_runtime::mcp::{FindingKind, audit, audit_tools};
+    let db = db();
+    let example = stdio_client(&db.path, "ana").await;
+    let tools = example.list_all_tools().await.unwrap();
+    assert_eq!(tools.len(), 3, "{tools:?}");
+    let findings = audit_tools(&tools);
+    assert!(findings.is_empty(), "the example: {findings:#?}");
+    example.cancel().await.unwrap();
+
+    let (keyed, _) = keyed::serve().await;
+    let findings = audit_tools(&keyed.list_all_tools().await.unwrap());
+    assert!(findings.is_empty(), "{findings:#?}");
+    keyed.cancel().await.unwrap();
+
+    let expected = [
+        ("send_sms", FindingKind::NoKey),
+        ("send_sms_maybe_once", FindingKind::OptionalKey),
+    ];
+    let by_router = audit(&keyed::Careless::tool_router());
+    let careless = keyed::serve_careless().await;
+    let by_protocol = audit_tools(&careless.list_all_tools().await.unwrap());
+    careless.cancel().await.unwrap();
+    for findings in [by_router, by_protocol] {
+        let mut found: Vec<(&str, FindingKind)> =
+            findings.iter().map(|f| (f.tool.as_str(), f.kind)).collect();
+        found.sort();
+        assert_eq!(found, expected, "{findings:#?}");
+        let no_key = &findings
+            .iter()
+            .find(|f| f.kind == FindingKind::NoKey)
+            .unwrap()
+            .message;
+        for says in [
+            "`send_sms`",
+            "IdempotencyKey",
+            "#[idempotent",
+            "read_only_hint",
+        ] {
+            assert!(no_key.contains(says), "{says}: {no_key}");
+        }
     }
 }

@@ -57,7 +57,14 @@ fn consumer_binary() -> &'static Path {
     BIN.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
-            .args(["build", "--quiet", "--example", "queue_consumer"])
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "idem-tests",
+                "--example",
+                "queue_consumer",
+            ])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("run cargo build");
@@ -544,4 +551,179 @@ async fn an_outcome_that_does_not_serialize_terminates_as_unknown() {
         );
         assert!(logged.contains("message needs attention"), "{logged:?}");
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum LedgerError {
+    #[error("the ledger is busy")]
+    Busy,
+    #[error(transparent)]
+    Idem(#[from] IdemError),
+}
+
+impl AsIdemError for LedgerError {
+    fn as_idem_error(&self) -> Option<&IdemError> {
+        match self {
+            LedgerError::Idem(e) => Some(e),
+            LedgerError::Busy => None,
+        }
+    }
+}
+
+/// A JetStream message with its decoded payment.
+type Pulled = (jetstream::Message, PaymentRequested);
+
+/// Pulls at least `n` messages (more if they come together) from `consumer`.
+async fn pull(consumer: &jetstream::consumer::PullConsumer, n: usize) -> Vec<Pulled> {
+    use futures_util::StreamExt;
+    let mut pulled = Vec::new();
+    for _ in 0..30 {
+        let mut batch = consumer
+            .batch()
+            .max_messages(n.max(1))
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .unwrap();
+        while let Some(message) = batch.next().await {
+            let message = message.unwrap();
+            let request = serde_json::from_slice(&message.payload).unwrap();
+            pulled.push((message, request));
+        }
+        if pulled.len() >= n {
+            return pulled;
+        }
+    }
+    panic!("JetStream delivered {} of {n} messages", pulled.len());
+}
+
+/// One batch pulled from JetStream holds a good payment, one whose ledger call fails
+/// (released), one that reuses an applied payment id with another amount, and one whose
+/// handler panics mid-body: `Policy::run_batch` answers ack, redeliver, terminate and
+/// redeliver, each as it would alone. The redeliveries then succeed; every payment's
+/// effect happens once, and nothing is left pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pulled_batch_answers_each_message_on_its_own() {
+    use async_nats::jetstream::AckKind;
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    let Some(setup) = Setup::new("batch").await else {
+        return;
+    };
+    let idem = Idem::memory();
+    let effects: Arc<Mutex<BTreeMap<String, Vec<i64>>>> = Arc::default();
+    let apply = |request: &PaymentRequested, delivery: u64| {
+        let (idem, effects, request) = (idem.clone(), effects.clone(), request.clone());
+        async move {
+            idem.operation("apply_payment", &request.payment_id)
+                .fingerprint(&request)
+                .lease(Duration::from_millis(500))
+                .retain(Duration::from_secs(86_400))
+                .run(|| async {
+                    match (request.payment_id.as_str(), delivery) {
+                        ("p-2", 1) => return Err(LedgerError::Busy),
+                        ("p-4", 1) => panic!("a bug in the handler"),
+                        _ => {}
+                    }
+                    let mut effects = effects.lock().unwrap();
+                    let applied = effects.entry(request.payment_id.clone()).or_default();
+                    applied.push(request.amount_cents);
+                    Ok::<_, LedgerError>(request.amount_cents)
+                })
+                .await
+        }
+    };
+    // p-3 was applied with 300 before; its message now says 999.
+    let earlier = PaymentRequested {
+        payment_id: "p-3".into(),
+        amount_cents: 300,
+    };
+    apply(&earlier, 1).await.unwrap();
+    for (id, amount) in [("p-1", 100), ("p-2", 200), ("p-3", 999), ("p-4", 400)] {
+        setup.publish(id, amount).await;
+    }
+    let stream = setup.js.get_stream(&setup.stream).await.unwrap();
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(setup.consumer.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let delivery = |(message, _): &Pulled| message.info().unwrap().delivered as u64;
+    let policy = Policy::default();
+    let mut outstanding: Vec<String> = Vec::new();
+    let mut first = true;
+    let mut rounds = 0;
+    while first || !outstanding.is_empty() {
+        rounds += 1;
+        assert!(rounds < 50, "still redelivering {outstanding:?}");
+        let batch = pull(&consumer, if first { 4 } else { 1 }).await;
+        let handled = policy
+            .run_batch(&batch, delivery, |item| apply(&item.1, delivery(item)))
+            .await;
+        let verdicts: BTreeMap<String, (Cause, Action)> = batch
+            .iter()
+            .zip(&handled)
+            .map(|((_, r), h)| (r.payment_id.clone(), (h.verdict.cause, h.verdict.action)))
+            .collect();
+        if first {
+            let causes: Vec<(&str, Cause)> =
+                verdicts.iter().map(|(id, v)| (id.as_str(), v.0)).collect();
+            assert_eq!(
+                causes,
+                [
+                    ("p-1", Cause::Done),
+                    ("p-2", Cause::Released),
+                    ("p-3", Cause::Mismatch),
+                    ("p-4", Cause::Panicked),
+                ]
+            );
+            assert_eq!(verdicts["p-1"].1, Action::Ack);
+            assert!(matches!(verdicts["p-2"].1, Action::Redeliver { .. }));
+            assert_eq!(verdicts["p-3"].1, Action::Terminate);
+            assert!(matches!(verdicts["p-4"].1, Action::Redeliver { .. }));
+            let p4 = batch.iter().position(|(_, r)| r.payment_id == "p-4");
+            let panicked = &handled[p4.unwrap()];
+            assert!(panicked.verdict.alert() && panicked.result.is_none());
+        }
+        for ((message, request), handled) in batch.iter().zip(handled) {
+            outstanding.retain(|id| id != &request.payment_id);
+            match handled.verdict.action {
+                Action::Ack => message.double_ack().await.unwrap(),
+                Action::Redeliver { after } => {
+                    outstanding.push(request.payment_id.clone());
+                    message.ack_with(AckKind::Nak(Some(after))).await.unwrap()
+                }
+                Action::Terminate => message.ack_with(AckKind::Term).await.unwrap(),
+            }
+        }
+        first = false;
+    }
+
+    let effects = effects.lock().unwrap().clone();
+    let expected: BTreeMap<String, Vec<i64>> = [
+        ("p-1", vec![100]),
+        ("p-2", vec![200]),
+        ("p-3", vec![300]),
+        ("p-4", vec![400]),
+    ]
+    .into_iter()
+    .map(|(id, amounts)| (id.to_owned(), amounts))
+    .collect();
+    assert_eq!(
+        effects, expected,
+        "one effect per payment, the first amount"
+    );
+    assert_eq!(
+        setup.pending().await,
+        (0, 0),
+        "every message acked or terminated"
+    );
+    setup.delete().await;
 }

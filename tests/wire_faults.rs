@@ -57,68 +57,53 @@ fn via(url: &str, default_port: u16, port: u16) -> (String, String) {
 }
 
 async fn through(net: Net, test: &str, opts: fn(IdemBuilder) -> IdemBuilder) -> Option<Through> {
-    let builder = || opts(Idem::builder().store_timeout(STORE_TIMEOUT));
-    match net {
+    let (skipped, url, default_port) = match net {
         #[cfg(feature = "postgres")]
-        Net::Postgres => {
-            if common::postgres_skip(test).is_some() {
-                return None;
-            }
-            let url = common::postgres_url();
-            let (upstream, _) = via(&url, 5432, 0);
-            let proxy = Proxy::start(&upstream).await;
-            let (_, proxied) = via(&url, 5432, proxy.port);
-            let table = common::unique_table(test);
-            let direct = builder().table(&table).postgres(&url).await.unwrap();
-            let idem = builder().table(&table).postgres(&proxied).await.unwrap();
-            let cleanup = common::Cleanup::for_table(&table);
-            Some(Through {
-                proxy,
-                idem,
-                direct,
-                cleanup,
-            })
-        }
+        Net::Postgres => (common::postgres_skip(test), common::postgres_url(), 5432),
         #[cfg(feature = "mysql")]
-        Net::MySql => {
-            if common::mysql_skip(test).is_some() {
-                return None;
-            }
-            let url = common::mysql_url();
-            let (upstream, _) = via(&url, 3306, 0);
-            let proxy = Proxy::start(&upstream).await;
-            let (_, proxied) = via(&url, 3306, proxy.port);
-            let table = common::unique_table(test);
-            let direct = builder().table(&table).mysql(&url).await.unwrap();
-            let idem = builder().table(&table).mysql(&proxied).await.unwrap();
-            let cleanup = common::Cleanup::for_mysql_table(&table);
-            Some(Through {
-                proxy,
-                idem,
-                direct,
-                cleanup,
-            })
-        }
-        Net::Redis => {
-            if common::redis_skip(test).is_some() {
-                return None;
-            }
-            let url = common::redis_url();
-            let (upstream, _) = via(&url, 6379, 0);
-            let proxy = Proxy::start(&upstream).await;
-            let (_, proxied) = via(&url, 6379, proxy.port);
-            let prefix = common::unique_prefix(test);
-            let direct = builder().key_prefix(&prefix).redis(&url).await.unwrap();
-            let idem = builder().key_prefix(&prefix).redis(&proxied).await.unwrap();
-            let cleanup = common::Cleanup::for_redis_prefix(&prefix);
-            Some(Through {
-                proxy,
-                idem,
-                direct,
-                cleanup,
-            })
-        }
+        Net::MySql => (common::mysql_skip(test), common::mysql_url(), 3306),
+        Net::Redis => (common::redis_skip(test), common::redis_url(), 6379),
+    };
+    if skipped.is_some() {
+        return None;
     }
+    let (upstream, _) = via(&url, default_port, 0);
+    let proxy = Proxy::start(&upstream).await;
+    let (_, proxied) = via(&url, default_port, proxy.port);
+    // One table (or key prefix), reached directly and through the proxy.
+    let place = match net {
+        Net::Redis => common::unique_prefix(test),
+        #[allow(unreachable_patterns)]
+        _ => common::unique_table(test),
+    };
+    let open = |url: String| {
+        let (builder, place) = (opts(Idem::builder().store_timeout(STORE_TIMEOUT)), &place);
+        async move {
+            match net {
+                #[cfg(feature = "postgres")]
+                Net::Postgres => builder.table(place).postgres(&url).await,
+                #[cfg(feature = "mysql")]
+                Net::MySql => builder.table(place).mysql(&url).await,
+                Net::Redis => builder.key_prefix(place).redis(&url).await,
+            }
+            .unwrap()
+        }
+    };
+    let direct = open(url).await;
+    let idem = open(proxied).await;
+    let cleanup = match net {
+        #[cfg(feature = "postgres")]
+        Net::Postgres => common::Cleanup::for_table(&place),
+        #[cfg(feature = "mysql")]
+        Net::MySql => common::Cleanup::for_mysql_table(&place),
+        Net::Redis => common::Cleanup::for_redis_prefix(&place),
+    };
+    Some(Through {
+        proxy,
+        idem,
+        direct,
+        cleanup,
+    })
 }
 
 /// Instantiates each `async fn(&Through)` once per networked store.

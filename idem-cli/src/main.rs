@@ -7,13 +7,33 @@
 //! idem --url postgres://app@db/app show acme charge order-42
 //! idem --url postgres://app@db/app resolve acme charge order-42 --retry
 //! idem --url mysql://app@db/app stats
+//! idem --url redis://cache:6379 --key-prefix billing list --state unknown
+//! idem --node redis://node-1:6379 --node redis://node-2:6379 stats
+//! idem --url postgres://app@db/app forget acme charge order-42
+//! idem schema postgres --table payments_idem
+//! idem completions bash > /etc/bash_completion.d/idem
 //! ```
+//!
+//! It reads and settles the records of a SQLite, PostgreSQL, MySQL/MariaDB or Redis
+//! store (standalone or Redis Cluster): counts and the oldest stuck ages (`stats`),
+//! records by state, name, scope and age (`list`), one record in full (`show`), a fenced
+//! `resolve` of an UNKNOWN or stuck operation, a fenced `forget` of a wrong record,
+//! `purge` of expired records, and the DDL for `migrate(false)` (`schema`). Keys and
+//! scopes are shown as the application passed them (`--encoded` shows them as stored).
+//! It never creates or migrates a table, so a wrong URL, table name or key prefix is an
+//! error, not an empty store. The store is `--url`, else `IDEM_URL`, else
+//! `DATABASE_URL`. `--json` prints JSON for scripts. Exit codes: 0 done, 1 the store
+//! failed, 2 bad arguments, 3 no such record, 4 resolve or forget refused.
+
+mod display;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use display::{decoded, duration, shown, unquoted};
 use idem_runtime::store::StoredOutcome;
+use idem_runtime::store::redis::RedisStore;
 use idem_runtime::{Idem, IdemError, ListFilter, OperationId, RecordDetail, Resolution, State};
 use serde_json::{Value, json};
 
@@ -23,22 +43,32 @@ Exit codes:
   1  the store failed or refused (unreachable, missing database or table)
   2  bad arguments (an unsupported URL, invalid JSON, an unset --secret-env)
   3  no record for that operation
-  4  resolve refused: the record moved since it was read (another epoch, or no longer
-     UNKNOWN or IN_PROGRESS); read it again with `show` and decide again";
+  4  resolve or forget refused: the record moved since it was read (another epoch, or
+     no longer UNKNOWN or IN_PROGRESS), or forget found a claim whose lease holds; read
+     it again with `show` and decide again";
 
 /// Inspect and repair an idem store: counts, stuck and unknown operations, one record
-/// in full, an operator's resolution, purging and the schema.
+/// in full, an operator's resolution or removal, purging and the schema.
 #[derive(Parser, Debug)]
 #[command(name = "idem", version, after_help = EXIT_CODES)]
 struct Cli {
-    /// The store: `sqlite://PATH`, `postgres://USER@HOST[:PORT]/DB` or
-    /// `mysql://USER@HOST[:PORT]/DB`.
-    // The URL may hold a password: `--help` names the variable, never its value.
+    /// The store: `sqlite://PATH`, `postgres://USER@HOST[:PORT]/DB`,
+    /// `mysql://USER@HOST[:PORT]/DB`, `redis://HOST[:PORT]` (`rediss://` with TLS), or a
+    /// Redis Cluster as its nodes separated by commas. Without it, `IDEM_URL`, then
+    /// `DATABASE_URL`.
+    // The URL may hold a password: `--help` names the variables, never their values.
     #[arg(long, env = "IDEM_URL", hide_env_values = true, global = true)]
     url: Option<String>,
+    /// A node of a Redis Cluster (`redis://HOST:PORT`); repeat it for more nodes. The
+    /// store is then that cluster.
+    #[arg(long = "node", value_name = "URL", global = true)]
+    nodes: Vec<String>,
     /// The table the application configured with `IdemBuilder::table`.
     #[arg(long, default_value = "idem_operations", global = true)]
     table: String,
+    /// Redis: the key prefix the application configured with `IdemBuilder::key_prefix`.
+    #[arg(long, default_value = "idem", global = true)]
+    key_prefix: String,
     /// The environment variable holding the secret the application passes to
     /// `IdemBuilder::hash_keys` (keys and scopes are then stored hashed).
     #[arg(long, value_name = "VAR", global = true)]
@@ -60,12 +90,23 @@ enum Command {
     Show(Target),
     /// Settle an UNKNOWN or stuck IN_PROGRESS operation, fenced by the epoch read.
     Resolve(ResolveArgs),
+    /// Delete a COMPLETED or UNKNOWN record (or a claim whose lease lapsed), fenced by
+    /// the epoch read, so the next call runs the body: the undo of a wrong outcome, such
+    /// as a mistaken `resolve --completed`. A claim whose lease holds is refused.
+    Forget(ForgetArgs),
     /// Delete completed records past their retention.
     Purge,
     /// Print the DDL idem applies on open, for `migrate(false)` deployments.
     Schema {
         /// The database.
         dialect: Dialect,
+    },
+    /// Print a shell's completion script: `idem completions bash > /etc/bash_completion.d/idem`,
+    /// `idem completions zsh > "${fpath[1]}/_idem"`, `idem completions fish >
+    /// ~/.config/fish/completions/idem.fish`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -77,7 +118,8 @@ struct ListArgs {
     /// Only records claimed or created longer ago than this (`30s`, `5m`, `2h`).
     #[arg(long, value_parser = humantime::parse_duration)]
     older_than: Option<Duration>,
-    /// Only records in this scope (as the application passes it; see `--encoded`).
+    /// Only records in this scope (a string, as the application passes it; see
+    /// `--encoded`).
     #[arg(long)]
     scope: Option<String>,
     /// Only records of this operation name.
@@ -86,7 +128,8 @@ struct ListArgs {
     /// At most this many records.
     #[arg(long, default_value_t = 100)]
     limit: u32,
-    /// The scope is given encoded, as `list` prints it.
+    /// Print scopes and keys as stored (idem's typed encoding, `s4:acme`), and take
+    /// `--scope` so, as `show --encoded` takes them.
     #[arg(long)]
     encoded: bool,
 }
@@ -94,19 +137,32 @@ struct ListArgs {
 /// One operation.
 #[derive(Args, Debug)]
 struct Target {
-    /// The scope as the application passes it (`""` for none).
+    /// The scope as the application passes it, a string (`""` for none); quoted as
+    /// `list` prints it (`"two words"`) or bare.
     scope: String,
     /// The operation name (the function's name unless `name = ...` was given).
     name: String,
-    /// The key as the application passes it: a string, or an integer with `--int-key`.
+    /// The key as the application passes it: a string (quoted as `list` prints it, or
+    /// bare), or an integer with `--int-key`. Other keys (tuples, ...) with `--encoded`.
     key: String,
     /// The key is an integer.
     #[arg(long)]
     int_key: bool,
-    /// SCOPE and KEY are given encoded, as `list` prints them (copy keys holding control
-    /// characters, which the table shows escaped, from `list --json`).
+    /// SCOPE and KEY are given as stored, as `list --encoded` and `--json` print them
+    /// (copy keys holding control characters, which tables show escaped, from `--json`);
+    /// `show` then prints them so too.
     #[arg(long, conflicts_with = "int_key")]
     encoded: bool,
+}
+
+#[derive(Args, Debug)]
+struct ForgetArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The epoch you decided on; refused if the record is at another one. Default: the
+    /// epoch read just before.
+    #[arg(long)]
+    epoch: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -114,10 +170,12 @@ struct Target {
 struct ResolveArgs {
     #[command(flatten)]
     target: Target,
-    /// The effect happened: record this JSON as the outcome (the function's `Ok` value).
+    /// The effect happened: record this JSON as the outcome (the function's `Ok` value),
+    /// which every later call gets back as it is.
     #[arg(long, value_name = "JSON", group = "resolution")]
     completed: Option<String>,
-    /// The effect was refused: record this JSON as the error (the function's `Err`).
+    /// The effect was refused: record this JSON as the error (the function's `Err`),
+    /// which every later call gets back as it is.
     #[arg(long, value_name = "JSON", group = "resolution")]
     rejected: Option<String>,
     /// The effect did not happen: delete the record so the next call runs the body.
@@ -196,15 +254,25 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: &Cli) -> Result<(), Failure> {
-    if let Command::Schema { dialect } = &cli.command {
-        let sql = match dialect {
-            Dialect::Sqlite => idem_runtime::schema::SQLITE_SCHEMA_SQL,
-            Dialect::Postgres => idem_runtime::schema::POSTGRES_SCHEMA_SQL,
-            Dialect::Mysql => idem_runtime::schema::MYSQL_SCHEMA_SQL,
-        };
-        // Companion objects share the table's name as a prefix.
-        print!("{}", sql.replace("idem_operations", &cli.table));
-        return Ok(());
+    match &cli.command {
+        Command::Schema { dialect } => {
+            print!("{}", schema(*dialect, &cli.table));
+            return Ok(());
+        }
+        Command::Completions { shell } => {
+            use std::io::Write;
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "idem", &mut script);
+            // A reader that stops early (`| head`) is not a failure.
+            return match std::io::stdout().write_all(&script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure {
+                    code: 1,
+                    message: format!("could not write the completion script: {e}"),
+                }),
+                _ => Ok(()),
+            };
+        }
+        _ => {}
     }
     let idem = open(cli).await?;
     match &cli.command {
@@ -212,6 +280,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         Command::List(args) => list(cli, &idem, args).await,
         Command::Show(target) => show(cli, &idem, target).await,
         Command::Resolve(args) => resolve(cli, &idem, args).await,
+        Command::Forget(args) => forget(cli, &idem, args).await,
         Command::Purge => {
             let purged = idem.purge_expired().await?;
             if cli.json {
@@ -221,27 +290,73 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Command::Schema { .. } => unreachable!("handled above"),
+        Command::Schema { .. } | Command::Completions { .. } => unreachable!("handled above"),
     }
 }
 
+/// The DDL of `dialect` for `table`. Companion objects share the table's name as a
+/// prefix, so every name is renamed; the comments are left as shipped.
+fn schema(dialect: Dialect, table: &str) -> String {
+    const DEFAULT: &str = "idem_operations";
+    let sql = match dialect {
+        Dialect::Sqlite => idem_runtime::schema::SQLITE_SCHEMA_SQL,
+        Dialect::Postgres => idem_runtime::schema::POSTGRES_SCHEMA_SQL,
+        Dialect::Mysql => idem_runtime::schema::MYSQL_SCHEMA_SQL,
+    };
+    let mut out = String::with_capacity(sql.len() + 128);
+    if table != DEFAULT {
+        out.push_str(&format!(
+            "-- For the table `{table}`: the comments below name it `{DEFAULT}`, as shipped.\n"
+        ));
+    }
+    for line in sql.split_inclusive('\n') {
+        // No statement holds `--` inside a string, so it starts a comment.
+        let (code, comment) = line.split_at(line.find("--").unwrap_or(line.len()));
+        out.push_str(&code.replace(DEFAULT, table));
+        out.push_str(comment);
+    }
+    out
+}
+
+/// The store URL: `--url` (or `IDEM_URL`, which clap reads), else `DATABASE_URL`, the
+/// variable most deployments already set; never with `--node`, which names a cluster.
+fn store_url(cli: &Cli) -> Option<String> {
+    cli.url.clone().or_else(|| {
+        let fallback = std::env::var("DATABASE_URL").ok();
+        fallback.filter(|url| !url.is_empty() && cli.nodes.is_empty())
+    })
+}
+
+fn is_redis(url: &str) -> bool {
+    url.starts_with("redis://") || url.starts_with("rediss://")
+}
+
 async fn open(cli: &Cli) -> Result<Idem, Failure> {
-    let Some(url) = cli.url.as_deref() else {
+    let url = store_url(cli);
+    if url.is_none() && cli.nodes.is_empty() {
         return Err(Failure {
             code: 2,
-            message: "no store given: pass --url sqlite://PATH, --url postgres://USER@HOST/DB \
-                      or --url mysql://USER@HOST/DB (or set IDEM_URL)"
+            message: "no store given: pass --url sqlite://PATH, --url postgres://USER@HOST/DB, \
+                      --url mysql://USER@HOST/DB or --url redis://HOST:PORT (or set IDEM_URL or \
+                      DATABASE_URL), or --node URL for each node of a Redis Cluster"
                 .into(),
         });
+    }
+    let secret = match &cli.secret_env {
+        None => None,
+        Some(var) => Some(std::env::var(var).map_err(|_| Failure {
+            code: 2,
+            message: format!("--secret-env {var}: the environment variable `{var}` is not set"),
+        })?),
     };
+    let url = url.unwrap_or_default();
+    if !cli.nodes.is_empty() || is_redis(&url) {
+        return open_redis(cli, &url, secret).await;
+    }
     // Never create or migrate from here: an operator pointing at the wrong database
     // must get an error, not a fresh empty table.
     let mut builder = Idem::builder().table(&cli.table).migrate(false);
-    if let Some(var) = &cli.secret_env {
-        let secret = std::env::var(var).map_err(|_| Failure {
-            code: 2,
-            message: format!("--secret-env {var}: the environment variable `{var}` is not set"),
-        })?;
+    if let Some(secret) = secret {
         builder = builder.hash_keys(secret);
     }
     let opened = if let Some(path) = url.strip_prefix("sqlite://") {
@@ -250,31 +365,13 @@ async fn open(cli: &Cli) -> Result<Idem, Failure> {
                 "no SQLite database at `{path}`; check the path in --url"
             )));
         }
-        builder.sqlite(url).await
+        builder.sqlite(&url).await
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        builder.postgres(url).await
+        builder.postgres(&url).await
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-        builder.mysql(url).await
+        builder.mysql(&url).await
     } else {
-        // Only the scheme is shown: the rest of the URL may hold a password.
-        let scheme = match url.split_once("://") {
-            Some((scheme, _))
-                if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-                    && scheme
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
-            {
-                format!("with the scheme `{scheme}://`")
-            }
-            _ => "without a `scheme://`".to_owned(),
-        };
-        return Err(Failure {
-            code: 2,
-            message: format!(
-                "unsupported store URL ({scheme}); expected sqlite://PATH, \
-                 postgres://USER@HOST[:PORT]/DB or mysql://USER@HOST[:PORT]/DB"
-            ),
-        });
+        return Err(unsupported(&url));
     };
     opened.map_err(|e| match e {
         IdemError::Config { message } if message.contains("missing") => Failure::store(format!(
@@ -285,26 +382,100 @@ async fn open(cli: &Cli) -> Result<Idem, Failure> {
     })
 }
 
-/// A stored name, scope or key as a terminal shows it: control characters (ESC, CR,
-/// ...) and bidirectional overrides escaped, so a stored key cannot move the cursor,
-/// clear the screen or disguise another row. `--json` prints them exactly.
-fn shown(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !text.contains(unsafe_char) {
-        return text.into();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
+/// The refusal of a URL no store takes, naming only its scheme: the rest may hold a
+/// password.
+fn unsupported(url: &str) -> Failure {
+    let scheme = match url.split_once("://") {
+        Some((scheme, _))
+            if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        {
+            format!("with the scheme `{scheme}://`")
         }
+        _ => "without a `scheme://`".to_owned(),
+    };
+    Failure {
+        code: 2,
+        message: format!(
+            "unsupported store URL ({scheme}); expected sqlite://PATH, \
+             postgres://USER@HOST[:PORT]/DB, mysql://USER@HOST[:PORT]/DB or \
+             redis://HOST[:PORT]"
+        ),
     }
-    out.into()
+}
+
+/// `url` without its user, password and query, which may hold secrets.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "(a URL without a scheme)".to_owned();
+    };
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let host = match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    format!("{scheme}://{host}")
+}
+
+/// The Redis store at `url` (standalone, or a cluster's nodes separated by commas) or at
+/// the `--node`s, under `--key-prefix`. Like the SQL stores it creates nothing: a prefix
+/// no application opened is an error, not an empty store.
+async fn open_redis(cli: &Cli, url: &str, secret: Option<String>) -> Result<Idem, Failure> {
+    let mut nodes: Vec<&str> = cli.nodes.iter().map(String::as_str).collect();
+    if !url.is_empty() {
+        if !is_redis(url) {
+            return Err(Failure {
+                code: 2,
+                message: "--node names the nodes of a Redis Cluster, but --url (or IDEM_URL) \
+                          names another store; pass one of them"
+                    .into(),
+            });
+        }
+        nodes.extend(url.split(',').map(str::trim).filter(|n| !n.is_empty()));
+    }
+    if let Some(bad) = nodes.iter().find(|n| !is_redis(n)) {
+        return Err(unsupported(bad));
+    }
+    let cluster = !cli.nodes.is_empty() || nodes.len() > 1;
+    let prefix = cli.key_prefix.as_str();
+    let store = if cluster {
+        RedisStore::connect_cluster(&nodes, prefix).await
+    } else {
+        RedisStore::connect(nodes[0], prefix).await
+    };
+    let store = store.map_err(|e| {
+        let at: Vec<String> = nodes.iter().map(|n| redacted(n)).collect();
+        let mut failure = Failure::from(e);
+        failure.message = format!("Redis at {}: {}", at.join(", "), failure.message);
+        failure
+    })?;
+    let hint = |e: IdemError| match e {
+        IdemError::Config { message } if message.contains("no idem store") => {
+            Failure::store(format!(
+                "{message}\nhint: pass the application's prefix with --key-prefix (default `idem`)"
+            ))
+        }
+        IdemError::Config { message } if message.contains("hash") => Failure {
+            code: 2,
+            message: format!(
+                "{message}\nhint: pass --secret-env with the variable holding the \
+                 application's `hash_keys` secret, or leave it out if it sets none"
+            ),
+        },
+        e => e.into(),
+    };
+    store
+        .check_existing(secret.as_deref().map(str::as_bytes))
+        .await
+        .map_err(hint)?;
+    let mut builder = Idem::builder();
+    if let Some(secret) = secret {
+        builder = builder.hash_keys(secret);
+    }
+    Ok(builder.store(store))
 }
 
 fn state_name(state: State) -> &'static str {
@@ -316,10 +487,7 @@ fn state_name(state: State) -> &'static str {
 }
 
 fn age(d: Option<Duration>) -> String {
-    d.map_or_else(
-        || "-".into(),
-        |d| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string(),
-    )
+    d.map_or_else(|| "-".into(), duration)
 }
 
 fn millis(d: Option<Duration>) -> Value {
@@ -357,7 +525,11 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
         if args.encoded || s.is_empty() {
             s.to_string()
         } else {
-            idem.operation("", "").scope(s).id().scope.clone()
+            idem.operation("", "")
+                .scope(&*unquoted(s))
+                .id()
+                .scope
+                .clone()
         }
     });
     let filter = ListFilter {
@@ -385,19 +557,20 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
             .collect();
         println!("{}", Value::Array(rows));
     } else {
+        let part = |stored: &str| part(stored, args.encoded);
         println!(
-            "{:<12} {:>6} {:>12}  {:<20} {:<20} key",
+            "{:<12} {:>6} {:>8}  {:<20} {:<20} key",
             "state", "epoch", "age", "scope", "name"
         );
         for r in &rows {
             println!(
-                "{:<12} {:>6} {:>12}  {:<20} {:<20} {}",
+                "{:<12} {:>6} {:>8}  {:<20} {:<20} {}",
                 state_name(r.state),
                 r.epoch,
                 age(Some(r.age)),
-                shown(&r.id.scope),
+                part(&r.id.scope),
                 shown(&r.id.name),
-                shown(&r.id.key)
+                part(&r.id.key)
             );
         }
         if rows.is_empty() {
@@ -405,6 +578,15 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// A stored scope or key for a table: as the application passed it, or as stored.
+fn part(stored: &str, encoded: bool) -> String {
+    if encoded {
+        shown(stored).into_owned()
+    } else {
+        decoded(stored)
+    }
 }
 
 /// The stored identity of `target`, encoded (and hashed) as the application stores it.
@@ -423,12 +605,12 @@ fn operation_id(idem: &Idem, target: &Target) -> Result<OperationId, Failure> {
         })?;
         idem.operation(&target.name, &key)
     } else {
-        idem.operation(&target.name, target.key.as_str())
+        idem.operation(&target.name, &*unquoted(&target.key))
     };
     let op = if target.scope.is_empty() {
         op
     } else {
-        op.scope(target.scope.as_str())
+        op.scope(&*unquoted(&target.scope))
     };
     Ok(op.id().clone())
 }
@@ -437,11 +619,12 @@ async fn read(idem: &Idem, id: &OperationId) -> Result<RecordDetail, Failure> {
     idem.get(id).await?.ok_or_else(|| Failure {
         code: 3,
         message: format!(
-            "no record for operation `{}` with scope `{}` and key `{}`; check the name, and \
-             pass --int-key for integer keys or --encoded for keys copied from `list`",
+            "no record for operation `{}` with scope {} and key {}; check the name, and \
+             pass --int-key for integer keys or --encoded for keys copied from \
+             `list --encoded`",
             shown(&id.name),
-            shown(&id.scope),
-            shown(&id.key)
+            decoded(&id.scope),
+            decoded(&id.key)
         ),
     })
 }
@@ -469,8 +652,8 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
         );
     } else {
         println!("operation  {}", shown(&d.info.id.name));
-        println!("scope      {}", shown(&d.info.id.scope));
-        println!("key        {}", shown(&d.info.id.key));
+        println!("scope      {}", part(&d.info.id.scope, target.encoded));
+        println!("key        {}", part(&d.info.id.key, target.encoded));
         println!("state      {}", state_name(d.info.state));
         println!("epoch      {}", d.info.epoch);
         println!("age        {}", age(Some(d.info.age)));
@@ -488,7 +671,37 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The JSON of `--completed` or `--rejected`, which callers will get back as it is.
+fn resolution_json(flag: &str, text: &str) -> Result<Value, Failure> {
+    serde_json::from_str::<Value>(text).map_err(|e| Failure {
+        code: 2,
+        message: format!(
+            "--{flag}: not valid JSON ({e}); nothing was recorded. The value is replayed to \
+             every later caller as it is, as the JSON of the operation's {} value, so give \
+             exactly that, quoted for the shell: --{flag} '{{\"id\": 9}}', --{flag} \
+             '\"text\"'",
+            if flag == "completed" { "`Ok`" } else { "`Err`" }
+        ),
+    })
+}
+
 async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failure> {
+    // The value first: a bad one is refused before anything is read or written.
+    let resolution = if let Some(text) = &args.completed {
+        Resolution::Completed {
+            outcome: resolution_json("completed", text)?,
+            version: args.version,
+            retain: args.retain,
+        }
+    } else if let Some(text) = &args.rejected {
+        Resolution::Rejected {
+            error: resolution_json("rejected", text)?,
+            version: args.version,
+            retain: args.retain,
+        }
+    } else {
+        Resolution::Retry
+    };
     let id = operation_id(idem, &args.target)?;
     let current = read(idem, &id).await?;
     let epoch = args.epoch.unwrap_or(current.info.epoch);
@@ -498,7 +711,8 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
     };
     if current.info.state == State::Completed {
         return Err(refused(format!(
-            "operation `{}` is already COMPLETED at epoch {}; nothing to resolve",
+            "operation `{}` is already COMPLETED at epoch {}; nothing to resolve (to drop a \
+             wrong outcome, `idem forget` it)",
             shown(&id.name),
             current.info.epoch
         )));
@@ -511,31 +725,10 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
             current.info.epoch
         )));
     }
-    let parse = |flag: &str, text: &str| {
-        serde_json::from_str::<Value>(text).map_err(|e| Failure {
-            code: 2,
-            message: format!("--{flag}: not valid JSON ({e}); quote it for the shell"),
-        })
-    };
-    let resolution = if let Some(text) = &args.completed {
-        Resolution::Completed {
-            outcome: parse("completed", text)?,
-            version: args.version,
-            retain: args.retain,
-        }
-    } else if let Some(text) = &args.rejected {
-        Resolution::Rejected {
-            error: parse("rejected", text)?,
-            version: args.version,
-            retain: args.retain,
-        }
-    } else {
-        Resolution::Retry
-    };
-    let what = match &resolution {
-        Resolution::Retry => "retry",
-        Resolution::Completed { .. } => "completed",
-        Resolution::Rejected { .. } => "rejected",
+    let (what, replayed) = match &resolution {
+        Resolution::Retry => ("retry", None),
+        Resolution::Completed { outcome, .. } => ("completed", Some(outcome.to_string())),
+        Resolution::Rejected { error, .. } => ("rejected", Some(error.to_string())),
     };
     // The store applies it only while the record is still at `epoch`.
     idem.resolve(&id, epoch, resolution).await?;
@@ -543,6 +736,69 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
         println!("{}", json!({ "resolved": what, "epoch": epoch }));
     } else {
         println!("resolved `{}` at epoch {epoch}: {what}", shown(&id.name));
+        match replayed {
+            Some(value) => println!(
+                "every later call replays this {} as it is: {}\n(undo with `idem forget`)",
+                if what == "completed" {
+                    "outcome"
+                } else {
+                    "error"
+                },
+                shown(&value)
+            ),
+            None => println!("the next call runs the body"),
+        }
+    }
+    Ok(())
+}
+
+async fn forget(cli: &Cli, idem: &Idem, args: &ForgetArgs) -> Result<(), Failure> {
+    let id = operation_id(idem, &args.target)?;
+    let current = read(idem, &id).await?;
+    let epoch = args.epoch.unwrap_or(current.info.epoch);
+    let refused = |why: String| Failure {
+        code: 4,
+        message: why,
+    };
+    if current.info.epoch != epoch {
+        return Err(refused(format!(
+            "operation `{}` is at epoch {}, not {epoch}: another attempt claimed it since; \
+             check it with `show` and decide again",
+            shown(&id.name),
+            current.info.epoch
+        )));
+    }
+    if let Some(lease) = current.lease_remaining.filter(|l| !l.is_zero()) {
+        return Err(refused(format!(
+            "operation `{}` is IN_PROGRESS and its lease holds for {} more: a call may be \
+             running its body right now, so its record is not forgotten; wait for the lease \
+             to lapse, or `resolve` it once it is stuck",
+            shown(&id.name),
+            duration(lease)
+        )));
+    }
+    // The store deletes it only while it is still at `epoch` and not under a live lease.
+    if !idem.forget(&id, epoch).await? {
+        return Err(refused(format!(
+            "operation `{}` moved since it was read (another epoch, or claimed again); \
+             check it with `show` and decide again",
+            shown(&id.name)
+        )));
+    }
+    let state = state_name(current.info.state);
+    if cli.json {
+        println!(
+            "{}",
+            json!({ "forgotten": true, "epoch": epoch, "state": state })
+        );
+    } else {
+        println!(
+            "forgot `{}` (scope {}, key {}, {state} at epoch {epoch}): the next call runs the \
+             body",
+            shown(&id.name),
+            decoded(&id.scope),
+            decoded(&id.key)
+        );
     }
     Ok(())
 }

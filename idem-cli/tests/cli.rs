@@ -27,20 +27,31 @@ impl From<IdemError> for PayError {
     }
 }
 
-fn idem_cmd(url: &str, table: &str, args: &[&str]) -> Output {
+/// Runs `idem` with `args` against the store `store` names (`--url ...`, `--node ...`,
+/// `--table`, `--key-prefix`), with no store in the environment.
+fn idem(store: &[String], args: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["--url", url, "--table", table])
+        .args(store)
         .args(args)
         .env_remove("IDEM_URL")
+        .env_remove("DATABASE_URL")
         .output()
         .expect("run the idem binary")
 }
 
-/// Runs `idem --json ARGS`, expects exit code `code`, and parses stdout.
-fn json(url: &str, table: &str, args: &[&str], code: i32) -> Value {
+fn sql_store(url: &str, table: &str) -> Vec<String> {
+    ["--url", url, "--table", table].map(String::from).to_vec()
+}
+
+fn idem_cmd(url: &str, table: &str, args: &[&str]) -> Output {
+    idem(&sql_store(url, table), args)
+}
+
+/// Runs `idem --json ARGS` on `store`, expects exit code `code`, and parses stdout.
+fn json_on(store: &[String], args: &[&str], code: i32) -> Value {
     let mut all = vec!["--json"];
     all.extend_from_slice(args);
-    let out = idem_cmd(url, table, &all);
+    let out = idem(store, &all);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -49,6 +60,24 @@ fn json(url: &str, table: &str, args: &[&str], code: i32) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+fn json(url: &str, table: &str, args: &[&str], code: i32) -> Value {
+    json_on(&sql_store(url, table), args, code)
+}
+
+/// Runs `idem ARGS` on `store` for people, expects exit code `code`, and returns stdout
+/// and stderr.
+fn text_on(store: &[String], args: &[&str], code: i32) -> (String, String) {
+    let out = idem(store, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "idem {args:?}: stdout {stdout}, stderr {stderr}"
+    );
+    (stdout, stderr)
 }
 
 async fn charge(idem: &Idem, order: &str, unknown: bool) -> Result<Receipt, PayError> {
@@ -70,9 +99,35 @@ async fn charge(idem: &Idem, order: &str, unknown: bool) -> Result<Receipt, PayE
         .await
 }
 
-/// The whole operator flow on one store: `url` and `table` name what `idem` opens,
-/// `idem` is the application's handle on the same records.
-async fn operator_flow(url: &str, table: &str, idem: &Idem) {
+/// Records of `refund` under keys of several types, all in scope `acme`.
+async fn typed_keys(idem: &Idem) {
+    async fn refund<K: idem_runtime::KeyPart + ?Sized>(idem: &Idem, key: &K) {
+        idem.operation("refund", key)
+            .scope("acme")
+            .retain(Duration::from_secs(3600))
+            .fingerprint_none()
+            .run(|| async { Ok::<_, IdemError>(()) })
+            .await
+            .unwrap();
+    }
+    refund(idem, &42i64).await;
+    refund(idem, "42").await;
+    refund(idem, &("acme", 7u32)).await;
+    refund(idem, "two words").await;
+}
+
+/// The line of `text` that holds every one of `parts`.
+fn line_with<'t>(text: &'t str, parts: &[&str]) -> &'t str {
+    text.lines()
+        .find(|l| parts.iter().all(|p| l.contains(p)))
+        .unwrap_or_else(|| panic!("no line with {parts:?} in:\n{text}"))
+}
+
+/// The whole operator flow on one store: `store` names what `idem` opens, `idem` is the
+/// application's handle on the same records.
+async fn operator_flow(store: &[String], idem: &Idem) {
+    let json = |args: &[&str], code: i32| json_on(store, args, code);
+    let text = |args: &[&str], code: i32| text_on(store, args, code);
     charge(idem, "order-1", false).await.unwrap();
     assert_eq!(
         charge(idem, "order-2", true).await,
@@ -80,7 +135,7 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
         "the provider timed out: UNKNOWN"
     );
 
-    let stats = json(url, table, &["stats"], 0);
+    let stats = json(&["stats"], 0);
     assert_eq!(
         (stats["completed"].as_u64(), stats["unknown"].as_u64()),
         (Some(1), Some(1))
@@ -88,28 +143,71 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
     assert!(stats["oldest_unknown_ms"].is_u64());
     assert!(stats["oldest_in_progress_ms"].is_null());
 
-    let rows = json(
-        url,
-        table,
-        &["list", "--state", "unknown", "--scope", "acme"],
-        0,
-    );
+    let rows = json(&["list", "--state", "unknown", "--scope", "acme"], 0);
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["name"], "charge");
     assert_eq!(rows[0]["state"], "unknown");
+    // Scripts get keys and scopes as stored.
+    assert_eq!(
+        (rows[0]["scope"].as_str(), rows[0]["key"].as_str()),
+        (Some("s4:acme"), Some("s7:order-2"))
+    );
     let unknown_epoch = rows[0]["epoch"].as_u64().unwrap();
-    let other_scope = json(url, table, &["list", "--scope", "globex"], 0);
+    let other_scope = json(&["list", "--scope", "globex"], 0);
     assert_eq!(other_scope, Value::Array(vec![]), "scope filter");
 
-    let shown = json(url, table, &["show", "acme", "charge", "order-1"], 0);
+    // People get them as the application passed them.
+    typed_keys(idem).await;
+    let (listed, _) = text(&["list", "--name", "refund"], 0);
+    for (shown_key, stored_key) in [
+        ("42", "i42;"),
+        (r#""42""#, "s2:42"),
+        ("(acme, 7)", "t2(s4:acmei7;)"),
+        (r#""two words""#, "s9:two words"),
+    ] {
+        let row = format!("{:<20} {shown_key}", "refund");
+        let line = listed
+            .lines()
+            .find(|l| l.trim_end().ends_with(&row))
+            .unwrap_or_else(|| panic!("no row ending in {row:?}:\n{listed}"));
+        assert!(
+            line.contains(" acme ") && !line.contains("s4:acme"),
+            "{line}"
+        );
+        assert!(!line.contains(stored_key), "{line}");
+    }
+    let (encoded, _) = text(&["list", "--name", "refund", "--encoded"], 0);
+    for stored_key in ["i42;", "s2:42", "t2(s4:acmei7;)", "s9:two words"] {
+        line_with(&encoded, &["s4:acme", stored_key]);
+    }
+    // What `list` prints finds the record again: a quoted string, an integer.
+    let quoted = json(&["show", "acme", "refund", r#""42""#], 0);
+    assert_eq!(quoted["key"], "s2:42");
+    let int = json(&["show", "acme", "refund", "42", "--int-key"], 0);
+    assert_eq!(int["key"], "i42;");
+    json(
+        &["show", "s4:acme", "refund", "t2(s4:acmei7;)", "--encoded"],
+        0,
+    );
+
+    let shown = json(&["show", "acme", "charge", "order-1"], 0);
     assert_eq!(shown["state"], "completed");
     assert_eq!(shown["outcome"]["body"], serde_json::json!({ "id": 1 }));
     assert!(shown["expires_in_ms"].as_u64().unwrap() > 0);
-    // The key copied from `list` works with --encoded.
+    let (card, _) = text(&["show", "acme", "charge", "order-1"], 0);
+    assert_eq!(line_with(&card, &["scope"]), "scope      acme");
+    assert_eq!(line_with(&card, &["key"]), "key        order-1");
+    // Two largest units: a day's retention has 23h 59m left, not its seconds and millis.
+    assert_eq!(
+        line_with(&card, &["expires in"]),
+        "expires in 23h 59m",
+        "{card}"
+    );
+    let (card, _) = text(&["show", "s4:acme", "charge", "s7:order-1", "--encoded"], 0);
+    assert_eq!(line_with(&card, &["key"]), "key        s7:order-1");
+    // The key copied from `list --json` works with --encoded.
     let encoded = json(
-        url,
-        table,
         &[
             "show",
             rows[0]["scope"].as_str().unwrap(),
@@ -122,14 +220,12 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
     assert_eq!(encoded["state"], "unknown");
 
     // No such record: exit 3.
-    json(url, table, &["show", "acme", "charge", "order-404"], 3);
-    json(url, table, &["show", "acme", "charge", "1", "--int-key"], 3);
+    json(&["show", "acme", "charge", "order-404"], 3);
+    json(&["show", "acme", "charge", "1", "--int-key"], 3);
 
     // The operator checked the provider: the charge happened.
     let stale = (unknown_epoch + 1).to_string();
     let refused = json(
-        url,
-        table,
         &[
             "resolve",
             "acme",
@@ -143,22 +239,26 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
         4,
     );
     assert!(refused["error"].as_str().unwrap().contains("epoch"));
-    json(
-        url,
-        table,
-        &[
-            "resolve",
-            "acme",
-            "charge",
-            "order-2",
-            "--completed",
-            "not json",
-        ],
-        2,
-    );
-    let done = json(
-        url,
-        table,
+    // Not JSON (the shell ate the quotes): refused, saying what the value becomes.
+    for not_json in ["not json", "ok", "{id: 9}"] {
+        let (_, err) = text(
+            &[
+                "resolve",
+                "acme",
+                "charge",
+                "order-2",
+                "--completed",
+                not_json,
+            ],
+            2,
+        );
+        assert!(
+            err.contains("not valid JSON")
+                && err.contains("replayed to every later caller as it is"),
+            "{err}"
+        );
+    }
+    let (done, _) = text(
         &[
             "resolve",
             "acme",
@@ -169,19 +269,85 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
         ],
         0,
     );
-    assert_eq!(done["resolved"], "completed");
+    assert!(
+        done.contains("every later call replays this outcome as it is: {\"id\":9}"),
+        "{done}"
+    );
     assert_eq!(
         charge(idem, "order-2", true).await,
         Ok(Receipt { id: 9 }),
         "the resolution replays, the body does not run"
     );
     // Resolving a completed record is refused.
-    json(
-        url,
-        table,
-        &["resolve", "acme", "charge", "order-2", "--retry"],
+    json(&["resolve", "acme", "charge", "order-2", "--retry"], 4);
+
+    // The resolution was a mistake: forget it, fenced by the epoch read.
+    let read = json(&["show", "acme", "charge", "order-2"], 0);
+    let epoch = read["epoch"].as_u64().unwrap();
+    let stale = (epoch + 1).to_string();
+    let refused = json(
+        &["forget", "acme", "charge", "order-2", "--epoch", &stale],
         4,
     );
+    assert!(
+        refused["error"].as_str().unwrap().contains("epoch"),
+        "{refused}"
+    );
+    json(&["show", "acme", "charge", "order-2"], 0);
+    let forgot = json(
+        &[
+            "forget",
+            "acme",
+            "charge",
+            "order-2",
+            "--epoch",
+            &epoch.to_string(),
+        ],
+        0,
+    );
+    assert_eq!(forgot["forgotten"], true);
+    assert_eq!(forgot["state"], "completed");
+    json(&["show", "acme", "charge", "order-2"], 3);
+    json(&["forget", "acme", "charge", "order-2"], 3);
+    // The next call runs the body: the provider times out again, UNKNOWN again.
+    assert_eq!(charge(idem, "order-2", true).await, Err(PayError::Timeout));
+    let (forgot, _) = text(&["forget", "acme", "charge", "order-2"], 0);
+    assert!(
+        forgot.contains("forgot `charge` (scope acme, key order-2, unknown at epoch")
+            && forgot.contains("the next call runs the body"),
+        "{forgot}"
+    );
+    assert_eq!(charge(idem, "order-2", false).await, Ok(Receipt { id: 1 }));
+
+    // A claim whose lease holds is never forgotten: its body may be running.
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let running = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.operation("charge", "order-4")
+                .scope("acme")
+                .lease(Duration::from_secs(600))
+                .retain(std::time::Duration::from_secs(86_400))
+                .fingerprint_none()
+                .run(|| async move {
+                    started_tx.send(()).unwrap();
+                    std::future::pending::<()>().await;
+                    Ok::<_, IdemError>(Receipt { id: 4 })
+                })
+                .await
+        })
+    };
+    started.await.unwrap();
+    let (_, err) = text(&["forget", "acme", "charge", "order-4"], 4);
+    assert!(
+        err.contains("lease holds") && err.contains("IN_PROGRESS"),
+        "{err}"
+    );
+    assert_eq!(
+        json(&["show", "acme", "charge", "order-4"], 0)["state"],
+        "in_progress"
+    );
+    running.abort();
 
     // A stuck claim: the operator reads it, a claimant takes it over meanwhile, and the
     // operator's resolve at the epoch read is refused; the new claim stands.
@@ -204,7 +370,7 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
     };
     started.await.unwrap();
     stuck.abort();
-    let read = json(url, table, &["show", "acme", "charge", "order-3"], 0);
+    let read = json(&["show", "acme", "charge", "order-3"], 0);
     assert_eq!(read["state"], "in_progress");
     let read_epoch = read["epoch"].as_u64().unwrap().to_string();
     let taken = loop {
@@ -223,8 +389,6 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
     };
     assert_eq!(taken, Receipt { id: 33 });
     json(
-        url,
-        table,
         &[
             "resolve",
             "acme",
@@ -236,20 +400,18 @@ async fn operator_flow(url: &str, table: &str, idem: &Idem) {
         ],
         4,
     );
-    let after = json(url, table, &["show", "acme", "charge", "order-3"], 0);
+    let after = json(&["show", "acme", "charge", "order-3"], 0);
     assert_eq!(after["state"], "completed");
     assert_eq!(after["outcome"]["body"], serde_json::json!({ "id": 33 }));
 
-    let purged = json(url, table, &["purge"], 0);
+    let purged = json(&["purge"], 0);
     assert_eq!(purged["purged"], 0, "nothing has expired");
 
     // People get tables.
-    let out = idem_cmd(url, table, &["stats"]);
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (table, _) = text(&["stats"], 0);
     assert!(
-        text.contains("completed") && text.contains("unknown"),
-        "{text}"
+        table.contains("completed") && table.contains("unknown"),
+        "{table}"
     );
 }
 
@@ -263,7 +425,7 @@ async fn every_subcommand_on_a_sqlite_file() {
         .sqlite(&format!("{url}?mode=rwc"))
         .await
         .unwrap();
-    operator_flow(&url, "payments_idem", &idem).await;
+    operator_flow(&sql_store(&url, "payments_idem"), &idem).await;
 
     // The default table does not exist in this file: a clear error, nothing created.
     let out = idem_cmd(&url, "idem_operations", &["stats"]);
@@ -290,7 +452,7 @@ async fn every_subcommand_on_postgres() {
             return;
         }
     };
-    operator_flow(&url, &table, &idem).await;
+    operator_flow(&sql_store(&url, &table), &idem).await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     sqlx::query(&format!("DROP TABLE {table}, {table}_meta CASCADE"))
         .execute(&pool)
@@ -317,7 +479,7 @@ async fn every_subcommand_on_mysql() {
             return;
         }
     };
-    operator_flow(&url, &table, &idem).await;
+    operator_flow(&sql_store(&url, &table), &idem).await;
     let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
     sqlx::query(&format!(
         "DROP TABLE `{table}`, `{table}_meta`, `{table}_epoch_seq`"
@@ -334,9 +496,40 @@ async fn every_subcommand_on_mysql() {
 
 #[test]
 fn bad_urls_and_arguments_say_what_to_do() {
-    let out = idem_cmd("redis://x", "t", &["stats"]);
+    let out = idem_cmd("mongodb://x", "t", &["stats"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected sqlite://PATH"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("expected sqlite://PATH") && err.contains("redis://"),
+        "{err}"
+    );
+
+    // No store anywhere: say where one can be given.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("stats")
+        .env_remove("IDEM_URL")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("IDEM_URL") && err.contains("DATABASE_URL"),
+        "{err}"
+    );
+
+    // Cluster nodes must be Redis nodes.
+    let out = idem(
+        &[
+            "--node".into(),
+            "redis://127.0.0.1:1".into(),
+            "--url".into(),
+            "postgres://h/db".into(),
+        ],
+        &["stats"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--node"));
 
     let out = idem_cmd("sqlite:///nonexistent/dir/app.db", "t", &["stats"]);
     assert_eq!(out.status.code(), Some(1));
@@ -353,21 +546,144 @@ fn bad_urls_and_arguments_say_what_to_do() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// `schema --table` renames every object in the DDL and leaves its comments as
+/// shipped, which explain the default name.
 #[test]
 fn schema_prints_the_ddl_for_a_table() {
-    for (dialect, needle) in [
-        ("sqlite", "CREATE TABLE"),
-        ("postgres", "CREATE TABLE"),
-        ("mysql", "ENGINE = InnoDB"),
+    for (dialect, needle, shipped) in [
+        (
+            "sqlite",
+            "CREATE TABLE",
+            idem_runtime::schema::SQLITE_SCHEMA_SQL,
+        ),
+        (
+            "postgres",
+            "CREATE TABLE",
+            idem_runtime::schema::POSTGRES_SCHEMA_SQL,
+        ),
+        (
+            "mysql",
+            "ENGINE = InnoDB",
+            idem_runtime::schema::MYSQL_SCHEMA_SQL,
+        ),
     ] {
         let out = idem_cmd("unused://", "orders_idem", &["schema", dialect]);
         assert!(out.status.success());
         let sql = String::from_utf8_lossy(&out.stdout);
         assert!(sql.contains(needle) && sql.contains("orders_idem"), "{sql}");
+        let code: Vec<&str> = sql.lines().map(|l| l.split("--").next().unwrap()).collect();
         assert!(
-            !sql.contains("idem_operations"),
+            !code.iter().any(|l| l.contains("idem_operations")),
             "renamed throughout: {sql}"
         );
+        let comments = |text: &str| -> Vec<String> {
+            let lines = text
+                .lines()
+                .filter_map(|l| l.find("--").map(|i| l[i..].to_owned()));
+            lines
+                .filter(|c| !c.starts_with("-- For the table"))
+                .collect()
+        };
+        assert_eq!(comments(&sql), comments(shipped), "comments as shipped");
+        assert!(
+            sql.contains("idem renames `idem_operations`"),
+            "the comment keeps its own name: {sql}"
+        );
+        // The default table: the DDL exactly as shipped.
+        let out = idem_cmd("unused://", "idem_operations", &["schema", dialect]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), shipped);
+    }
+}
+
+/// `completions` prints a script for each shell, with no store needed.
+#[test]
+fn completions_for_bash_zsh_and_fish() {
+    for (shell, marker) in [
+        ("bash", "_idem()"),
+        ("zsh", "#compdef idem"),
+        ("fish", "complete -c idem"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["completions", shell])
+            .env_remove("IDEM_URL")
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{shell}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let script = String::from_utf8_lossy(&out.stdout);
+        for needle in [marker, "forget", "resolve", "key-prefix"] {
+            assert!(script.contains(needle), "{shell}: no {needle:?}");
+        }
+    }
+    let out = idem_cmd("unused://", "t", &["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// The store comes from `--url`, else `IDEM_URL`, else `DATABASE_URL`; `--help` names
+/// both variables and shows neither value.
+#[tokio::test]
+async fn the_url_falls_back_to_idem_url_then_database_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    let idem = Idem::sqlite(&format!("{url}?mode=rwc")).await.unwrap();
+    charge(&idem, "order-1", false).await.unwrap();
+    let missing = format!("sqlite://{}", dir.path().join("missing.db").display());
+    let run = |args: &[&str], idem_url: Option<&str>, database_url: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.args(args)
+            .env_remove("IDEM_URL")
+            .env_remove("DATABASE_URL");
+        if let Some(v) = idem_url {
+            cmd.env("IDEM_URL", v);
+        }
+        if let Some(v) = database_url {
+            cmd.env("DATABASE_URL", v);
+        }
+        cmd.output().unwrap()
+    };
+    let completed = |out: &Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+        stats["completed"].as_u64()
+    };
+    assert_eq!(
+        completed(&run(&["--json", "stats"], None, Some(&url))),
+        Some(1)
+    );
+    assert_eq!(
+        completed(&run(&["--json", "stats"], Some(&url), Some(&missing))),
+        Some(1)
+    );
+    assert_eq!(
+        completed(&run(
+            &["--json", "--url", &url, "stats"],
+            Some(&missing),
+            Some(&missing)
+        )),
+        Some(1)
+    );
+    // IDEM_URL comes before DATABASE_URL.
+    let out = run(&["stats"], Some(&missing), Some(&url));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.db"));
+
+    let secret = "postgres://u:hunter2@127.0.0.1/db";
+    for args in [&["--help"][..], &["stats", "--help"]] {
+        let out = run(args, Some(secret), Some(secret));
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            help.contains("IDEM_URL") && help.contains("DATABASE_URL"),
+            "{help}"
+        );
+        assert_no_secret("--help", &help);
     }
 }
 
@@ -386,7 +702,7 @@ fn assert_no_secret(what: &str, text: &str) {
 #[test]
 fn no_message_shows_the_urls_password() {
     for url in [
-        "redis://:hunter2@127.0.0.1:6379",
+        "mongodb://:hunter2@127.0.0.1:27017",
         "http://u:hunter2@h/x?password=hunter2",
         "u:hunter2@db/app",
     ] {
@@ -396,14 +712,16 @@ fn no_message_shows_the_urls_password() {
         assert!(err.contains("unsupported store URL"), "{err}");
         assert_no_secret(url, &err);
     }
-    let out = idem_cmd("redis://:hunter2@h", "t", &["stats"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("`redis://`"));
+    let out = idem_cmd("mongodb://:hunter2@h", "t", &["stats"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`mongodb://`"));
 
     // Nothing listens on port 1: the connect error quotes the URL, redacted.
     for url in [
         "postgres://u:s3cr%2Ft@127.0.0.1:1/db?password=hunter2",
         "postgres://u:pa?ss@127.0.0.1:1/db",
         "mysql://u:s3cr%2Ft@127.0.0.1:1/db?password=hunter2",
+        "redis://:hunter2@127.0.0.1:1",
+        "redis://u:s3cr@127.0.0.1:1/0",
     ] {
         let out = idem_cmd(url, "t", &["stats"]);
         assert_eq!(out.status.code(), Some(1), "{url}");
@@ -467,10 +785,299 @@ async fn list_and_show_escape_control_characters() {
     }
     let out = idem_cmd(&url, table, &["list"]);
     let text = String::from_utf8_lossy(&out.stdout);
+    // Shown as the application passed them, quoted (they hold spaces and control
+    // characters), the control characters escaped.
     assert!(
-        text.contains(r"k\u{1b}[2J\rorder-1 completed") && text.contains(r"acme\u{7}\u{202e}"),
+        text.contains(r#""k\u{1b}[2J\rorder-1 completed""#)
+            && text.contains(r#""acme\u{7}\u{202e}""#),
+        "{text}"
+    );
+    let out = idem_cmd(&url, table, &["list", "--encoded"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!has_control(&out.stdout), "{text}");
+    assert!(
+        text.contains(r"s23:k\u{1b}[2J\rorder-1 completed"),
         "{text}"
     );
     let rows = json(&url, table, &["list"], 0);
     assert_eq!(rows[0]["key"], format!("s{}:{key}", key.len()));
+}
+
+fn redis_url() -> String {
+    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A key prefix of this test's own.
+fn unique_prefix(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("idem-cli-{test}-{}-{nanos}", std::process::id())
+}
+
+/// Deletes every key under `prefix` on the server at `url`.
+async fn delete_prefix(url: &str, prefix: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for key in keys {
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Whether a Redis test should run: skipped (with a line) when no server answers, unless
+/// `IDEM_REQUIRE_DB=1`.
+fn redis_or_skip(test: &str, opened: &Result<Idem, IdemError>) -> bool {
+    match opened {
+        Ok(_) => true,
+        Err(e) if std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1") => {
+            panic!("Redis is required (IDEM_REQUIRE_DB=1) but not reachable: {e}")
+        }
+        Err(e) => {
+            eprintln!(
+                "skipping {test}: Redis not reachable at {} ({e})",
+                redis_url()
+            );
+            false
+        }
+    }
+}
+
+/// The operator flow on Redis, by `redis://` URL and key prefix; a prefix no application
+/// opened is an error (and is left unwritten), and keys stored hashed need the secret.
+#[tokio::test]
+async fn every_subcommand_on_redis() {
+    let url = redis_url();
+    let prefix = unique_prefix("flow");
+    let opened = Idem::builder().key_prefix(&prefix).redis(&url).await;
+    if !redis_or_skip("every_subcommand_on_redis", &opened) {
+        return;
+    }
+    let idem = opened.unwrap();
+    let store: Vec<String> = ["--url", &url, "--key-prefix", &prefix]
+        .map(String::from)
+        .to_vec();
+    operator_flow(&store, &idem).await;
+    delete_prefix(&url, &prefix).await;
+
+    let nobody = unique_prefix("nobody");
+    let (_, err) = text_on(
+        &["--url", &url, "--key-prefix", &nobody].map(String::from),
+        &["stats"],
+        1,
+    );
+    assert!(
+        err.contains(&format!(
+            "no idem store under the Redis key prefix `{nobody}`"
+        )) && err.contains("--key-prefix"),
+        "{err}"
+    );
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let written: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{nobody}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        written,
+        Vec::<String>::new(),
+        "idem wrote to a prefix it only read"
+    );
+
+    let hashed = unique_prefix("hashed");
+    let secret = "0123456789abcdef0123456789abcdef";
+    let app = Idem::builder()
+        .key_prefix(&hashed)
+        .hash_keys(secret)
+        .redis(&url)
+        .await
+        .unwrap();
+    charge(&app, "order-1", false).await.unwrap();
+    let run = |with_secret: bool, args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.args(["--url", &url, "--key-prefix", &hashed])
+            .env_remove("IDEM_URL")
+            .env_remove("DATABASE_URL");
+        if with_secret {
+            cmd.args(["--secret-env", "CLI_TEST_SECRET"])
+                .env("CLI_TEST_SECRET", secret);
+        }
+        cmd.args(args).output().unwrap()
+    };
+    let out = run(false, &["stats"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-env"));
+    let out = run(true, &["--json", "show", "acme", "charge", "order-1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["state"], "completed");
+    let out = run(true, &["list"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" h:") && !text.contains("order-1"), "{text}");
+    delete_prefix(&url, &hashed).await;
+}
+
+/// Three `redis-server --cluster-enabled yes` processes, killed on drop.
+struct Cluster {
+    children: Vec<std::process::Child>,
+    ports: Vec<u16>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts the cluster, or `None` when the Redis binaries are missing outside CI.
+    async fn start() -> Option<Cluster> {
+        let have = |bin: &str| {
+            std::process::Command::new(bin)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !(have("redis-server") && have("redis-cli")) {
+            assert!(
+                std::env::var("IDEM_REQUIRE_DB").is_err(),
+                "redis-server and redis-cli are needed"
+            );
+            eprintln!("skipping: redis-server or redis-cli not installed");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = Cluster {
+            children: Vec::new(),
+            ports: Vec::new(),
+            _dir: dir,
+        };
+        while cluster.ports.len() < 3 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let bus_free = std::net::TcpListener::bind(("127.0.0.1", port.wrapping_add(10_000)));
+            if port > 55_000 || cluster.ports.contains(&port) || bus_free.is_err() {
+                continue;
+            }
+            drop(bus_free);
+            let conf = cluster._dir.path().join(format!("nodes-{port}.conf"));
+            let child = std::process::Command::new("redis-server")
+                .args(["--cluster-enabled", "yes", "--port", &port.to_string()])
+                .arg("--cluster-config-file")
+                .arg(&conf)
+                .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+                .current_dir(cluster._dir.path())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            cluster.children.push(child);
+            cluster.ports.push(port);
+        }
+        for port in &cluster.ports {
+            cluster.wait_for(*port, |_| true).await;
+        }
+        let mut create = std::process::Command::new("redis-cli");
+        create.args(["--cluster", "create"]);
+        for port in &cluster.ports {
+            create.arg(format!("127.0.0.1:{port}"));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        for port in &cluster.ports {
+            cluster
+                .wait_for(*port, |info| info.contains("cluster_state:ok"))
+                .await;
+        }
+        Some(cluster)
+    }
+
+    /// Waits until the node at `port` answers `CLUSTER INFO` with what `ok` wants.
+    async fn wait_for(&self, port: u16, ok: impl Fn(&str) -> bool) {
+        for _ in 0..600 {
+            if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                && let Ok(mut c) = client.get_multiplexed_async_connection().await
+                && let Ok(info) = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async::<String>(&mut c)
+                    .await
+                && ok(&info)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the cluster node on port {port} never got ready");
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+/// The operator flow on a Redis Cluster reached by repeated `--node`; a comma-separated
+/// `--url` of the nodes reaches the same records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subcommand_on_a_redis_cluster() {
+    let Some(cluster) = Cluster::start().await else {
+        return;
+    };
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let idem = Idem::builder()
+        .key_prefix("billing")
+        .redis_cluster(&nodes)
+        .await
+        .unwrap();
+    let mut store = Vec::new();
+    for url in &urls {
+        store.extend(["--node".to_owned(), url.clone()]);
+    }
+    store.extend(["--key-prefix".to_owned(), "billing".to_owned()]);
+    operator_flow(&store, &idem).await;
+
+    let by_url = [
+        "--url".to_owned(),
+        urls.join(","),
+        "--key-prefix".to_owned(),
+        "billing".to_owned(),
+    ];
+    let counts = |stats: Value| {
+        let n = |state: &str| stats[state].as_u64().unwrap();
+        (n("completed"), n("in_progress"), n("unknown"))
+    };
+    let by_nodes = counts(json_on(&store, &["stats"], 0));
+    assert_eq!(counts(json_on(&by_url, &["stats"], 0)), by_nodes);
+    assert!(by_nodes.0 >= 4, "{by_nodes:?}");
 }

@@ -30,6 +30,7 @@ impl Idem {
     /// The embedded store: a SQLite file (created if missing, WAL mode) or
     /// `sqlite::memory:`. The schema is created on open.
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(url: &str) -> Result<Idem, IdemError> {
         IdemBuilder::default().sqlite(url).await
     }
@@ -37,6 +38,7 @@ impl Idem {
     /// The production store on PostgreSQL (`postgres://…`), with a sqlx pool. Leases and
     /// expiry use the database's clock. Migrations run on open.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(url: &str) -> Result<Idem, IdemError> {
         IdemBuilder::default().postgres(url).await
     }
@@ -46,6 +48,7 @@ impl Idem {
     /// use the database's clock. Migrations run on open. Transactional mode works on a
     /// `sqlx::Transaction<'_, MySql>`.
     #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn mysql(url: &str) -> Result<Idem, IdemError> {
         IdemBuilder::default().mysql(url).await
     }
@@ -55,12 +58,17 @@ impl Idem {
     /// [`store::redis`](crate::store::redis) for the durability each server
     /// configuration gives.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn redis(url: &str) -> Result<Idem, IdemError> {
         IdemBuilder::default().redis(url).await
     }
 
     /// A store on the application's own sqlx pool (`PgPool`, `MySqlPool` or `SqlitePool`).
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+    )]
     pub async fn from_pool<P: IntoStore>(pool: P) -> Result<Idem, IdemError> {
         IdemBuilder::default().pool(pool).await
     }
@@ -181,6 +189,7 @@ impl IdemBuilder {
     /// application's (on PostgreSQL the listener still adds one connection), nor on
     /// Redis, whose commands share one multiplexed connection.
     #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);
         self
@@ -202,6 +211,7 @@ impl IdemBuilder {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn group_commit(mut self, on: bool) -> Self {
         self.group_commit = on;
         self
@@ -211,6 +221,7 @@ impl IdemBuilder {
     /// other prefixes share a server without seeing each other's records. No braces
     /// (they would change the keys' cluster hash tag).
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = Some(prefix.into());
         self
@@ -261,6 +272,11 @@ impl IdemBuilder {
     /// body) or about one lease (after it), never later; retry it with the same key
     /// once the store is back. A connection whose statement timed out is closed, never
     /// reused mid-protocol.
+    ///
+    /// The bound includes the wait for one of idem's connections: under a load the
+    /// connections cannot keep up with, calls that would queue past it are shed with the
+    /// same retryable error instead of piling up. Size it above the longest queueing
+    /// delay you accept at peak.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.store_timeout = timeout.max(Duration::from_millis(1));
         self
@@ -424,6 +440,7 @@ impl IdemBuilder {
 
     /// The embedded SQLite store; see [`Idem::sqlite`].
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(self, url: &str) -> Result<Idem, IdemError> {
         let store = Arc::new(crate::store::sqlite::open(url, &self.sql_options()?).await?);
         Ok(self.sql_store(crate::store::SqlStores::sqlite(store)))
@@ -431,6 +448,7 @@ impl IdemBuilder {
 
     /// The PostgreSQL store; see [`Idem::postgres`].
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
         let store = Arc::new(crate::store::postgres::open(url, &self.sql_options()?).await?);
         Ok(self.sql_store(crate::store::SqlStores::postgres(store)))
@@ -438,6 +456,7 @@ impl IdemBuilder {
 
     /// The MySQL or MariaDB store; see [`Idem::mysql`].
     #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn mysql(self, url: &str) -> Result<Idem, IdemError> {
         let store = Arc::new(crate::store::mysql::open(url, &self.sql_options()?).await?);
         Ok(self.sql_store(crate::store::SqlStores::mysql(store)))
@@ -445,6 +464,7 @@ impl IdemBuilder {
 
     /// The Redis or Valkey store; see [`Idem::redis`].
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn redis(self, url: &str) -> Result<Idem, IdemError> {
         self.check_secret()?;
         let prefix = self.redis_prefix();
@@ -458,6 +478,7 @@ impl IdemBuilder {
     /// The store on a Redis Cluster, reached through any of its `nodes`
     /// (`redis://host:port`); otherwise as [`IdemBuilder::redis`].
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn redis_cluster(self, nodes: &[&str]) -> Result<Idem, IdemError> {
         self.check_secret()?;
         let prefix = self.redis_prefix();
@@ -477,6 +498,10 @@ impl IdemBuilder {
 
     /// A store on the application's own sqlx pool; see [`Idem::from_pool`].
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+    )]
     pub async fn pool<P: IntoStore>(self, pool: P) -> Result<Idem, IdemError> {
         let opts = self.sql_options()?;
         let tx = match pool.into_pool() {
@@ -518,6 +543,10 @@ impl IdemBuilder {
 
 /// A sqlx pool idem can keep its records in: `PgPool`, `MySqlPool` or `SqlitePool`.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub trait IntoStore: sealed::Sealed {
     #[doc(hidden)]
     fn into_pool(self) -> Pool;
@@ -542,6 +571,7 @@ pub enum Pool {
 #[cfg(feature = "sqlite")]
 impl sealed::Sealed for sqlx::SqlitePool {}
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl IntoStore for sqlx::SqlitePool {
     fn into_pool(self) -> Pool {
         Pool::Sqlite(self)
@@ -551,6 +581,7 @@ impl IntoStore for sqlx::SqlitePool {
 #[cfg(feature = "postgres")]
 impl sealed::Sealed for sqlx::PgPool {}
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl IntoStore for sqlx::PgPool {
     fn into_pool(self) -> Pool {
         Pool::Postgres(self)
@@ -560,6 +591,7 @@ impl IntoStore for sqlx::PgPool {
 #[cfg(feature = "mysql")]
 impl sealed::Sealed for sqlx::MySqlPool {}
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 impl IntoStore for sqlx::MySqlPool {
     fn into_pool(self) -> Pool {
         Pool::MySql(self)

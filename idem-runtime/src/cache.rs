@@ -279,6 +279,19 @@ impl ReplayCache {
         while inner.held() > self.budget && inner.evict_oldest() {}
     }
 
+    /// Drops `id`'s entry: an operator forgot the record, so it must not be replayed
+    /// from here. Linear in the entries; forgetting is rare.
+    pub(crate) fn forget(&self, id: &OperationId) {
+        if self.budget == 0 {
+            return;
+        }
+        let mut inner = self.lock();
+        if let Some((key, e)) = inner.entries.remove_entry(id) {
+            inner.bytes -= key_bytes(&key) + outcome_bytes(&e.outcome);
+            inner.order.retain(|k| **k != *id);
+        }
+    }
+
     /// What the cache holds, as its budget counts it.
     #[cfg(test)]
     fn held(&self) -> usize {

@@ -1,8 +1,21 @@
-//! The one error type of idem.
+//! The one error type of idem, and the error a store returns.
 
 use std::time::Duration;
 
 /// A boxed error from the store's database driver, kept opaque so driver types stay private.
+///
+/// Also a convenient error type for bodies and examples: it implements
+/// `From<IdemError>`, as every body's error type must.
+///
+/// ```
+/// use idem_runtime::{BoxError, Idem, idempotent};
+///
+/// #[idempotent(store = idem, key = id, retain = "1h")]
+/// async fn import(idem: &Idem, id: u64) -> Result<u64, BoxError> {
+///     let parsed: u64 = "42".parse()?; // any error type converts
+///     Ok(parsed + id)
+/// }
+/// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong around an idempotent call.
@@ -10,6 +23,47 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Each message says what happened and what the caller should do. The body's own
 /// error type must implement `From<IdemError>` so these reach the caller through the
 /// function's ordinary `Result`.
+///
+/// ```
+/// use idem_runtime::{Idem, IdemError, InFlight};
+/// use std::time::Duration;
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum PayError {
+///     #[error("card declined")]
+///     Declined,
+///     #[error(transparent)]
+///     Idem(#[from] IdemError),
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let idem = Idem::memory();
+/// let charge = || {
+///     idem.operation("charge", "order-1")
+///         .retain(Duration::from_secs(3600))
+///         .fingerprint_none()
+///         .in_flight(InFlight::Reject)
+/// };
+/// let (started, running) = tokio::sync::oneshot::channel();
+/// let (finish, hold) = tokio::sync::oneshot::channel::<()>();
+/// let first = tokio::spawn(charge().run(|| async move {
+///     started.send(()).unwrap();
+///     hold.await.unwrap(); // the first call is still running
+///     Ok::<_, PayError>(1999u64)
+/// }));
+/// running.await.unwrap();
+/// match charge().run(|| async { Ok::<_, PayError>(1999) }).await {
+///     // A duplicate while the first call runs: retry later with the same key.
+///     Err(PayError::Idem(e)) if e.is_retryable() => assert!(e.retry_after().is_some()),
+///     other => panic!("{other:?}"),
+/// }
+/// finish.send(()).unwrap();
+/// assert_eq!(first.await.unwrap().unwrap(), 1999);
+/// let replay = charge().run(|| async { Err::<u64, _>(PayError::Declined) }).await; // not run
+/// assert_eq!(replay.unwrap(), 1999);
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IdemError {
@@ -224,6 +278,16 @@ impl IdemError {
 
 /// An error a [`Store`](crate::store::Store) returns: the driver's error, whether a retry may
 /// succeed, and whether the store could not be reached at all.
+///
+/// ```
+/// use idem_runtime::store::StoreError;
+///
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let e = StoreError::new(true, refused);
+/// assert!(e.unreachable); // an I/O error: `fail_open` may act on it
+/// let e = StoreError::new(false, "duplicate key value violates unique constraint");
+/// assert!(!e.unreachable && !e.retryable); // a refusal always fails closed
+/// ```
 #[derive(Debug)]
 pub struct StoreError {
     /// Whether a retry of the same statement may succeed.

@@ -310,6 +310,54 @@ impl Idem {
         }
     }
 
+    /// Deletes the record of `id` held at `epoch` (from [`Idem::get`] or [`Idem::list`]),
+    /// so the next call runs the body: an operator's undo of a wrong outcome, such as a
+    /// mistaken [`Resolution::Completed`]. It deletes a COMPLETED or UNKNOWN record, or an
+    /// IN_PROGRESS one whose lease has lapsed; never a claim whose lease holds (its body
+    /// may be running). Returns `false`, deleting nothing, when the record is gone, at
+    /// another epoch, or in progress under a live lease: read it again and decide again.
+    ///
+    /// The next call binds its own fingerprint, so a forgotten key may be reused with
+    /// another payload. This handle's replay cache drops the outcome at once; other
+    /// processes that recorded or replayed it in the last minute may still replay it from
+    /// their own cache until the entry ages out (at most 60 s). Epochs never repeat, so no
+    /// late writer of an older claim lands.
+    ///
+    /// ```
+    /// use idem_runtime::{Idem, IdemError};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let send = |text: &'static str| {
+    ///     idem.operation("send", "msg-1")
+    ///         .retain(Duration::from_secs(3600))
+    ///         .fingerprint_none()
+    ///         .run(move || async move { Ok::<_, IdemError>(text.to_owned()) })
+    /// };
+    /// assert_eq!(send("first").await?, "first");
+    /// let id = idem.operation("send", "msg-1").id().clone();
+    /// let record = idem.get(&id).await?.expect("recorded");
+    /// assert!(idem.forget(&id, record.info.epoch).await?);
+    /// assert_eq!(send("again").await?, "again"); // the body ran again
+    /// # Ok(()) }
+    /// ```
+    pub async fn forget(&self, id: &OperationId, epoch: u64) -> Result<bool, IdemError> {
+        let fence = self
+            .store()
+            .forget(id, epoch)
+            .await
+            .map_err(|e| IdemError::store("forget", e))?;
+        let forgotten = fence == crate::store::Fence::Held;
+        if forgotten {
+            self.cache().forget(id);
+            self.wake(id);
+            tracing::info!(scope = ?self.log_key(&id.scope), name = ?id.name, key = ?self.log_key(&id.key), epoch, "forgotten");
+        }
+        Ok(forgotten)
+    }
+
     pub(crate) fn new(
         store: Arc<dyn Store>,
         local: Option<Arc<MemoryStore>>,
@@ -587,6 +635,30 @@ mod tests {
                 Ok::<_, IdemError>(cents)
             })
             .await
+    }
+
+    /// A forgotten record is not replayed from this handle's replay cache either: the
+    /// next call runs the body.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_forgotten_outcome_leaves_the_replay_cache() {
+        let idem = Idem::sqlite("sqlite::memory:").await.unwrap();
+        let send = |text: &'static str| {
+            idem.operation("send", "msg-1")
+                .retain(Duration::from_secs(3600))
+                .fingerprint_none()
+                .run(move || async move { Ok::<_, IdemError>(text.to_owned()) })
+        };
+        assert_eq!(send("first").await.unwrap(), "first");
+        assert_eq!(send("replayed").await.unwrap(), "first");
+        let id = idem.operation("send", "msg-1").id().clone();
+        let epoch = idem.get(&id).await.unwrap().expect("recorded").info.epoch;
+        assert!(idem.forget(&id, epoch).await.unwrap());
+        assert_eq!(
+            send("again").await.unwrap(),
+            "again",
+            "replayed from the cache"
+        );
     }
 
     /// Under `hash_keys` the table holds the fingerprint keyed (HMAC-SHA256 of it, under

@@ -168,6 +168,7 @@ impl<T: KeyPart> KeyPart for Option<T> {
 }
 
 #[cfg(feature = "uuid")]
+#[cfg_attr(docsrs, doc(cfg(feature = "uuid")))]
 impl KeyPart for uuid::Uuid {
     fn write_key(&self, out: &mut String) {
         out.push('u');

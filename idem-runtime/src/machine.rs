@@ -667,8 +667,9 @@ async fn bounded<T>(
 
 fn no_answer(what: &str, after: Duration) -> StoreError {
     StoreError::unreachable(format!(
-        "the store did not answer the {what} within {after:?} (a network partition or a \
-         stalled server); see `IdemBuilder::store_timeout`"
+        "the store did not answer the {what} within {after:?} (a network partition, a \
+         stalled server, or more calls than its connections serve); retry later, and see \
+         `IdemBuilder::store_timeout`"
     ))
 }
 
@@ -821,11 +822,11 @@ async fn release_unstarted(
 #[cfg(test)]
 mod tests {
     /// A call's future is what a framework boxes or a task holds, for every call. It
-    /// holds the operation once, and the rare paths' timers (waiting on a duplicate,
-    /// record retries, settling UNKNOWN) in boxes of their own: 1,592 bytes before, on
-    /// this toolchain, for this call with every feature on. Then 1,096, before an invalid
-    /// configuration's error was boxed and `go` and `execute` became blocks (as `async
-    /// fn`s they held their arguments twice).
+    /// holds the operation once, an invalid configuration's error boxed, and the rare
+    /// paths' timers (waiting on a duplicate, record retries, settling UNKNOWN) in boxes
+    /// of their own; `go` and `execute` are blocks, since as `async fn`s they would hold
+    /// their arguments twice. The bound is for this toolchain, this call, every feature
+    /// on.
     #[test]
     fn a_calls_future_stays_small() {
         let idem = crate::Idem::memory();

@@ -69,27 +69,131 @@
 //!   `fenced` (this attempt lost its claim; retry with the same key),
 //!   `outcome_unrecorded` (it ran but was not recorded; retry later with the same key);
 //! - an `invalid_params` JSON-RPC error for a key idem refuses (empty, or over its cap)
-//!   or a scope over its cap, as for an [`IdempotencyKey`] argument that fails
-//!   validation: the tool did not run, and the request must change;
+//!   or a scope over its cap: the tool did not run, and the request must change;
 //! - a JSON-RPC error where the model cannot act: no store, the store down (the tool did
 //!   not run), and idem's configuration or encoding errors.
 //!
 //! The JSON-RPC request id is never the key: the protocol gives every retry a new one.
+//! [`ToolError::tool`] makes a tool's own domain errors look the same to the model; with
+//! the default `errors = release` they leave the key free for a corrected retry.
+//!
+//! # The key
+//!
+//! [`IdempotencyKey`] is 1 to 255 visible ASCII characters, no whitespace: the same cap
+//! as the HTTP `Idempotency-Key` header, so a key a client chose for one transport fits
+//! the other. rmcp refuses an invalid one before the tool runs, with a tool result
+//! (`isError: true`) that names the rule broken. Its schema tells the model to generate
+//! one key per intended action and to send it again, with the same arguments, on every
+//! retry of that action.
+//!
+//! # Telling a replay from a first run
+//!
+//! A replayed result is the recorded one, so the model would take it for a fresh
+//! effect. [`mark_replays`] wraps a tool router so that a replayed result carries
+//! `"_meta": { "io.idem/replayed": true }` ([`REPLAYED_META`]; MCP reserves unprefixed
+//! `_meta` names for itself). A first run carries no such entry, and `structuredContent`
+//! is the same for the first result and every replay:
+//!
+//! ```
+//! use idem_runtime::mcp::mark_replays;
+//! use rmcp::handler::server::router::tool::ToolRouter;
+//! use rmcp::{tool, tool_handler, tool_router, ServerHandler};
+//!
+//! #[derive(Clone)]
+//! struct Payments {
+//!     tool_router: ToolRouter<Self>,
+//! }
+//!
+//! #[tool_router]
+//! impl Payments {
+//!     fn new() -> Self {
+//!         // Wrapped once; every call then goes through it.
+//!         Payments { tool_router: mark_replays(Self::tool_router()) }
+//!     }
+//!     // ... the tools, as above.
+//! #   #[tool(description = "The balance.", annotations(read_only_hint = true))]
+//! #   async fn balance(&self) -> String { String::new() }
+//! }
+//!
+//! #[tool_handler(router = self.tool_router)]
+//! impl ServerHandler for Payments {}
+//! # let _ = Payments::new();
+//! ```
+//!
+//! # Auditing a server's tools
+//!
+//! A tool that changes something and takes no key runs its effect again on every retry
+//! of the model. [`audit`] lists every tool of a router that is not annotated read-only
+//! (`readOnlyHint`) and takes no [`IdempotencyKey`] argument (or takes it as optional).
+//! Add it to every MCP server's tests:
+//!
+//! ```
+//! # use rmcp::{handler::server::wrapper::Parameters, tool, tool_router};
+//! # #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! # struct Account { account: String }
+//! # #[derive(Clone)] struct Payments;
+//! # #[tool_router]
+//! # impl Payments {
+//! #     #[tool(description = "A balance.", annotations(read_only_hint = true))]
+//! #     async fn balance(&self, Parameters(a): Parameters<Account>) -> String { a.account }
+//! # }
+//! // `#[test]` in the server's tests:
+//! fn every_side_effecting_tool_takes_an_idempotency_key() {
+//!     let findings = idem_runtime::mcp::audit(&Payments::tool_router());
+//!     assert!(findings.is_empty(), "{findings:#?}");
+//! }
+//! # every_side_effecting_tool_takes_an_idempotency_key();
+//! ```
+//!
+//! A tool that is idempotent by its own nature (it sets a value rather than adding to
+//! one) needs no key: leave it out of the assertion by name. [`audit_tools`] checks a
+//! list of tools as a client sees it (`list_tools`), for a server you only reach over
+//! the protocol.
+//!
+//! # The scope is the caller
+//!
+//! [`Principal::caller`] is, on streamable HTTP, the [`Principal`] the server's auth
+//! layer (axum middleware) inserted into the request's extensions, which rmcp hands to
+//! the tool inside `http::request::Parts`; an HTTP request without one is refused,
+//! never run as someone. On stdio there is no request to authenticate, so the principal
+//! comes from the environment, read once at startup with [`Principal::from_env`].
+//!
+//! # Outcomes are your types
+//!
+//! A tool's `Ok` value is recorded and replayed, so it must be `Serialize +
+//! DeserializeOwned` as well as rmcp's `IntoCallToolResult` or `IntoContents`:
+//! `rmcp::Json<T>` has no serde impls and cannot be recorded. Other extractor parameters
+//! (`Extensions`, `RequestContext`, `Peer`) are marked `#[idem(skip)]`: they are not the
+//! request.
+//!
+//! The workspace's `examples/agent_tools.rs` is a complete server on stdio and on
+//! streamable HTTP, whose tools write each effect in
+//! [transactional mode](crate::guide::transactions) on SQLite; its test drives it with
+//! rmcp's own client over both transports, through repeats, concurrent duplicates, a
+//! reused key, two principals, and a SIGKILL mid-body followed by a restart.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
 use rmcp::ErrorData;
-use rmcp::handler::server::tool::IntoCallToolResult;
-use rmcp::model::{CallToolResponse, CallToolResult, Extensions};
+use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
+use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext};
+use rmcp::model::{CallToolResponse, CallToolResult, Extensions, MetaObject, Tool};
 use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 
 use crate::{IdemError, KeyPart};
 
-/// The longest [`IdempotencyKey`], in bytes: room for a UUID or a ULID with a prefix,
-/// well under idem's 255-byte cap on encoded keys.
-pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
+/// The longest [`IdempotencyKey`], in bytes: the cap of the HTTP `Idempotency-Key`
+/// header (`idem_runtime::http::MAX_KEY_LEN`), so one client key fits both transports.
+/// A key longer than 250 bytes is keyed by its SHA-256, to fit idem's 255-byte cap on
+/// encoded keys.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// The title of [`IdempotencyKey`]'s JSON Schema, by which [`audit`] knows a key
+/// argument whatever its name.
+const KEY_TITLE: &str = "IdempotencyKey";
 
 /// What the key's JSON Schema tells the model.
 const KEY_DESCRIPTION: &str = "Idempotency key of this action. Generate a new unique value \
@@ -102,7 +206,7 @@ const KEY_DESCRIPTION: &str = "Idempotency key of this action. Generate a new un
 /// visible ASCII characters (`!` to `~`: no whitespace, no control characters).
 ///
 /// It deserializes only when valid, so a tool never runs with a bad key (rmcp answers
-/// `invalid_params`). Its JSON Schema carries those bounds and a description telling the
+/// with a tool error naming the rule). Its JSON Schema carries those bounds and a description telling the
 /// model to generate one key per intent and reuse it on retry; a field of this type in a
 /// tool's argument struct puts both in the tool's input schema. As a [`KeyPart`] it
 /// encodes like the same string, so `key = args.idempotency_key` works.
@@ -217,6 +321,7 @@ impl schemars::JsonSchema for IdempotencyKey {
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
+            "title": KEY_TITLE,
             "type": "string",
             "minLength": 1,
             "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
@@ -228,7 +333,19 @@ impl schemars::JsonSchema for IdempotencyKey {
 
 impl KeyPart for IdempotencyKey {
     fn write_key(&self, out: &mut String) {
-        self.0.write_key(out);
+        // `s<len>:` costs up to 5 bytes: a key that would take the encoding past the
+        // store's cap is keyed by its digest, under a tag of its own (as the HTTP key is),
+        // so it never meets a plain string's encoding.
+        if self.0.len() + 5 <= crate::MAX_KEY_BYTES {
+            self.0.as_str().write_key(out);
+        } else {
+            use sha2::{Digest, Sha256};
+            out.push('h');
+            for b in Sha256::digest(self.0.as_bytes()) {
+                use std::fmt::Write;
+                let _ = write!(out, "{b:02x}");
+            }
+        }
     }
 }
 
@@ -267,8 +384,32 @@ pub struct Principal(String);
 
 impl Principal {
     /// A principal named `name` (what your authentication established).
+    ///
+    /// # Panics
+    ///
+    /// If `name` is empty. The empty scope is idem's default namespace, shared by every
+    /// operation given no scope, so an empty principal would share keys with them and
+    /// with every other caller whose name came out empty; an auth layer that can produce
+    /// one has a bug to fix. Use [`try_new`](Self::try_new) where the name comes from
+    /// input.
     pub fn new(name: impl Into<String>) -> Self {
-        Principal(name.into())
+        Self::try_new(name).expect(
+            "mcp::Principal::new(\"\"): a principal's name must not be empty (the empty \
+             scope is shared); refuse the request in the auth layer instead, or use \
+             `Principal::try_new`",
+        )
+    }
+
+    /// A principal named `name`, or `None` if it is empty (see [`new`](Self::new)).
+    ///
+    /// ```
+    /// use idem_runtime::mcp::Principal;
+    /// assert!(Principal::try_new("").is_none());
+    /// assert_eq!(Principal::try_new("ana").unwrap().as_str(), "ana");
+    /// ```
+    pub fn try_new(name: impl Into<String>) -> Option<Self> {
+        let name = name.into();
+        (!name.is_empty()).then_some(Principal(name))
     }
 
     /// Its name.
@@ -278,10 +419,14 @@ impl Principal {
 
     /// The principal for a stdio server: the environment variable `var`, or `default`
     /// when it is unset or empty.
+    ///
+    /// # Panics
+    ///
+    /// If `var` is unset or empty and `default` is empty.
     pub fn from_env(var: &str, default: &str) -> Self {
         match std::env::var(var) {
             Ok(name) if !name.is_empty() => Principal(name),
-            _ => Principal(default.to_owned()),
+            _ => Principal::new(default),
         }
     }
 
@@ -321,6 +466,204 @@ impl KeyPart for Principal {
     }
 }
 
+/// The `_meta` entry [`mark_replays`] sets to `true` on a replayed tool result.
+pub const REPLAYED_META: &str = "io.idem/replayed";
+
+/// Wraps every tool of `router` so that a result replayed by idem (a recorded success
+/// or a recorded error alike, as [`observe`](crate::observe) reports it) carries
+/// `"_meta": { "io.idem/replayed": true }` ([`REPLAYED_META`]). A first run, a tool
+/// without `#[idempotent]` and a protocol error are passed on as they are; the result's
+/// content and `structuredContent` are never changed. With several idempotent calls in
+/// one tool, the last one decides. See [the module docs](self#telling-a-replay-from-a-first-run).
+pub fn mark_replays<S: Send + Sync + 'static>(mut router: ToolRouter<S>) -> ToolRouter<S> {
+    for route in router.map.values_mut() {
+        let call = route.call.clone();
+        let marked = ToolRoute::new_dyn(
+            route.attr.clone(),
+            move |context: ToolCallContext<'_, S>| {
+                let result = call(context);
+                Box::pin(async move {
+                    let (result, info) = crate::observe(result).await;
+                    if info.replayed() {
+                        result.map(mark_replayed)
+                    } else {
+                        result
+                    }
+                })
+            },
+        );
+        *route = marked;
+    }
+    router
+}
+
+fn mark_replayed(response: CallToolResponse) -> CallToolResponse {
+    match response {
+        CallToolResponse::Complete(mut result) => {
+            let meta = result.meta.get_or_insert_with(MetaObject::new);
+            meta.insert(REPLAYED_META.to_owned(), Value::Bool(true));
+            CallToolResponse::Complete(result)
+        }
+        other => other,
+    }
+}
+
+/// What [`audit`] found wrong with one tool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Finding {
+    /// The tool's name.
+    pub tool: String,
+    /// What is wrong.
+    pub kind: FindingKind,
+    /// What is wrong and what to do, in words.
+    pub message: String,
+}
+
+/// The kinds of [`Finding`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum FindingKind {
+    /// The tool is not annotated read-only and takes no [`IdempotencyKey`].
+    NoKey,
+    /// The tool's key argument is optional: a call without one runs unprotected.
+    OptionalKey,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The tools of `router` that may have side effects yet take no idempotency key: every
+/// tool not annotated `read_only_hint = true` whose input schema has no
+/// [`IdempotencyKey`] argument (a property named `idempotency_key` or `idempotencyKey`,
+/// or one whose schema is the key's), or has it only as an optional one. Each
+/// [`Finding`] names the tool and what to do. An empty list is what a test asserts; see
+/// [the module docs](self#auditing-a-servers-tools).
+///
+/// ```
+/// use idem_runtime::mcp::{FindingKind, audit};
+/// use rmcp::handler::server::wrapper::Parameters;
+/// use rmcp::{tool, tool_router};
+///
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Sms { to: String, text: String }
+///
+/// #[derive(Clone)]
+/// struct Notifier;
+///
+/// #[tool_router]
+/// impl Notifier {
+///     #[tool(description = "Send a text message.")]
+///     async fn send_sms(&self, Parameters(sms): Parameters<Sms>) -> String {
+///         format!("sent to {}", sms.to)
+///     }
+/// }
+///
+/// let findings = audit(&Notifier::tool_router());
+/// assert_eq!(findings.len(), 1);
+/// assert_eq!((findings[0].tool.as_str(), findings[0].kind), ("send_sms", FindingKind::NoKey));
+/// ```
+pub fn audit<S: Send + Sync + 'static>(router: &ToolRouter<S>) -> Vec<Finding> {
+    audit_tools(&router.list_all())
+}
+
+/// [`audit`] over tool definitions as a client lists them (`list_tools`), for a server
+/// reached over the protocol.
+pub fn audit_tools<'a>(tools: impl IntoIterator<Item = &'a Tool>) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    for tool in tools {
+        let read_only = tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.read_only_hint)
+            .unwrap_or(false);
+        if read_only {
+            continue;
+        }
+        let name = tool.name.to_string();
+        let schema = &*tool.input_schema;
+        let required = |property: &str| {
+            schema
+                .get("required")
+                .and_then(Value::as_array)
+                .is_some_and(|r| r.iter().any(|v| v.as_str() == Some(property)))
+        };
+        let properties = schema.get("properties").and_then(Value::as_object);
+        let keys: Vec<&String> = properties
+            .into_iter()
+            .flatten()
+            .filter(|(property, value)| {
+                matches!(property.as_str(), "idempotency_key" | "idempotencyKey")
+                    || is_key_schema(schema, value, 0)
+            })
+            .map(|(property, _)| property)
+            .collect();
+        if keys.is_empty() {
+            findings.push(Finding {
+                message: format!(
+                    "tool `{name}` is not annotated read-only and takes no idempotency key, so \
+                     a model's retry (after a timeout, a restart, a replanned step) runs its \
+                     effect again: give its arguments an `idempotency_key: \
+                     idem_runtime::mcp::IdempotencyKey` and put `#[idempotent(key = \
+                     args.idempotency_key, scope = ..., retain = ...)]` above its `#[tool]`; \
+                     if it changes nothing, annotate it `read_only_hint = true`"
+                ),
+                tool: name,
+                kind: FindingKind::NoKey,
+            });
+        } else if let Some(optional) = keys.iter().find(|k| !required(k)) {
+            findings.push(Finding {
+                message: format!(
+                    "tool `{name}` takes its idempotency key `{optional}` as optional, so a \
+                     call without one runs unprotected: make it required (`IdempotencyKey`, \
+                     not `Option<IdempotencyKey>`, and no `#[serde(default)]`)"
+                ),
+                tool: name,
+                kind: FindingKind::OptionalKey,
+            });
+        }
+    }
+    findings
+}
+
+/// Whether `value` (a schema within `root`) is [`IdempotencyKey`]'s, directly, as a
+/// branch of `anyOf`/`oneOf`/`allOf` (an `Option`), or behind a local `$ref`.
+fn is_key_schema(root: &serde_json::Map<String, Value>, value: &Value, depth: u8) -> bool {
+    let Some(schema) = value.as_object() else {
+        return false;
+    };
+    if depth > 8 {
+        return false;
+    }
+    if schema.get("title").and_then(Value::as_str) == Some(KEY_TITLE) {
+        return true;
+    }
+    if let Some(target) = schema.get("$ref").and_then(Value::as_str) {
+        let found = target.strip_prefix("#/").map(|path| {
+            path.split('/')
+                .try_fold(root, |at, part| at.get(part)?.as_object())
+        });
+        if let Some(Some(target)) = found {
+            let named = target_name(value).is_some_and(|n| n == KEY_TITLE);
+            return named || is_key_schema(root, &Value::Object(target.clone()), depth + 1);
+        }
+    }
+    ["anyOf", "oneOf", "allOf"].iter().any(|branches| {
+        schema
+            .get(*branches)
+            .and_then(Value::as_array)
+            .is_some_and(|b| b.iter().any(|v| is_key_schema(root, v, depth + 1)))
+    })
+}
+
+/// The last segment of a `$ref`, the name schemars gives a definition.
+fn target_name(value: &Value) -> Option<&str> {
+    value.get("$ref")?.as_str()?.rsplit('/').next()
+}
+
 /// The structured body of a tool result with `isError: true` made from an
 /// [`IdemError`] (see [`tool_result`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -338,8 +681,7 @@ pub struct ToolErrorBody {
 /// Converts idem's error into what a tool returns: `Ok` a tool result with
 /// `isError: true` and a [`ToolErrorBody`] as its structured content, for what the model
 /// should see and act on; `Err` a JSON-RPC error: `invalid_params` for a key idem refuses
-/// (empty or over its cap) or a scope over its cap, as rmcp answers an
-/// [`IdempotencyKey`] argument that fails validation, and an internal error for what the
+/// (empty or over its cap) or a scope over its cap, and an internal error for what the
 /// model cannot act on (no store, store down, configuration or encoding errors), whose
 /// message does not leak the driver's error.
 ///
@@ -571,6 +913,17 @@ mod tests {
     }
 
     #[test]
+    fn keys_up_to_the_cap_fit_the_store_and_stay_distinct() {
+        let short = IdempotencyKey::new("x".repeat(250)).unwrap();
+        assert_eq!(short.encode_key(), "x".repeat(250).encode_key());
+        let long = IdempotencyKey::new("x".repeat(MAX_IDEMPOTENCY_KEY_LEN)).unwrap();
+        let other = IdempotencyKey::new(format!("{}y", "x".repeat(254))).unwrap();
+        assert!(long.encode_key().len() <= crate::MAX_KEY_BYTES);
+        assert_ne!(long.encode_key(), other.encode_key());
+        assert_ne!(long.encode_key(), "x".repeat(255).encode_key());
+    }
+
+    #[test]
     fn schema_describes_the_key() {
         let schema = schemars::schema_for!(IdempotencyKey);
         let value = schema.as_value();
@@ -582,6 +935,12 @@ mod tests {
                 .unwrap()
                 .contains("same value again")
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "must not be empty")]
+    fn an_empty_principal_is_refused() {
+        let _ = Principal::new("");
     }
 
     #[test]

@@ -3,6 +3,69 @@
 //! each labelled `name` with the operation's name (never with a key or scope, which
 //! would make a series per request). Without the feature nothing is recorded and the
 //! facade is not compiled in.
+//!
+//! ```
+//! # #[cfg(feature = "metrics")]
+//! # mod counting {
+//! #     use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
+//! #     use std::collections::HashMap;
+//! #     use std::sync::atomic::{AtomicU64, Ordering};
+//! #     use std::sync::{Arc, Mutex};
+//! #     /// Every counter's total by name, labels summed.
+//! #     #[derive(Default)]
+//! #     pub struct Recorder(Mutex<HashMap<String, Arc<AtomicU64>>>);
+//! #     impl Recorder {
+//! #         pub fn total(&self, name: &str) -> u64 {
+//! #             let counters = self.0.lock().unwrap();
+//! #             counters.get(name).map_or(0, |c| c.load(Ordering::Relaxed))
+//! #         }
+//! #     }
+//! #     impl metrics::Recorder for Recorder {
+//! #         fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+//! #         fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+//! #         fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+//! #         fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+//! #             let mut counters = self.0.lock().unwrap();
+//! #             Counter::from_arc(counters.entry(key.name().to_owned()).or_default().clone())
+//! #         }
+//! #         fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge { Gauge::noop() }
+//! #         fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+//! #             Histogram::noop()
+//! #         }
+//! #     }
+//! # }
+//! # #[cfg(feature = "metrics")]
+//! # fn main() -> Result<(), idem_runtime::IdemError> {
+//! use idem_runtime::metrics::{CLAIMS, REPLAYS};
+//! use idem_runtime::{Idem, IdemError};
+//! use std::time::Duration;
+//!
+//! // In production, a recorder installed once at startup, e.g.
+//! // `metrics_exporter_prometheus::PrometheusBuilder::new().install()`.
+//! let recorder = counting::Recorder::default();
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+//! metrics::with_local_recorder(&recorder, || {
+//!     runtime.block_on(async {
+//!         let idem = Idem::memory();
+//!         for _ in 0..2 {
+//!             idem.operation("charge", "order-1")
+//!                 .retain(Duration::from_secs(3600))
+//!                 .fingerprint_none()
+//!                 .run(|| async { Ok::<_, IdemError>(()) })
+//!                 .await?;
+//!         }
+//!         Ok::<_, IdemError>(())
+//!     })
+//! })?;
+//! assert_eq!((recorder.total(CLAIMS), recorder.total(REPLAYS)), (1, 1));
+//! # Ok(()) }
+//! # #[cfg(not(feature = "metrics"))]
+//! # fn main() {}
+//! ```
+//!
+//! Alert on [`UNKNOWN`] and [`FENCED`] rising: each means an effect needs a person or a
+//! longer `lease`. [`Idem::stats`](crate::Idem::stats) gives the age of the oldest
+//! UNKNOWN and IN_PROGRESS records for the same purpose.
 
 /// Claims acquired (the body runs), takeovers included.
 pub const CLAIMS: &str = "idem_claims_total";

@@ -554,40 +554,12 @@ impl<P, U, F, R> Operation<P, U, F, R> {
 
     /// Converts outcomes recorded under another [`version`](Self::version).
     pub fn upgrade<G>(self, upgrade: G) -> Operation<P, UpgradeWith<G>, F, R> {
-        Operation {
-            idem: self.idem,
-            id: self.id,
-            invalid: self.invalid,
-            fingerprint: self.fingerprint,
-            retain: self.retain,
-            lease: self.lease,
-            in_flight: self.in_flight,
-            on_takeover: self.on_takeover,
-            on_store_error: self.on_store_error,
-            version: self.version,
-            policy: self.policy,
-            upgrade: UpgradeWith(upgrade),
-            stated: PhantomData,
-        }
+        self.rebuild(|policy, _| (policy, UpgradeWith(upgrade)))
     }
 
     /// The same operation in another type state.
     fn restate<F2, R2>(self) -> Operation<P, U, F2, R2> {
-        Operation {
-            idem: self.idem,
-            id: self.id,
-            invalid: self.invalid,
-            fingerprint: self.fingerprint,
-            retain: self.retain,
-            lease: self.lease,
-            in_flight: self.in_flight,
-            on_takeover: self.on_takeover,
-            on_store_error: self.on_store_error,
-            version: self.version,
-            policy: self.policy,
-            upgrade: self.upgrade,
-            stated: PhantomData,
-        }
+        self.rebuild(|policy, upgrade| (policy, upgrade))
     }
 
     /// This operation, once both its fingerprint and its retention were stated.
@@ -600,19 +572,44 @@ impl<P, U, F, R> Operation<P, U, F, R> {
     }
 
     fn with_policy<Q>(self, policy: Q) -> Operation<Q, U, F, R> {
-        Operation {
-            idem: self.idem,
-            id: self.id,
-            invalid: self.invalid,
-            fingerprint: self.fingerprint,
-            retain: self.retain,
-            lease: self.lease,
-            in_flight: self.in_flight,
-            on_takeover: self.on_takeover,
-            on_store_error: self.on_store_error,
-            version: self.version,
+        self.rebuild(|_, upgrade| (policy, upgrade))
+    }
+
+    /// The operation with its error policy and upgrade made over by `parts`, in any
+    /// type state.
+    fn rebuild<P2, U2, F2, R2>(
+        self,
+        parts: impl FnOnce(P, U) -> (P2, U2),
+    ) -> Operation<P2, U2, F2, R2> {
+        let Operation {
+            idem,
+            id,
+            invalid,
+            fingerprint,
+            retain,
+            lease,
+            in_flight,
+            on_takeover,
+            on_store_error,
+            version,
             policy,
-            upgrade: self.upgrade,
+            upgrade,
+            stated: _,
+        } = self;
+        let (policy, upgrade) = parts(policy, upgrade);
+        Operation {
+            idem,
+            id,
+            invalid,
+            fingerprint,
+            retain,
+            lease,
+            in_flight,
+            on_takeover,
+            on_store_error,
+            version,
+            policy,
+            upgrade,
             stated: PhantomData,
         }
     }

@@ -1,19 +1,44 @@
 //! What a queue consumer does with a message, given how its idempotent handler
 //! answered.
 //!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use idem_runtime::queue::{Action, Policy};
+//! use idem_runtime::{Idem, IdemError};
+//!
+//! let idem = Idem::memory();
+//! // Keyed on the message's business identity, never on its delivery sequence.
+//! let apply_payment = |payment_id: &'static str| {
+//!     idem.operation("apply_payment", payment_id)
+//!         .retain(std::time::Duration::from_secs(7 * 86_400))
+//!         .fingerprint_none()
+//!         .run(|| async { Ok::<_, IdemError>(()) })
+//! };
+//! let policy = Policy::default();
+//! let (_, first) = policy.run(apply_payment("p-1"), 1).await;
+//! let (_, redelivered) = policy.run(apply_payment("p-1"), 2).await;
+//! assert_eq!(first.action, Action::Ack);
+//! assert_eq!(redelivered.action, Action::Ack);
+//! assert!(redelivered.replayed()); // the handler did not run again
+//! # }
+//! ```
+//!
 //! Brokers deliver at least once: after a consumer crash, a lost ack or a missed ack
 //! deadline the same message comes again, and producers republish. Key the handler on
 //! the message's business identity (a payment id, an order id), never on a delivery
-//! sequence number, and let [`Policy::verdict`] turn its result into one of three
-//! [`Action`]s, which map onto every broker's vocabulary:
+//! sequence number, and let [`Policy::run`] (or [`Policy::verdict`]) turn its result into
+//! one of three [`Action`]s, which map onto every broker's vocabulary. This module
+//! depends on no broker and needs no feature.
 //!
 //! | answer | [`Cause`] | [`Action`] |
 //! |---|---|---|
 //! | ran and recorded (`Ok`, or an `Err` recorded with `errors = record`) | `Done` | `Ack` |
 //! | replayed a recorded outcome | `Replayed` | `Ack` |
-//! | in flight in another consumer | `InFlight` | `Redeliver` after `retry_after` |
-//! | store down, contention, lost claim, unrecorded outcome | `StoreDown`, `Fenced`, `Unrecorded` | `Redeliver` after [`Policy::store_down`] |
-//! | the body's error, released (`errors = release`) | `Released` | `Redeliver` with backoff by delivery count |
+//! | in flight in another consumer | `InFlight` | `Redeliver` after `retry_after` (at least [`Policy::min_delay`]) |
+//! | store down, contention, lost claim, unrecorded outcome | `StoreDown`, `Fenced`, `Unrecorded` | `Redeliver` after a random delay up to [`Policy::store_down`] |
+//! | the body's error, released (`errors = release`) | `Released` | `Redeliver` after a random delay up to `backoff_base × 2^(delivery−1)`, at most `backoff_max` |
+//! | the handler panicked ([`Policy::run_batch`]) | `Panicked` | `Redeliver` as for a released error, and alert |
 //! | same business id, other payload | `Mismatch` | `Terminate`, alert |
 //! | UNKNOWN outcome: this delivery's or an earlier one's (an error classified `Unknown`, an outcome that could not be recorded); reconcile first | `Unknown` | `Terminate`, alert |
 //! | a message that can never be handled (key empty or over the cap, outcome undecodable) | `Invalid` | `Terminate`, alert |
@@ -24,30 +49,105 @@
 //! redelivery (JetStream `Term`, or a dead-letter queue) and needs a person: a
 //! mismatch is a producer reusing an id, an unknown outcome waits for
 //! [`Idem::resolve`](crate::Idem::resolve). A misconfigured consumer keeps its
-//! messages rather than dropping them.
+//! messages rather than dropping them. [`Policy::run`] logs every alert as an error
+//! event (target `idem::queue`).
+//!
+//! # Jitter
+//!
+//! Consumers that failed together (a store outage, a downstream error hitting a whole
+//! batch) would retry together, and fail together again. So the delay after a released
+//! error or a store error is drawn at random ("full jitter") between
+//! [`Policy::min_delay`] and its ceiling: [`Policy::backoff`] for the delivery, or
+//! [`Policy::store_down`]. The in-flight delay is not jittered: it is the running claim's
+//! remaining lease, the earliest a redelivery can learn anything. Set
+//! [`Policy::jitter`] to `false` for delays a test can predict.
+//!
+//! # Batches
+//!
+//! Pull consumers fetch messages in batches (JetStream `fetch`, SQS `ReceiveMessage`,
+//! Kafka polls), and each message needs its own answer: SQS calls this partial batch
+//! failure. [`Policy::run_batch`] runs the handler over every message of a batch
+//! concurrently and returns one verdict per message. Each message is its own idempotent
+//! operation, so one message's error, mismatch or panic changes no other message's
+//! verdict, and a redelivered batch replays the messages that were done.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! use idem_runtime::queue::{Action, Policy};
+//! use idem_runtime::queue::{Action, AsIdemError, Cause, Policy};
 //! use idem_runtime::{Idem, IdemError};
 //!
+//! #[derive(Debug, thiserror::Error)]
+//! enum PayError {
+//!     #[error("the ledger is busy")]
+//!     Busy,
+//!     #[error(transparent)]
+//!     Idem(#[from] IdemError),
+//! }
+//! impl AsIdemError for PayError {
+//!     fn as_idem_error(&self) -> Option<&IdemError> {
+//!         match self { PayError::Idem(e) => Some(e), PayError::Busy => None }
+//!     }
+//! }
+//!
 //! let idem = Idem::memory();
-//! let handle = |payment: &'static str| {
-//!     idem.operation("apply_payment", payment)
-//!         .retain(std::time::Duration::from_secs(86_400))
-//!         .fingerprint_none()
-//!         .run(|| async { Ok::<_, IdemError>(()) })
-//! };
-//! let policy = Policy::default();
-//! let (_, first) = policy.run(handle("p-1"), 1).await;
-//! let (_, again) = policy.run(handle("p-1"), 2).await;
-//! assert_eq!(first.action, Action::Ack);
-//! assert_eq!(again.action, Action::Ack);
-//! assert!(again.replayed());
+//! // (payment id, amount, delivery count), as the broker handed them over.
+//! let batch = [("p-1", 100, 1), ("p-2", 200, 1), ("p-3", 300, 1)];
+//! let handled = Policy::default()
+//!     .run_batch(&batch, |m| m.2, |&(id, amount, _)| {
+//!         idem.operation("apply_payment", id)
+//!             .retain(std::time::Duration::from_secs(7 * 86_400))
+//!             .fingerprint(&amount)
+//!             .run(move || async move {
+//!                 if id == "p-2" {
+//!                     return Err(PayError::Busy); // released: p-2 runs again later
+//!                 }
+//!                 Ok(amount)
+//!             })
+//!     })
+//!     .await;
+//! let causes: Vec<Cause> = handled.iter().map(|h| h.verdict.cause).collect();
+//! assert_eq!(causes, [Cause::Done, Cause::Released, Cause::Done]);
+//! assert!(matches!(handled[1].verdict.action, Action::Redeliver { .. }));
 //! # }
 //! ```
+//!
+//! # Ack after the record
+//!
+//! Ack only once the outcome is recorded. With the effect in your own database, run
+//! the handler in [transactional mode](crate::guide::transactions) and ack after the
+//! commit: a crash between the two then replays instead of applying twice. With
+//! JetStream:
+//!
+//! ```text
+//! let (result, verdict) = Policy::default().run(apply_payment(&idem, &mut tx, &msg), delivery).await;
+//! match verdict.action {
+//!     Action::Ack => msg.double_ack().await?,                      // after the commit
+//!     Action::Redeliver { after } => msg.ack_with(AckKind::Nak(Some(after))).await?,
+//!     Action::Terminate => msg.ack_with(AckKind::Term).await?,    // and alert a person
+//! }
+//! ```
+//!
+//! # Sizing `retain`
+//!
+//! A duplicate must find the record still there, so size `retain` from the broker's
+//! redelivery horizon: the longest of the redelivery schedule (`max_deliver` times the
+//! ack wait or the largest backoff step), the producer's retry window, and how long a
+//! dead-letter queue may hold a message before someone replays it (often days).
+//! JetStream's `Nats-Msg-Id` deduplication covers only its publish window (2 minutes by
+//! default) and never a redelivery to a consumer.
+//!
+//! # A complete consumer
+//!
+//! The workspace's `examples/queue_consumer.rs` is a JetStream pull consumer (durable,
+//! explicit ack) of `{"payment_id", "amount_cents"}` messages, writing one `payments` row
+//! per payment in transactional mode on SQLite (or PostgreSQL). Its test runs it as a
+//! child process against a real server: 500 payments with 10% republished, the consumer
+//! killed with SIGKILL mid-run and restarted, leave exactly 500 rows and nothing pending.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use crate::context::{CallInfo, observe};
@@ -98,6 +198,9 @@ pub enum Cause {
     Invalid,
     /// No store, or an invalid configuration: a deployment fault, not the message's.
     Misconfigured,
+    /// The handler panicked ([`Policy::run_batch`]). If its body had started, the claim
+    /// stays in progress until its lease lapses, and a later delivery takes it over.
+    Panicked,
 }
 
 /// An [`Action`] and its [`Cause`].
@@ -110,9 +213,11 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// Whether a person should look: a terminated message, or a misconfigured consumer.
+    /// Whether a person should look: a terminated message, a misconfigured consumer, or
+    /// a handler that panicked.
     pub fn alert(&self) -> bool {
-        matches!(self.action, Action::Terminate) || self.cause == Cause::Misconfigured
+        matches!(self.action, Action::Terminate)
+            || matches!(self.cause, Cause::Misconfigured | Cause::Panicked)
     }
 
     /// Whether the handler's result was a replayed recorded outcome.
@@ -156,7 +261,7 @@ impl AsIdemError for IdemError {
 }
 
 /// Delays for redelivery. Size the handler's `retain` to outlast the broker's whole
-/// redelivery horizon (see the README's "Queue consumers").
+/// redelivery horizon (see [the module docs](self#sizing-retain)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// The shortest delay before a redelivery; also the floor under an in-flight
@@ -168,18 +273,35 @@ pub struct Policy {
     pub backoff_max: Duration,
     /// The delay after a store error, a lost claim or an unrecorded outcome.
     pub store_down: Duration,
+    /// Whether the delays after a released error and after a store error are drawn at
+    /// random between [`min_delay`](Self::min_delay) and their ceiling (see
+    /// [Jitter](self#jitter)), so consumers that failed together do not retry together.
+    /// `false` makes them the ceilings themselves, for tests.
+    pub jitter: bool,
 }
 
 impl Default for Policy {
-    /// 100 ms floor, backoff from 1 s doubling to 5 min, 5 s after a store error.
+    /// 100 ms floor, backoff from 1 s doubling to 5 min, 5 s after a store error,
+    /// jittered.
     fn default() -> Self {
         Policy {
             min_delay: Duration::from_millis(100),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             store_down: Duration::from_secs(5),
+            jitter: true,
         }
     }
+}
+
+/// One message's answer from [`Policy::run_batch`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Handled<T, E> {
+    /// What the handler returned; `None` when it panicked.
+    pub result: Option<Result<T, E>>,
+    /// What to do with the message.
+    pub verdict: Verdict,
 }
 
 impl Policy {
@@ -194,7 +316,10 @@ impl Policy {
     ) -> Verdict {
         let verdict = |action, cause| Verdict { action, cause };
         let redeliver = |after: Duration| Action::Redeliver {
-            after: after.clamp(self.min_delay, self.backoff_max.max(self.min_delay)),
+            after: self.clamp(after),
+        };
+        let jittered = |ceiling: Duration| Action::Redeliver {
+            after: self.jittered(ceiling),
         };
         let done = |info: CallInfo| {
             let cause = if info.replayed() {
@@ -219,16 +344,16 @@ impl Policy {
             if info.recorded() {
                 return done(info);
             }
-            return verdict(redeliver(self.backoff(delivery)), Cause::Released);
+            return verdict(jittered(self.backoff(delivery)), Cause::Released);
         };
         match idem {
             IdemError::InFlight { retry_after, .. }
             | IdemError::TooManyWaiters { retry_after, .. } => {
                 verdict(redeliver(*retry_after), Cause::InFlight)
             }
-            IdemError::Store { .. } => verdict(redeliver(self.store_down), Cause::StoreDown),
-            IdemError::Fenced { .. } => verdict(redeliver(self.store_down), Cause::Fenced),
-            IdemError::Unrecorded { .. } => verdict(redeliver(self.store_down), Cause::Unrecorded),
+            IdemError::Store { .. } => verdict(jittered(self.store_down), Cause::StoreDown),
+            IdemError::Fenced { .. } => verdict(jittered(self.store_down), Cause::Fenced),
+            IdemError::Unrecorded { .. } => verdict(jittered(self.store_down), Cause::Unrecorded),
             IdemError::Mismatch { .. } => verdict(Action::Terminate, Cause::Mismatch),
             // An outcome over the cap parks the operation in UNKNOWN as well.
             IdemError::Unknown { .. } | IdemError::OutcomeTooLarge { .. } => {
@@ -245,8 +370,42 @@ impl Policy {
         }
     }
 
-    /// The delay after a released error on the `delivery`-th delivery:
-    /// `backoff_base × 2^(delivery − 1)`, at most `backoff_max`.
+    /// `after` within `[min_delay, backoff_max]` (`min_delay` wins if they cross).
+    fn clamp(&self, after: Duration) -> Duration {
+        after.clamp(self.min_delay, self.backoff_max.max(self.min_delay))
+    }
+
+    /// A delay drawn uniformly from `[min_delay, ceiling]` (both clamped as every delay
+    /// is), or the clamped ceiling itself without [`jitter`](Self::jitter).
+    fn jittered(&self, ceiling: Duration) -> Duration {
+        let ceiling = self.clamp(ceiling);
+        if !self.jitter || ceiling <= self.min_delay {
+            return ceiling;
+        }
+        let floor = self.min_delay.as_nanos() as u64;
+        let top = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(fastrand::u64(floor..=top))
+    }
+
+    /// Delays drawn exactly, without jitter: the ceilings the verdicts would otherwise
+    /// draw below.
+    ///
+    /// ```
+    /// use idem_runtime::queue::Policy;
+    /// let policy = Policy::default().without_jitter();
+    /// assert!(!policy.jitter);
+    /// ```
+    pub fn without_jitter(self) -> Self {
+        Policy {
+            jitter: false,
+            ..self
+        }
+    }
+
+    /// The ceiling of the delay after a released error on the `delivery`-th delivery:
+    /// `backoff_base × 2^(delivery − 1)`, at most `backoff_max`. With
+    /// [`jitter`](Self::jitter) (the default) the verdict's delay is drawn between
+    /// [`min_delay`](Self::min_delay) and this; without, it is this.
     pub fn backoff(&self, delivery: u64) -> Duration {
         let doublings = delivery.saturating_sub(1).min(32) as u32;
         self.backoff_base
@@ -265,17 +424,131 @@ impl Policy {
         let (result, info) = observe(handler).await;
         let verdict = self.verdict(&result, info, delivery);
         if let (true, Err(e)) = (verdict.alert(), &result) {
-            tracing::error!(
-                target: "idem::queue",
-                cause = ?verdict.cause,
-                action = ?verdict.action,
-                delivery,
-                error = %e,
-                "message needs attention"
-            );
+            alert(&verdict, delivery, e);
         }
         (result, verdict)
     }
+
+    /// Runs `handler` over every message of a batch, concurrently in the calling task,
+    /// and returns each message's result and verdict, in the order of `messages`:
+    /// SQS-style partial batch failure, where each message is acked, redelivered or
+    /// terminated on its own. `delivery` gives a message's delivery count (1 for the
+    /// first; JetStream's `info().delivered`).
+    ///
+    /// Each call of `handler` is its own operation, keyed on its message's business
+    /// identity: one message's error, mismatch or panic does not change another's
+    /// verdict. A panicking handler gets [`Cause::Panicked`], redelivered after the
+    /// released-error backoff and alerted (a build with `panic = "abort"` stops the
+    /// process instead). Verdicts that need a person are logged as [`run`](Self::run)
+    /// logs them. See [Batches](self#batches).
+    pub async fn run_batch<'m, M, D, H, F, T, E>(
+        &self,
+        messages: &'m [M],
+        delivery: D,
+        handler: H,
+    ) -> Vec<Handled<T, E>>
+    where
+        D: Fn(&M) -> u64,
+        H: Fn(&'m M) -> F,
+        F: Future<Output = Result<T, E>>,
+        E: AsIdemError + std::fmt::Display,
+    {
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        // Each message's call, until it answers; then its answer (`None`: it panicked).
+        // Generic rather than boxed as `dyn Future`, so the batch is `Send` whenever the
+        // handler's futures are, and runs in a spawned task.
+        enum Slot<C, O> {
+            Running(Pin<Box<C>>),
+            Answered(Option<O>),
+        }
+        let mut slots: Vec<Slot<_, _>> = messages
+            .iter()
+            .map(|m| match catch_unwind(AssertUnwindSafe(|| handler(m))) {
+                Ok(call) => Slot::Running(Box::pin(observe(call))),
+                Err(panic) => {
+                    panic_event(&*panic);
+                    Slot::Answered(None)
+                }
+            })
+            .collect();
+        std::future::poll_fn(|cx| {
+            let mut running = false;
+            for slot in &mut slots {
+                let Slot::Running(call) = slot else { continue };
+                match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+                    Ok(Poll::Ready(answer)) => *slot = Slot::Answered(Some(answer)),
+                    Ok(Poll::Pending) => running = true,
+                    Err(panic) => {
+                        panic_event(&*panic);
+                        *slot = Slot::Answered(None);
+                    }
+                }
+            }
+            if running {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
+        slots
+            .into_iter()
+            .zip(messages)
+            .map(|(slot, message)| {
+                let delivery = delivery(message);
+                let Slot::Answered(answer) = slot else {
+                    unreachable!("every call answered before the batch ends")
+                };
+                match answer {
+                    Some((result, info)) => {
+                        let verdict = self.verdict(&result, info, delivery);
+                        if let (true, Err(e)) = (verdict.alert(), &result) {
+                            alert(&verdict, delivery, e);
+                        }
+                        Handled {
+                            result: Some(result),
+                            verdict,
+                        }
+                    }
+                    None => {
+                        let verdict = Verdict {
+                            action: Action::Redeliver {
+                                after: self.jittered(self.backoff(delivery)),
+                            },
+                            cause: Cause::Panicked,
+                        };
+                        alert(&verdict, delivery, &"the handler panicked");
+                        Handled {
+                            result: None,
+                            verdict,
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Logs a verdict that needs a person.
+fn alert(verdict: &Verdict, delivery: u64, error: &dyn std::fmt::Display) {
+    tracing::error!(
+        target: "idem::queue",
+        cause = ?verdict.cause,
+        action = ?verdict.action,
+        delivery,
+        error = %error,
+        "message needs attention"
+    );
+}
+
+/// Logs what a handler panicked with.
+fn panic_event(panic: &(dyn std::any::Any + Send)) {
+    let what = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-string payload");
+    tracing::error!(target: "idem::queue", panic = what, "a message handler panicked");
 }
 
 #[cfg(test)]
@@ -346,7 +619,7 @@ mod tests {
     #[tokio::test]
     async fn released_error_backs_off_then_runs_again() {
         let idem = Idem::memory();
-        let p = policy();
+        let p = policy().without_jitter();
         let (_, v) = p.run(pay(&idem, "p1", 5, true), 3).await;
         assert_eq!(v.cause, Cause::Released);
         assert_eq!(
@@ -425,6 +698,122 @@ mod tests {
         }
         hold.send(()).unwrap();
         runner.await.unwrap().unwrap();
+    }
+
+    /// Verdicts for one delivery spread between the floor and the ceiling, so consumers
+    /// that failed together do not retry together; without jitter they are the ceiling.
+    #[test]
+    fn released_and_store_delays_are_jittered_within_floor_and_ceiling() {
+        let p = policy();
+        let declined = Err::<(), _>(HandlerError::Declined);
+        let down = Err::<(), _>(HandlerError::Idem(IdemError::Store {
+            during: "claim",
+            retryable: true,
+            source: "down".into(),
+        }));
+        for (result, delivery, ceiling) in [
+            (&declined, 4, p.backoff(4)),
+            (&declined, 1, p.backoff(1)),
+            (&down, 1, p.store_down),
+        ] {
+            let delays: Vec<Duration> = (0..200)
+                .map(
+                    |_| match p.verdict(result, CallInfo::default(), delivery).action {
+                        Action::Redeliver { after } => after,
+                        other => panic!("expected a redelivery, got {other:?}"),
+                    },
+                )
+                .collect();
+            assert!(
+                delays.iter().all(|d| (p.min_delay..=ceiling).contains(d)),
+                "outside [{:?}, {ceiling:?}]: {delays:?}",
+                p.min_delay
+            );
+            let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+            assert!(
+                distinct.len() > 100,
+                "{} distinct delays of 200",
+                distinct.len()
+            );
+            let exact = p.without_jitter();
+            let fixed = exact.verdict(result, CallInfo::default(), delivery).action;
+            assert_eq!(fixed, Action::Redeliver { after: ceiling });
+        }
+    }
+
+    /// A batch's messages run concurrently; one message's panic and another's error
+    /// leave the other verdicts as they would be alone.
+    #[tokio::test]
+    async fn a_batch_answers_each_message_on_its_own() {
+        let idem = Idem::memory();
+        pay(&idem, "p3", 30, false).await.unwrap();
+        let (gate, open) = tokio::sync::watch::channel(false);
+        let batch = [
+            ("p1", 10u64),
+            ("p2", 20),
+            ("p3", 31),
+            ("p4", 40),
+            ("p5", 50),
+        ];
+        let handled = policy()
+            .run_batch(
+                &batch,
+                |_| 1,
+                |&(id, amount)| {
+                    let idem = idem.clone();
+                    let (gate, mut open) = (gate.clone(), open.clone());
+                    async move {
+                        match id {
+                            "p2" => pay(&idem, id, amount, true).await,
+                            "p4" => panic!("handler bug"),
+                            // p1 waits for p5: they run at once, not one after the other.
+                            "p1" => {
+                                open.wait_for(|o| *o).await.unwrap();
+                                pay(&idem, id, amount, false).await
+                            }
+                            "p5" => {
+                                gate.send(true).unwrap();
+                                pay(&idem, id, amount, false).await
+                            }
+                            _ => pay(&idem, id, amount, false).await,
+                        }
+                    }
+                },
+            )
+            .await;
+        let causes: Vec<Cause> = handled.iter().map(|h| h.verdict.cause).collect();
+        assert_eq!(
+            causes,
+            [
+                Cause::Done,
+                Cause::Released,
+                Cause::Mismatch,
+                Cause::Panicked,
+                Cause::Done
+            ]
+        );
+        assert!(handled[3].result.is_none() && handled[3].verdict.alert());
+        assert!(matches!(
+            handled[3].verdict.action,
+            Action::Redeliver { .. }
+        ));
+        assert_eq!(handled[0].result.as_ref().unwrap().as_ref().unwrap(), &10);
+    }
+
+    /// A batch of `Send` handlers is itself `Send`: it can run in a spawned task.
+    #[tokio::test]
+    async fn a_batch_runs_in_a_spawned_task() {
+        let idem = Idem::memory();
+        let handled = tokio::spawn(async move {
+            let batch = vec![("p1", 1u64), ("p2", 2)];
+            let idem = &idem;
+            policy()
+                .run_batch(&batch, |_| 1, |&(id, n)| pay(idem, id, n, false))
+                .await
+        })
+        .await
+        .unwrap();
+        assert!(handled.iter().all(|h| h.verdict.action == Action::Ack));
     }
 
     #[test]

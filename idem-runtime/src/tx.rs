@@ -1,10 +1,11 @@
 //! Transactional mode: the claim and the record run inside the caller's own sqlx
 //! transaction, beside the body's writes, and commit or roll back with them.
 //!
-//! The row lock is the claim and rollback is the release, so there is no lease,
-//! renewal, takeover or fencing here. The body runs inside a savepoint taken before the
-//! claim: a released `Err` rolls back to it, leaving neither the body's writes nor the
-//! claim in the transaction.
+//! The row lock is the claim and rollback is the release, so while the transaction is
+//! open there is no renewal, takeover or fencing. The body runs inside a savepoint
+//! taken before the claim: a released `Err` rolls back to it, leaving neither the body's writes nor the
+//! claim in the transaction. How it behaves on each database:
+//! [`guide::transactions`](crate::guide::transactions).
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -35,7 +36,7 @@ const RUN_SAVEPOINT: &str = "SAVEPOINT idem_run";
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 const ROLLBACK_RUN: &str = "ROLLBACK TO SAVEPOINT idem_run";
 
-/// What [`Operation::begin_tx`] decided.
+/// What [`Operation::begin_tx`] decided. See [`TxGuard`] for both halves in use.
 pub enum TxStep<T, E, G> {
     /// The operation completed in an earlier transaction: its outcome.
     Replay(Result<T, E>),
@@ -45,6 +46,24 @@ pub enum TxStep<T, E, G> {
 
 /// A transaction idem can claim in: `sqlx::Transaction` on PostgreSQL, MySQL/MariaDB or
 /// SQLite.
+///
+/// ```
+/// use idem_runtime::{BoxError, Idem, TxConnection, TxStep};
+/// use std::time::Duration;
+///
+/// /// Ships `order` once, inside whatever transaction the caller holds.
+/// async fn ship<C: TxConnection>(idem: &Idem, tx: &mut C, order: &str) -> Result<bool, BoxError> {
+///     let op = idem
+///         .operation("ship", order)
+///         .retain(Duration::from_secs(86_400))
+///         .fingerprint_none();
+///     let step: TxStep<bool, BoxError, _> = op.begin_tx(&mut *tx).await?;
+///     Ok(match step {
+///         TxStep::Replay(shipped) => shipped?,
+///         TxStep::Run(guard) => guard.finish(&mut *tx, Ok::<_, BoxError>(true)).await?,
+///     })
+/// }
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can claim in",
     label = "the `tx` parameter must be `&mut sqlx::Transaction<'_, Postgres>`, `&mut sqlx::Transaction<'_, MySql>` or `&mut sqlx::Transaction<'_, Sqlite>`",
@@ -79,6 +98,7 @@ pub enum Conn<'a> {
 #[cfg(feature = "sqlite")]
 impl sealed::Sealed for sqlx::Transaction<'_, sqlx::Sqlite> {}
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl TxConnection for sqlx::Transaction<'_, sqlx::Sqlite> {
     fn idem_conn(&mut self) -> Conn<'_> {
         Conn::Sqlite(&mut *self)
@@ -88,6 +108,7 @@ impl TxConnection for sqlx::Transaction<'_, sqlx::Sqlite> {
 #[cfg(feature = "postgres")]
 impl sealed::Sealed for sqlx::Transaction<'_, sqlx::Postgres> {}
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl TxConnection for sqlx::Transaction<'_, sqlx::Postgres> {
     fn idem_conn(&mut self) -> Conn<'_> {
         Conn::Postgres(&mut *self)
@@ -97,6 +118,7 @@ impl TxConnection for sqlx::Transaction<'_, sqlx::Postgres> {
 #[cfg(feature = "mysql")]
 impl sealed::Sealed for sqlx::Transaction<'_, sqlx::MySql> {}
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 impl TxConnection for sqlx::Transaction<'_, sqlx::MySql> {
     fn idem_conn(&mut self) -> Conn<'_> {
         Conn::MySql(&mut *self)
@@ -260,6 +282,56 @@ fn mysql(idem: &crate::Idem) -> Result<&crate::store::mysql::MySqlStore, IdemErr
 }
 
 /// The claim this transaction holds; [`finish`](TxGuard::finish) records the outcome.
+///
+/// What `#[idempotent(tx = tx, ...)]` expands to, written out:
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::BoxError> {
+/// use idem_runtime::{BoxError, Idem, TxStep};
+/// use std::time::Duration;
+///
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1)
+///     .connect("sqlite::memory:")
+///     .await?;
+/// sqlx::query("CREATE TABLE stock (sku TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
+///     .execute(&pool)
+///     .await?;
+/// sqlx::query("INSERT INTO stock VALUES ('apple', 10)").execute(&pool).await?;
+/// let idem = Idem::from_pool(pool.clone()).await?;
+///
+/// for _ in 0..2 {
+///     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+///     let op = idem
+///         .operation("reserve", "order-7")
+///         .retain(Duration::from_secs(86_400))
+///         .fingerprint(&3);
+///     let step: TxStep<i64, BoxError, _> = op.begin_tx(&mut tx).await?;
+///     let left = match step {
+///         TxStep::Replay(outcome) => outcome?, // committed by an earlier transaction
+///         TxStep::Run(guard) => {
+///             let out: Result<i64, BoxError> = guard
+///                 .body(async {
+///                     sqlx::query("UPDATE stock SET qty = qty - 3 WHERE sku = 'apple'")
+///                         .execute(&mut *tx)
+///                         .await?;
+///                     Ok(sqlx::query_scalar("SELECT qty FROM stock WHERE sku = 'apple'")
+///                         .fetch_one(&mut *tx)
+///                         .await?)
+///                 })
+///                 .await;
+///             guard.finish(&mut tx, out).await?
+///         }
+///     };
+///     tx.commit().await?;
+///     assert_eq!(left, 7); // reserved once
+/// }
+/// # Ok(()) }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
 #[must_use = "call `finish` with the body's result, or the claim is recorded as nothing"]
 pub struct TxGuard<P, U> {
     op: Operation<P, U>,

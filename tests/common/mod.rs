@@ -379,9 +379,13 @@ impl Ctx {
     pub async fn handle(&self, f: impl Fn(IdemBuilder) -> IdemBuilder) -> Result<Idem, IdemError> {
         // The SQL stores run the suite without the in-process replay cache, so every
         // duplicate exercises the store's own decision (the cache has tests of its own).
+        // The stress tests queue thousands of calls on a few connections of a loaded
+        // machine: the wait for a connection counts toward the store timeout, and
+        // shedding that load is not what they test (tests/wire_faults.rs tests the bound).
+        let base = Idem::builder().store_timeout(std::time::Duration::from_secs(120));
         let b = match self.target {
-            Target::Memory => f(Idem::builder()),
-            _ => f(Idem::builder().replay_cache_bytes(0)),
+            Target::Memory => f(base),
+            _ => f(base.replay_cache_bytes(0)),
         };
         match &self.target {
             Target::Memory => Ok(b.memory()),

@@ -178,6 +178,11 @@ pub struct OwnMariaDb {
 
 impl OwnMariaDb {
     pub fn start(test: &str) -> Option<OwnMariaDb> {
+        Self::start_with(test, &[])
+    }
+
+    /// Starts a server with `args` (`--max-connections=3`, ...).
+    pub fn start_with(test: &str, args: &[&str]) -> Option<OwnMariaDb> {
         let found = |p: &str| {
             Command::new("sh")
                 .args(["-c", &format!("command -v {p}")])
@@ -226,6 +231,7 @@ impl OwnMariaDb {
                 dir.path().join("error.log").display()
             ))
             .args(["--skip-log-bin", "--innodb-buffer-pool-size=16M"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if root {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -75,57 +76,48 @@ impl Proxy {
 async fn carry(client: TcpStream, server: TcpStream, mode: Arc<watch::Sender<Mode>>) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let (mut client_rx, mut client_tx) = client.into_split();
-    let (mut server_rx, mut server_tx) = server.into_split();
-    let up = {
-        let mut watch = mode.subscribe();
-        async move {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match client_rx.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                if !pass(&mut watch).await || server_tx.write_all(&buf[..n]).await.is_err() {
-                    return;
-                }
-            }
-        }
-    };
-    let down = {
-        let mut watch = mode.subscribe();
-        async move {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match server_rx.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                let now = *watch.borrow_and_update();
-                match now {
-                    Mode::ResetNextReply => {
-                        mode.send_replace(Mode::Pass);
-                        // Closed with zero linger and no FIN first: the client sees a reset.
-                        let _ = client_tx.as_ref().set_zero_linger();
-                        client_tx.forget();
-                        return;
-                    }
-                    Mode::DropNextReply => {
-                        mode.send_replace(Mode::Pass);
-                        // Nothing more reaches the client; its socket stays open.
-                        std::future::pending::<()>().await;
-                    }
-                    _ => {}
-                }
-                if !pass(&mut watch).await || client_tx.write_all(&buf[..n]).await.is_err() {
-                    return;
-                }
-            }
-        }
-    };
+    let (client_rx, client_tx) = client.into_split();
+    let (server_rx, server_tx) = server.into_split();
     tokio::select! {
-        _ = up => {}
-        _ = down => {}
+        _ = pump(client_rx, server_tx, &mode, false) => {}
+        _ = pump(server_rx, client_tx, &mode, true) => {}
+    }
+}
+
+/// Copies `from` to `to` under the mode; `replies` (server to client) is where the
+/// one-shot faults act.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mode: &watch::Sender<Mode>,
+    replies: bool,
+) {
+    let mut watch = mode.subscribe();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let now = *watch.borrow_and_update();
+        match now {
+            Mode::ResetNextReply if replies => {
+                mode.send_replace(Mode::Pass);
+                // Closed with zero linger and no FIN first: the client sees a reset.
+                let _ = to.as_ref().set_zero_linger();
+                to.forget();
+                return;
+            }
+            Mode::DropNextReply if replies => {
+                mode.send_replace(Mode::Pass);
+                // Nothing more reaches the client; its socket stays open.
+                std::future::pending::<()>().await;
+            }
+            _ => {}
+        }
+        if !pass(&mut watch).await || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::{MatchedPath, OriginalUri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -19,14 +20,16 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
+use super::canonical::{Json, canonical_query, content_types, is_json};
 use super::handler::run_spawned;
 use super::key::{IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection};
+use super::limits::{Budget, Buffered, ClaimLimiter, read_body};
 use super::principal::Principal;
 use super::problem::Problem;
 use crate::context::observe;
 use crate::error::IdemError;
 use crate::idem::Idem;
-use crate::op::{Disposition, InFlight};
+use crate::op::{Disposition, InFlight, MAX_KEY_BYTES};
 
 /// Makes the requests below it idempotent by their `Idempotency-Key` header, without
 /// touching handlers.
@@ -36,20 +39,40 @@ use crate::op::{Disposition, InFlight};
 /// - the key comes from the header (missing or invalid: 400) and the scope from the
 ///   [`Principal`] the application's auth layer put in the request's extensions (none:
 ///   500, the request does not run; there is no global scope);
-/// - the request is fingerprinted: method, path, query and body (buffered, at most
-///   [`max_request_bytes`](Self::max_request_bytes), else 413), so the key reused with
-///   another request is a 422;
-/// - the first request runs the routes below; the response's status, the
-///   [recorded headers](Self::record_header) and its body are recorded and replayed to
-///   every retry with `Idempotent-Replayed: true`, byte for byte (the first answer, too,
-///   carries only the recorded headers, so it and its replays are alike). A JSON body is
-///   recorded as JSON, other UTF-8 text as a string, other bytes as base64, and every
-///   response up to [`max_response_bytes`](Self::max_response_bytes) fits the store's
-///   outcome cap once recorded. Responses that say "try again"
-///   (5xx, 408, 425, 429 by default, see [`record_status`](Self::record_status)) are
-///   passed on but not recorded: the key is released and a retry runs again;
+/// - the operation is named by its route: `"POST /v1/payments"`, the method and the
+///   route's template as axum matched it (`MatchedPath`, nest prefixes included), or
+///   the request's full path where no route matched. So one key on two routes is two
+///   operations, each answered with its own response, however the routers are nested.
+///   (Wrapped around a whole `Router` from outside, the layer runs before routing, so a
+///   route with path parameters gets a name per path: prefer `route_layer`, or a name.)
+///   [`name`](Self::name) sets one name for every route below instead, on purpose: the
+///   same key on two of them is then a 422;
+/// - the request is fingerprinted, so the key reused with another request is a 422:
+///   its method, its full path as the client sent it (axum's `OriginalUri`, so a nest
+///   prefix counts), its query (decoded, pairs sorted: `?b=2&a=1` is `?a=1&b=%32`), its
+///   `Content-Type` (media type and parameter names lowercased, parameters sorted) and
+///   its body: a JSON body (`application/json`, `+json` types) by its content (key
+///   order and whitespace do not count, number literals do), any other by its bytes;
+/// - the body is buffered for that within bounds: a `Content-Length` over
+///   [`max_request_bytes`](Self::max_request_bytes) is a 413 before a byte is read, a
+///   body still arriving after [`body_timeout`](Self::body_timeout) a 408, and bodies
+///   past the layer's [`buffer_budget`](Self::buffer_budget), counted across every
+///   request in it at once, a 503 with `Retry-After`. None of these runs the request;
+/// - the first request runs the routes below; its response is recorded if
+///   [`record_status`](Self::record_status) says so (by default: 2xx, 3xx, 402 and
+///   410, see [`records_by_default`](Self::records_by_default)), and then replayed to
+///   every retry with `Idempotent-Replayed: true`: status, the
+///   [recorded headers](Self::record_header) and body, byte for byte (the first answer,
+///   too, carries only the recorded headers, so it and its replays are alike). A JSON
+///   body is recorded as JSON, other UTF-8 text as a string, other bytes as base64, and
+///   every response up to [`max_response_bytes`](Self::max_response_bytes) fits the
+///   store's outcome cap once recorded. Any other response (a framework's 400, 405,
+///   413, 415 or 422, an authorization refusal, a 5xx) is passed on unrecorded and the
+///   key released: the corrected retry runs;
 /// - a retry while the first request runs gets 409 with `Retry-After` at once (the
 ///   draft's behaviour; see [`in_flight`](Self::in_flight));
+/// - with [`limit_claims`](Self::limit_claims), a caller's new keys beyond the limit
+///   get 429 with `Retry-After` (replays are never limited);
 /// - the request runs in its own task, so it finishes and records its outcome even if
 ///   the client disconnects, and the client's retry replays it
 ///   ([`run_to_completion`](Self::run_to_completion)).
@@ -67,7 +90,7 @@ use crate::op::{Disposition, InFlight};
 /// let idem = Idem::memory();
 /// let app: Router = Router::new()
 ///     .route("/orders", post(create))
-///     .route_layer(IdempotencyLayer::new(idem).name("orders").retain(Duration::from_secs(86400)));
+///     .route_layer(IdempotencyLayer::new(idem).retain(Duration::from_secs(86400)));
 /// // .layer(your_auth_layer) -- it must set an `idem_runtime::http::Principal`
 /// ```
 #[derive(Clone, Debug)]
@@ -78,32 +101,31 @@ pub struct IdempotencyLayer {
 #[derive(Clone, Debug)]
 struct Config {
     idem: Idem,
-    name: String,
+    /// `None`: named per route.
+    name: Option<String>,
     retain: Duration,
     lease: Duration,
     in_flight: InFlight,
     methods: Vec<Method>,
     require_key: bool,
     max_request_bytes: usize,
+    body_timeout: Duration,
+    budget: Budget,
+    claims: Option<Arc<ClaimLimiter>>,
     max_response_bytes: usize,
     recorded_headers: Vec<HeaderName>,
     record_status: fn(StatusCode) -> bool,
     spawn: bool,
 }
 
-fn default_record_status(status: StatusCode) -> bool {
-    !(status.is_server_error()
-        || status == StatusCode::REQUEST_TIMEOUT
-        || status == StatusCode::TOO_EARLY
-        || status == StatusCode::TOO_MANY_REQUESTS)
-}
-
 impl IdempotencyLayer {
-    /// The layer over `idem`'s store, with the defaults: operation name `http`, retain
-    /// 24 hours, lease 60 seconds, in-flight retries rejected at once, POST and PATCH
-    /// covered, the key required, request bodies up to 1 MiB, responses up to what the
-    /// store's outcome cap holds once recorded (see
-    /// [`max_response_bytes`](Self::max_response_bytes)), headers `content-type`,
+    /// The layer over `idem`'s store, with the defaults: operations named per route,
+    /// retain 24 hours, lease 60 seconds, in-flight retries rejected at once, POST and
+    /// PATCH covered, the key required, request bodies up to 1 MiB read within 30
+    /// seconds and 64 MiB of them buffered at once, no claim limit, responses up to what
+    /// the store's outcome cap holds once recorded (see
+    /// [`max_response_bytes`](Self::max_response_bytes)), statuses recorded as
+    /// [`records_by_default`](Self::records_by_default) says, headers `content-type`,
     /// `location`, `content-language` and `etag` recorded, requests run to completion.
     ///
     /// # Panics
@@ -122,13 +144,16 @@ impl IdempotencyLayer {
         IdempotencyLayer {
             cfg: Config {
                 idem,
-                name: "http".into(),
+                name: None,
                 retain: Duration::from_secs(24 * 3600),
                 lease: Duration::from_secs(60),
                 in_flight: InFlight::Reject,
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: true,
                 max_request_bytes: 1 << 20,
+                body_timeout: Duration::from_secs(30),
+                budget: Budget::new(64 << 20),
+                claims: None,
                 max_response_bytes,
                 recorded_headers: vec![
                     header::CONTENT_TYPE,
@@ -136,17 +161,24 @@ impl IdempotencyLayer {
                     header::CONTENT_LANGUAGE,
                     header::ETAG,
                 ],
-                record_status: default_record_status,
+                record_status: Self::records_by_default,
                 spawn: true,
             },
         }
     }
 
-    /// The operation name the requests are recorded under (default `http`). Layers with
-    /// different names keep separate keys; under one name a key reused on another
-    /// route is a 422.
+    /// One operation name for every route below (default: a name per route, the method
+    /// and the matched route, such as `POST /v1/payments`). Routes under one name share
+    /// their keys on purpose: a key reused on another route of it is a 422, since the
+    /// path is fingerprinted. A name also keeps a route's records when it is renamed or
+    /// moved.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, http::IdempotencyLayer};
+    /// let layer = IdempotencyLayer::new(Idem::memory()).name("payments");
+    /// ```
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.cfg.name = name.into();
+        self.cfg.name = Some(name.into());
         self
     }
 
@@ -184,10 +216,75 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The largest request body buffered for the fingerprint (default 1 MiB); larger
-    /// is a 413 and the request does not run.
+    /// The largest request body buffered for the fingerprint (default 1 MiB); larger is
+    /// a 413 and the request does not run. A declared `Content-Length` over it is
+    /// refused before the body is read. The [`buffer_budget`](Self::buffer_budget)
+    /// bounds it too.
     pub fn max_request_bytes(mut self, max: usize) -> Self {
         self.cfg.max_request_bytes = max;
+        self
+    }
+
+    /// How long a request body may take to arrive, whole (default 30 seconds); a body
+    /// still arriving then is a 408 and the request does not run. It bounds how long a
+    /// slow or stalled client holds its share of the [`buffer_budget`](Self::buffer_budget).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, http::IdempotencyLayer};
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(Idem::memory()).body_timeout(Duration::from_secs(10));
+    /// ```
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.body_timeout = timeout;
+        self
+    }
+
+    /// The request-body bytes this layer buffers at once, across all its requests
+    /// (default 64 MiB): a body whose bytes (its declared `Content-Length` at once, else
+    /// as they arrive) would go past it is refused with 503 and `Retry-After`, and the
+    /// request does not run. It bounds the memory slow or many clients can hold; a
+    /// body larger than the budget itself is a 413.
+    ///
+    /// The budget belongs to this layer value and its clones: two layers made with
+    /// [`new`](Self::new) have one each.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, http::IdempotencyLayer};
+    /// let layer = IdempotencyLayer::new(Idem::memory()).buffer_budget(256 << 20);
+    /// ```
+    pub fn buffer_budget(mut self, bytes: usize) -> Self {
+        self.cfg.budget = Budget::new(bytes);
+        self
+    }
+
+    /// Limits the new operations each scope (each [`Principal`]) starts: `burst` at
+    /// once, then one more every `every` (a token bucket). A request over the limit is
+    /// answered 429 with `Retry-After`, does not run, and its key is released; replays,
+    /// in-flight answers and 422s take nothing from it. Off by default. It bounds the
+    /// records one caller can make the store keep, and the work a caller can start with
+    /// fresh keys.
+    ///
+    /// The count is this process's, per layer value and its clones; with several
+    /// instances, each allows its own.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, http::IdempotencyLayer};
+    /// # use std::time::Duration;
+    /// // 20 at once, then one every 3 seconds (20 a minute) per caller.
+    /// let layer = IdempotencyLayer::new(Idem::memory()).limit_claims(20, Duration::from_secs(3));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `burst` is 0 or `every` is zero: the first would refuse every request, the
+    /// second none.
+    pub fn limit_claims(mut self, burst: u32, every: Duration) -> Self {
+        assert!(
+            burst > 0 && !every.is_zero(),
+            "IdempotencyLayer::limit_claims({burst}, {every:?}): both must be over zero; \
+             to allow any number of claims, do not call it"
+        );
+        self.cfg.claims = Some(Arc::new(ClaimLimiter::new(burst, every)));
         self
     }
 
@@ -228,11 +325,47 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Which response statuses are recorded; the others release the key, so a retry
-    /// runs again. Default: all but 5xx, 408, 425 and 429.
+    /// Which response statuses are recorded and replayed; the others are passed on and
+    /// release the key, so a retry runs again. Default:
+    /// [`records_by_default`](Self::records_by_default).
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// # use idem_runtime::{Idem, http::IdempotencyLayer};
+    /// // Also record 409s, for an API whose 409 is a final business answer.
+    /// let layer = IdempotencyLayer::new(Idem::memory()).record_status(|status| {
+    ///     IdempotencyLayer::records_by_default(status) || status == StatusCode::CONFLICT
+    /// });
+    /// ```
     pub fn record_status(mut self, record: fn(StatusCode) -> bool) -> Self {
         self.cfg.record_status = record;
         self
+    }
+
+    /// The statuses recorded by default: the answers that say the operation ran and
+    /// decided. That is 2xx and 3xx, 402 Payment Required (a payment refused: the
+    /// retry must not pay) and 410 Gone.
+    ///
+    /// Every other status is passed on unrecorded, its key released: 5xx, 408, 425 and
+    /// 429 say "try again"; 400, 401, 403, 404, 405, 411, 413, 415, 422 and the rest of
+    /// 4xx are mostly refusals made before the operation ran (by the framework's
+    /// extractors, routing or authorization), which the corrected retry must not get
+    /// back; 409 is the draft's own "in progress, retry" and an optimistic-concurrency
+    /// "retry", and 412 answers preconditions the fingerprint does not cover.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use idem_runtime::http::IdempotencyLayer;
+    /// assert!(IdempotencyLayer::records_by_default(StatusCode::CREATED));
+    /// assert!(IdempotencyLayer::records_by_default(StatusCode::PAYMENT_REQUIRED));
+    /// assert!(!IdempotencyLayer::records_by_default(StatusCode::UNSUPPORTED_MEDIA_TYPE));
+    /// assert!(!IdempotencyLayer::records_by_default(StatusCode::SERVICE_UNAVAILABLE));
+    /// ```
+    pub fn records_by_default(status: StatusCode) -> bool {
+        status.is_success()
+            || status.is_redirection()
+            || status == StatusCode::PAYMENT_REQUIRED
+            || status == StatusCode::GONE
     }
 
     /// Whether a request runs on when its client disconnects (default `true`).
@@ -439,7 +572,7 @@ fn base64_len(n: usize) -> usize {
 }
 
 /// Reads a record of schema version 1: bodies as text or hex, header values as text.
-fn upgrade(cfg: &Config, from: u32, value: serde_json::Value) -> Result<Recorded, IdemError> {
+fn upgrade(name: &str, from: u32, value: serde_json::Value) -> Result<Recorded, IdemError> {
     #[derive(Deserialize)]
     struct V1 {
         status: u16,
@@ -452,7 +585,7 @@ fn upgrade(cfg: &Config, from: u32, value: serde_json::Value) -> Result<Recorded
         Hex(String),
     }
     let codec = |message: String| IdemError::Codec {
-        name: cfg.name.clone(),
+        name: name.to_owned(),
         message,
     };
     if from != 1 {
@@ -538,38 +671,59 @@ where
         return Problem::no_principal().into_response();
     };
     let (parts, body) = req.into_parts();
-    let bytes = match Limited::new(body, cfg.max_request_bytes).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<LengthLimitError>() => {
-            return Problem::body_too_large(cfg.max_request_bytes).into_response();
-        }
-        Err(_) => return Problem::body_unreadable().into_response(),
+    let max = cfg.max_request_bytes.min(cfg.budget.bytes());
+    let buffered = match read_body(&parts.headers, body, max, cfg.body_timeout, &cfg.budget).await {
+        Ok(buffered) => buffered,
+        Err(problem) => return problem.into_response(),
     };
+    // The URI as the client sent it: inside a nested router, `parts.uri` has lost the
+    // nest's prefix.
+    let uri = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0);
+    let name = operation_name(&cfg, &parts.method, &parts.extensions, uri.path());
     let op = cfg
         .idem
-        .operation(&cfg.name, &key)
+        .operation(&name, &key)
         .scope(&principal)
         .retain(cfg.retain)
         .lease(cfg.lease)
         .in_flight(cfg.in_flight)
         .fingerprint_part("method", parts.method.as_str())
-        .fingerprint_part("path", parts.uri.path())
-        .fingerprint_part("query", &parts.uri.query())
-        .fingerprint_part("body_sha256", &Sha256::digest(&bytes)[..])
+        .fingerprint_part("path", uri.path())
+        .fingerprint_part("query", &canonical_query(uri.query()))
+        .fingerprint_part("content_type", &content_types(&parts.headers));
+    let json = is_json(&parts.headers)
+        .then(|| Json::parse(&buffered.bytes))
+        .flatten();
+    let op = match json {
+        Some(json) => op.fingerprint_part("body_json", &json),
+        None => op.fingerprint_part("body_sha256", &Sha256::digest(&buffered.bytes)[..]),
+    };
+    let op = op
         .version(RECORD_VERSION)
-        .upgrade({
-            let cfg = cfg.clone();
-            move |from: u32, value: serde_json::Value| upgrade(&cfg, from, value)
-        })
+        .upgrade(move |from: u32, value: serde_json::Value| upgrade(&name, from, value))
         .classify(disposition);
+    let Buffered { bytes, permit } = buffered;
     let req = Request::from_parts(parts, Body::from(bytes));
     let limits = cfg.clone();
     let call = async move {
         let body = || async move {
+            // Only a fresh claim gets here: replays and in-flight answers take no token.
+            if let Some(limiter) = &limits.claims
+                && let Err(wait) = limiter.take(principal.as_str())
+            {
+                let refused = Problem::too_many_claims(wait).into_response();
+                return Err(NotRecorded::Released(refused));
+            }
             let Ok(res) = inner.call(req).await;
             record(&limits, res.into_response()).await
         };
-        observe(op.run(body)).await
+        let out = observe(op.run(body)).await;
+        // The request's share of the buffer budget is held until it is done.
+        drop(permit);
+        out
     };
     let (out, info) = if cfg.spawn {
         run_spawned(call).await
@@ -589,6 +743,31 @@ where
         Err(NotRecorded::Unrecordable) => Problem::outcome_unknown().into_response(),
         Err(NotRecorded::Idem(e)) => e.into_response(),
     }
+}
+
+/// The operation's name: the layer's own if it has one, else the method and the route
+/// (`POST /v1/payments`), so each route's keys are its own. The route is axum's
+/// `MatchedPath` (a template, so one name per route whatever its parameters), else the
+/// request's path; one over idem's cap on names is named by its SHA-256 instead.
+fn operation_name(
+    cfg: &Config,
+    method: &Method,
+    extensions: &http::Extensions,
+    path: &str,
+) -> String {
+    if let Some(name) = &cfg.name {
+        return name.clone();
+    }
+    let route = extensions
+        .get::<MatchedPath>()
+        .map_or(path, MatchedPath::as_str);
+    let name = format!("{method} {route}");
+    if name.len() <= MAX_KEY_BYTES {
+        return name;
+    }
+    let digest = Sha256::digest(route.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{method} sha256:{hex}")
 }
 
 /// Buffers a response the policy records; passes on one it does not.
@@ -770,13 +949,12 @@ mod tests {
 
     #[test]
     fn version_one_records_are_read() {
-        let cfg = config(64 * 1024, &[]);
         let v1 = serde_json::json!({
             "status": 201,
             "headers": [["content-type", "application/json"]],
             "body": {"Text": "{\"id\":7}"},
         });
-        let r = upgrade(&cfg, 1, v1).unwrap();
+        let r = upgrade("http", 1, v1).unwrap();
         assert_eq!(r.status, 201);
         assert_eq!(
             r.headers,
@@ -788,11 +966,11 @@ mod tests {
         assert_eq!(r.body.into_bytes(), b"{\"id\":7}");
         let hex = serde_json::json!({"status": 200, "headers": [], "body": {"Hex": "ff00"}});
         assert_eq!(
-            upgrade(&cfg, 1, hex).unwrap().body.into_bytes(),
+            upgrade("http", 1, hex).unwrap().body.into_bytes(),
             [0xff, 0x00]
         );
         assert!(matches!(
-            upgrade(&cfg, 3, serde_json::Value::Null),
+            upgrade("http", 3, serde_json::Value::Null),
             Err(IdemError::Codec { .. })
         ));
     }

@@ -47,8 +47,10 @@
 //!
 //! - **On a router.** [`IdempotencyLayer`] makes every POST and PATCH below it
 //!   idempotent without touching handlers: it takes the key from the header and the
-//!   scope from the [`Principal`] the auth layer set, fingerprints the request, and
-//!   records and replays the response.
+//!   scope from the [`Principal`] the auth layer set, names the operation by its route,
+//!   fingerprints the request (canonical query, media type, JSON by content), records
+//!   and replays the final responses, and bounds what it buffers and what one caller
+//!   can claim.
 //!
 //! Status codes (bodies are `application/problem+json`, RFC 9457, with the [`types`]
 //! URIs):
@@ -59,14 +61,65 @@
 //! | key missing, empty, malformed, not printable ASCII, over 255 characters | 400 |
 //! | a request with this key is in progress | 409, `Retry-After` |
 //! | key reused with another request | 422 |
-//! | request body over the layer's cap | 413 |
+//! | request body over the layer's cap (a declared `Content-Length` before the body is read) | 413 |
+//! | request body not arrived within the layer's read timeout | 408 |
+//! | more request bodies at once than the layer's buffer budget holds | 503, `Retry-After` |
+//! | more new keys from one caller than the layer's claim limit allows | 429, `Retry-After` |
 //! | store down, or no store configured (the request did not run) | 503, `Retry-After` |
 //! | outcome unknown or unrecorded (being reconciled) | 500 |
 //! | no principal set by the application | 500 |
+//!
+//! # The key
+//!
+//! [`IdempotencyKey`] takes the draft's structured-field string (`"8e03-..."`) and the
+//! bare keys Stripe-style clients send (`8e03-...`) as the same key: 1 to 255 printable
+//! ASCII characters. `Option<IdempotencyKey>` accepts requests without the header. A
+//! bad key's problem body names the `header` and the `rule` it broke.
+//!
+//! # Handlers return domain types
+//!
+//! The outcome is recorded, so it must be a serde type: axum's `Json<T>` has no serde
+//! impls. Return a domain type that implements `IntoResponse`, and an error type with
+//! `From<IdemError>` that answers idem's errors through [`Problem`] (as `ApiError` does
+//! above). Server-side cases are logged with the full error; the response never carries
+//! a database message.
+//!
+//! # What the layer records
+//!
+//! [`IdempotencyLayer`] records the response's status, selected headers
+//! (`content-type`, `location`, `content-language`, `etag`, and any added with
+//! [`record_header`](IdempotencyLayer::record_header)) and body, and replays them. It
+//! records the statuses [`records_by_default`](IdempotencyLayer::records_by_default)
+//! names (or [`record_status`](IdempotencyLayer::record_status) chooses); any other
+//! response, one that means "try again" (5xx, 408, 425, 429) or a refusal made before
+//! the operation ran (a framework's 400, 405, 413, 415 or 422), is passed on unrecorded
+//! and releases the key, so the corrected retry runs.
+//!
+//! # Disconnects
+//!
+//! axum drops a handler's future when the client goes away, which would stop the body
+//! mid-effect and hold its key until the lease lapses. Both layers run the request in a
+//! task of its own instead (`run_to_completion(false)` turns that off), so it finishes
+//! and records its outcome, and the client's retry gets the replay.
+//!
+//! # Why the principal belongs in the scope
+//!
+//! Clients choose idempotency keys, so two clients can send the same one, by accident (a
+//! shared generator, a copied script) or on purpose. Without the principal in the
+//! scope, the second client would get the first one's recorded response (another
+//! customer's payment) or a 422 telling it that the key exists. With it, the same key
+//! from two principals is two operations. For the same reason a replay is not
+//! authorization: authenticate before the idempotent call, as for a first call. The
+//! layer refuses to run without a principal rather than fall back to a shared scope.
+//!
+//! The workspace's `examples/http_payments.rs` is a payments API with both styles, and
+//! its first lines show a `curl` retry.
 
+mod canonical;
 mod handler;
 mod key;
 mod layer;
+mod limits;
 mod principal;
 mod problem;
 

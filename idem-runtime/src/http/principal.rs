@@ -26,8 +26,37 @@ pub struct Principal(Arc<str>);
 
 impl Principal {
     /// A principal from a stable identifier (a user or account id, not a display name).
+    ///
+    /// ```
+    /// use idem_runtime::http::Principal;
+    /// assert_eq!(Principal::new("user-42").as_str(), "user-42");
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `id` is empty. The empty scope is idem's default namespace, shared by every
+    /// operation given no scope, so an empty principal would share keys with them and
+    /// with every other caller whose identifier came out empty; an auth layer that can
+    /// produce one has a bug to fix, not a caller to serve. Use
+    /// [`try_new`](Self::try_new) where the identifier comes from input.
     pub fn new(id: impl Into<String>) -> Self {
-        Principal(Arc::from(id.into()))
+        Self::try_new(id).expect(
+            "Principal::new(\"\"): a principal's identifier must not be empty (the empty \
+             scope is shared); refuse the request in the auth layer instead, or use \
+             `Principal::try_new`",
+        )
+    }
+
+    /// A principal from `id`, or `None` if it is empty (see [`new`](Self::new)).
+    ///
+    /// ```
+    /// use idem_runtime::http::Principal;
+    /// assert!(Principal::try_new("").is_none());
+    /// assert_eq!(Principal::try_new("ana").unwrap().as_str(), "ana");
+    /// ```
+    pub fn try_new(id: impl Into<String>) -> Option<Self> {
+        let id = id.into();
+        (!id.is_empty()).then(|| Principal(Arc::from(id)))
     }
 
     /// The identifier.
@@ -51,7 +80,9 @@ impl Serialize for Principal {
 
 impl<'de> Deserialize<'de> for Principal {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(Principal::new)
+        let id = String::deserialize(d)?;
+        Principal::try_new(id)
+            .ok_or_else(|| serde::de::Error::custom("a principal's identifier must not be empty"))
     }
 }
 
@@ -70,5 +101,23 @@ impl<S: Send + Sync> FromRequestParts<S> for Principal {
             .get::<Principal>()
             .cloned()
             .ok_or_else(Problem::no_principal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Principal;
+
+    #[test]
+    #[should_panic(expected = "must not be empty")]
+    fn an_empty_principal_is_refused() {
+        let _ = Principal::new("");
+    }
+
+    #[test]
+    fn an_empty_principal_does_not_deserialize() {
+        assert!(serde_json::from_str::<Principal>(r#""""#).is_err());
+        let p: Principal = serde_json::from_str(r#""ana""#).unwrap();
+        assert_eq!(p.as_str(), "ana");
     }
 }

@@ -19,7 +19,8 @@ pub mod types {
     pub const INVALID_KEY: &str = "https://idem.dev/problems/invalid-idempotency-key";
     /// 409: a request with this key is still being processed; retry after `Retry-After`.
     pub const IN_FLIGHT: &str = "https://idem.dev/problems/in-flight";
-    /// 422: the key was first used with another request (method, path, query or body).
+    /// 422: the key was first used with another request (method, path, query, media
+    /// type or body).
     pub const KEY_REUSED: &str = "https://idem.dev/problems/key-reused";
     /// 503: the idempotency store could not be reached; the request did not run.
     pub const STORE_UNAVAILABLE: &str = "https://idem.dev/problems/store-unavailable";
@@ -33,6 +34,14 @@ pub mod types {
     pub const BODY_TOO_LARGE: &str = "https://idem.dev/problems/body-too-large";
     /// 400: the request body could not be read.
     pub const BODY_UNREADABLE: &str = "https://idem.dev/problems/body-unreadable";
+    /// 408: the request body did not arrive within the layer's read timeout.
+    pub const BODY_TIMEOUT: &str = "https://idem.dev/problems/body-timeout";
+    /// 503: the layer holds as many request bodies as its buffer budget allows; retry
+    /// after `Retry-After`.
+    pub const BUSY: &str = "https://idem.dev/problems/busy";
+    /// 429: this caller started more new idempotent requests than the layer's claim
+    /// limit allows; retry after `Retry-After` (replays are not limited).
+    pub const TOO_MANY_CLAIMS: &str = "https://idem.dev/problems/too-many-claims";
     /// 500: the route runs idempotent requests but no principal was set by the
     /// application's authentication (a wiring error; never run under a global scope).
     pub const NO_PRINCIPAL: &str = "https://idem.dev/problems/no-principal";
@@ -123,8 +132,45 @@ impl Problem {
             "Request body too large",
         )
         .detail(format!(
-            "idempotent requests are buffered to be fingerprinted; at most {max} bytes"
+            "idempotent requests are buffered to be fingerprinted, at most {max} bytes; \
+             the request did not run: send a smaller body"
         ))
+    }
+
+    pub(crate) fn body_timeout(timeout: Duration) -> Self {
+        Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            types::BODY_TIMEOUT,
+            "Request body too slow",
+        )
+        .detail(format!(
+            "the request body did not arrive within {} ms; the request did not run: send \
+             it again, whole",
+            timeout.as_millis()
+        ))
+    }
+
+    pub(crate) fn busy(retry_after: Duration) -> Self {
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, types::BUSY, "Server busy")
+            .detail(
+                "too many request bodies are being buffered at once; the request did not run: \
+             retry it with the same Idempotency-Key after Retry-After seconds",
+            )
+            .retry_after(retry_after)
+    }
+
+    pub(crate) fn too_many_claims(retry_after: Duration) -> Self {
+        Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            types::TOO_MANY_CLAIMS,
+            "Too many new requests",
+        )
+        .detail(
+            "you started more new idempotent requests than this server allows for now; the \
+             request did not run: retry it with the same Idempotency-Key after Retry-After \
+             seconds",
+        )
+        .retry_after(retry_after)
     }
 
     pub(crate) fn body_unreadable() -> Self {

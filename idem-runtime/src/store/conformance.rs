@@ -90,6 +90,7 @@ pub async fn run_all(store: &dyn Store) {
     lapsed_lease_is_taken_over_and_fenced(store).await;
     lapsed_lease_goes_unknown(store).await;
     resolve_records_or_removes(store).await;
+    forget_drops_settled_records_only(store).await;
     release_lets_the_next_call_run(store).await;
     expired_is_claimed_afresh(store).await;
     epochs_never_repeat(store).await;
@@ -267,6 +268,79 @@ pub async fn resolve_records_or_removes(store: &dyn Store) {
         Fence::Lost,
         "a completed record cannot be resolved"
     );
+}
+
+/// `forget` deletes a COMPLETED or UNKNOWN record and a lapsed claim, fenced by the
+/// epoch; never a claim whose lease holds. A forgotten operation is absent: another
+/// payload claims it afresh, at an epoch never used before.
+pub async fn forget_drops_settled_records_only(store: &dyn Store) {
+    // COMPLETED, say by a mistaken resolve: forgotten, the next call runs.
+    let id = fresh_id("forget");
+    let epoch = acquire(store, &id, FP, LEASE).await;
+    store.mark_unknown(&id, epoch).await.unwrap();
+    let wrong = outcome("\"wrong\"");
+    store
+        .resolve(&id, epoch, Some((&wrong, DAY)))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.forget(&id, epoch + 1).await.unwrap(),
+        Fence::Lost,
+        "forget at another epoch"
+    );
+    assert_eq!(
+        claim(store, &id, FP, LEASE).await,
+        Claim::Completed(wrong.clone()),
+        "a fenced forget deleted nothing"
+    );
+    assert_eq!(store.forget(&id, epoch).await.unwrap(), Fence::Held);
+    assert_eq!(store.peek_completed(&id, &FP).await.unwrap(), None);
+    if let Ok(detail) = store.get(&id).await {
+        assert_eq!(detail, None, "a forgotten record is gone");
+    }
+    assert_eq!(
+        store.forget(&id, epoch).await.unwrap(),
+        Fence::Lost,
+        "forget twice"
+    );
+    let next = acquire(store, &id, OTHER_FP, LEASE).await;
+    assert!(next > epoch, "epoch {next} after a forget of {epoch}");
+    assert_eq!(
+        store
+            .record(&id, epoch, &outcome("late"), DAY)
+            .await
+            .unwrap(),
+        Fence::Lost
+    );
+
+    // IN_PROGRESS under a live lease: refused, the claim stands.
+    assert_eq!(store.forget(&id, next).await.unwrap(), Fence::Lost);
+    assert!(matches!(
+        claim(store, &id, OTHER_FP, LEASE).await,
+        Claim::InFlight { .. }
+    ));
+    assert_eq!(
+        store.record(&id, next, &outcome("ok"), DAY).await.unwrap(),
+        Fence::Held
+    );
+
+    // UNKNOWN, and a claim whose lease lapsed.
+    let unknown = fresh_id("forget");
+    let u = acquire(store, &unknown, FP, LEASE).await;
+    store.mark_unknown(&unknown, u).await.unwrap();
+    assert_eq!(store.forget(&unknown, u).await.unwrap(), Fence::Held);
+    acquire(store, &unknown, OTHER_FP, LEASE).await;
+    let lapsed = fresh_id("forget");
+    let l = acquire(store, &lapsed, FP, TINY).await;
+    tokio::time::sleep(PAST_TINY).await;
+    assert_eq!(store.forget(&lapsed, l).await.unwrap(), Fence::Held);
+    assert!(matches!(
+        claim(store, &lapsed, OTHER_FP, LEASE).await,
+        Claim::Acquired {
+            takeover: false,
+            ..
+        }
+    ));
 }
 
 /// A released claim is absent: another payload then claims afresh.

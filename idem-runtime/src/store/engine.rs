@@ -458,6 +458,7 @@ macro_rules! statements {
                 "renew" => file!("renew"),
                 "resolve_record" => file!("resolve_record"),
                 "resolve_delete" => file!("resolve_delete"),
+                "forget" => file!("forget"),
                 "purge" => file!("purge"),
                 "stats" => file!("stats"),
                 "list" => file!("list"),
@@ -497,6 +498,7 @@ struct Statements {
     renew: Stmt,
     resolve_record: Stmt,
     resolve_delete: Stmt,
+    forget: Stmt,
     announce_wait: Option<Stmt>,
     /// Sent after a fenced write whose row says a caller waits, where the write does
     /// not wake them itself.
@@ -527,6 +529,7 @@ impl Statements {
             renew: r("renew"),
             resolve_record: r("resolve_record"),
             resolve_delete: r("resolve_delete"),
+            forget: r("forget"),
             announce_wait: optional("announce_wait"),
             wake: optional("wake"),
             purge: r("purge"),
@@ -1033,6 +1036,10 @@ impl<D: Dialect> Store for SqlStore<D> {
                     .await
             }
         }
+    }
+
+    async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.fenced(&self.sql.forget, id, epoch, &[]).await
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {

@@ -15,10 +15,10 @@ use super::{
 use crate::error::StoreError;
 
 /// The records, each filed with its identity's hash beside it: the table grows without
-/// hashing (or reading) a stored identity again, which was a tenth of a fresh call's
-/// time in a store of a million records. foldhash with a per-store random seed, not
-/// SipHash: hashing an id's three strings with SipHash was another tenth, and the seed
-/// still keeps keys an attacker chooses from being steered into one bucket.
+/// hashing (or reading) a stored identity again, which would cost a tenth of a fresh
+/// call's time in a store of a million records. foldhash with a per-store random seed,
+/// not SipHash: hashing an id's three strings with SipHash costs another tenth, and the
+/// seed still keeps keys an attacker chooses from being steered into one bucket.
 #[derive(Default)]
 struct Records {
     table: HashTable<Slot>,
@@ -511,6 +511,23 @@ impl Store for MemoryStore {
                 }
             },
         ))
+    }
+
+    async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        let now = self.now();
+        let mut map = self.lock();
+        let settled = |r: &Record| match r.state {
+            State::Completed | State::Unknown => true,
+            // A pinned claim's call is alive in this process: its lease holds.
+            State::InProgress => !r.pinned && r.lease_until <= now,
+        };
+        match map.get(id) {
+            Some(r) if r.epoch == epoch && settled(r) => {
+                map.remove(id);
+                Ok(Fence::Held)
+            }
+            _ => Ok(Fence::Lost),
+        }
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {

@@ -1,8 +1,35 @@
 //! The storage contract behind [`Idem`](crate::Idem), and its implementations.
 //!
+//! ```
+//! use idem_runtime::{Idem, IdemError};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), IdemError> {
+//! let in_process = Idem::memory(); // tests and single-process tools; gone on exit
+//! # #[cfg(feature = "sqlite")]
+//! let embedded = Idem::sqlite("sqlite::memory:").await?; // a file on one host
+//! // Idem::postgres, Idem::mysql and Idem::redis open the server stores.
+//! let stats = in_process.stats().await?;
+//! assert_eq!(stats.in_progress + stats.completed + stats.unknown, 0);
+//! # Ok(()) }
+//! ```
+//!
 //! A store keeps one record per operation `(scope, name, key)` and moves it through
 //! the states of the contract. Every method that changes a record is one atomic step;
-//! every method after a claim is fenced on the epoch that claimed.
+//! every method after a claim is fenced on the epoch that claimed. [`Store`] is that
+//! contract; [`Idem`](crate::Idem) opens one of these:
+//!
+//! | store | durability | many hosts, cluster | [transactional mode](crate::guide::transactions) | cross-process wake-ups |
+//! |---|---|---|---|---|
+//! | [`Idem::memory`](crate::Idem::memory) | the process's life | no | no | (one process) |
+//! | `Idem::sqlite` ([`guide::sqlite`](crate::guide::sqlite)) | WAL, `synchronous=FULL`: survives power loss | one host, several processes | yes | no: waiters poll |
+//! | `Idem::postgres` ([`guide::postgres`](crate::guide::postgres)) | the server's commit | yes | yes | `LISTEN`/`NOTIFY` |
+//! | `Idem::mysql` ([`guide::mysql`](crate::guide::mysql)) | InnoDB's commit | yes | yes | no: waiters poll |
+//! | `Idem::redis` ([`redis`]) | the server's persistence settings | yes, Redis Cluster | no | pub/sub |
+//!
+//! Each store proves itself against one conformance suite, and a store of your own can
+//! be passed to [`IdemBuilder::store`](crate::IdemBuilder::store); a wrapper around an
+//! opened store (metrics, fault injection) to [`IdemBuilder::layer`](crate::IdemBuilder::layer).
 //!
 //! # Network faults
 //!
@@ -58,6 +85,7 @@ pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 /// What the benches read of the stores. Not a stable API.
@@ -97,6 +125,26 @@ use std::time::Duration;
 pub use crate::error::StoreError;
 
 /// The identity of one operation: its scope, name and key, each already encoded.
+///
+/// ```
+/// use idem_runtime::{Idem, IdemError, current};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// let op = idem
+///     .operation("charge", "order-1")
+///     .scope("acme")
+///     .retain(Duration::from_secs(3600))
+///     .fingerprint_none();
+/// let id = op.id().clone();
+/// let inside = op.run(|| async { Ok::<_, IdemError>(current().downstream_key("psp")) }).await?;
+/// // What a reconciler computes from a listed record is what the body passed on.
+/// assert_eq!(inside, id.downstream_key("psp"));
+/// assert_eq!(id.name, "charge");
+/// # Ok(()) }
+/// ```
 #[derive(
     Clone,
     Debug,
@@ -231,7 +279,21 @@ pub enum Claim {
     },
 }
 
-/// How an operator settles an UNKNOWN (or stuck IN_PROGRESS) operation.
+/// How an operator settles an UNKNOWN (or stuck IN_PROGRESS) operation, with
+/// [`Idem::resolve`](crate::Idem::resolve).
+///
+/// ```
+/// use idem_runtime::{Idem, IdemError, ListFilter, Resolution};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// # let idem = Idem::memory();
+/// for record in idem.list(&ListFilter::unknown()).await? {
+///     // The downstream system says the effect never happened: let the next call run.
+///     idem.resolve(&record.id, record.epoch, Resolution::Retry).await?;
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resolution {
     /// The effect did not happen: remove the record so the next call runs the body.
@@ -318,6 +380,25 @@ pub struct RecordDetail {
 }
 
 /// Which records [`Idem::list`](crate::Idem::list) returns.
+///
+/// ```
+/// use idem_runtime::{Idem, IdemError, ListFilter, State};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// # let idem = Idem::memory();
+/// let stuck = idem.list(&ListFilter::stuck(Duration::from_secs(300))).await?;
+/// let charges = ListFilter {
+///     state: Some(State::Completed),
+///     name: Some("charge".into()),
+///     limit: Some(20),
+///     ..ListFilter::default()
+/// };
+/// let recent = idem.list(&charges).await?;
+/// # assert!(stuck.is_empty() && recent.is_empty());
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct ListFilter {
     /// Only records in this state.
@@ -355,7 +436,26 @@ impl ListFilter {
     }
 }
 
-/// Counts by state, for alerting on stuck claims.
+/// Counts by state, for alerting on stuck claims; [`Idem::stats`](crate::Idem::stats)
+/// reads them.
+///
+/// ```
+/// use idem_runtime::{Idem, IdemError};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let idem = Idem::memory();
+/// idem.operation("charge", "order-1")
+///     .retain(Duration::from_secs(3600))
+///     .fingerprint_none()
+///     .run(|| async { Ok::<_, IdemError>(()) })
+///     .await?;
+/// let stats = idem.stats().await?;
+/// assert_eq!((stats.completed, stats.in_progress, stats.unknown), (1, 0, 0));
+/// assert!(stats.oldest_unknown.is_none()); // alert when this grows
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Records IN_PROGRESS.
@@ -401,7 +501,32 @@ pub enum Fence {
 ///
 /// Implementations decide the claim in one atomic step: an insert-or-inspect that
 /// returns the state it found or made. Times (leases, expiry, ages) are the store's
-/// own clock, never the application's.
+/// own clock, never the application's. The state machine talks to a store through this
+/// trait only; [`Idem`](crate::Idem) is what applications call.
+///
+/// ```
+/// use idem_runtime::store::{Claim, ClaimRequest, MemoryStore, Store, StoreError, StoredOutcome};
+/// use idem_runtime::{OperationId, Takeover};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), StoreError> {
+/// let store = MemoryStore::default();
+/// let id = OperationId { scope: String::new(), name: "charge".into(), key: "order-1".into() };
+/// let lease = Duration::from_secs(60);
+/// let req = ClaimRequest { id: &id, fingerprint: [1; 32], lease, on_takeover: Takeover::Rerun };
+///
+/// let Claim::Acquired { epoch, .. } = store.claim(&req).await? else { unreachable!() };
+/// // A duplicate while the first call runs:
+/// assert!(matches!(store.claim(&req).await?, Claim::InFlight { .. }));
+/// let outcome = StoredOutcome { is_err: false, version: 1, body: b"42".to_vec() };
+/// store.record(&id, epoch, &outcome, Duration::from_secs(3600)).await?;
+/// // A duplicate after it, and the same key with another request:
+/// assert_eq!(store.claim(&req).await?, Claim::Completed(outcome));
+/// let other = ClaimRequest { fingerprint: [2; 32], ..req.clone() };
+/// assert_eq!(store.claim(&other).await?, Claim::Mismatch);
+/// # Ok(()) }
+/// ```
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Claims the operation, or reports why not. One atomic step.
@@ -455,6 +580,20 @@ pub trait Store: Send + Sync + 'static {
         epoch: u64,
         completed: Option<(&StoredOutcome, Duration)>,
     ) -> Result<Fence, StoreError>;
+
+    /// Deletes the record held at `epoch` for an operator: a COMPLETED or UNKNOWN one, or
+    /// an IN_PROGRESS one whose lease has lapsed by the store's clock; never a claim whose
+    /// lease holds. The next call then runs the body. One atomic step, fenced like
+    /// [`resolve`](Store::resolve): [`Fence::Lost`] when the record is gone, at another
+    /// epoch, or in progress under a live lease. Epochs still never repeat. The default
+    /// says the store cannot forget records.
+    async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        let _ = (id, epoch);
+        Err(StoreError::new(
+            false,
+            "this store cannot forget a record; implement `Store::forget` for it",
+        ))
+    }
 
     /// Deletes COMPLETED records past their retention; returns how many.
     async fn purge_expired(&self) -> Result<u64, StoreError>;
@@ -524,6 +663,9 @@ macro_rules! forward_store {
             }
             async fn resolve(&self, id: &OperationId, epoch: u64, completed: Option<(&StoredOutcome, Duration)>) -> Result<Fence, StoreError> {
                 (**self).resolve(id, epoch, completed).await
+            }
+            async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+                (**self).forget(id, epoch).await
             }
             async fn purge_expired(&self) -> Result<u64, StoreError> {
                 (**self).purge_expired().await

@@ -10,36 +10,9 @@
 //! row `held` with the number of rows it matched (sqlx sets `CLIENT_FOUND_ROWS`, so an
 //! update that rewrites a value with itself still counts).
 //!
-//! **The claim** is an upsert that decides, then a read of the row it decided, in one
-//! transaction: `INSERT ... ON DUPLICATE KEY UPDATE` inserts a fresh claim, or takes the
-//! existing row over when it is an expired COMPLETED record or a lapsed lease of the
-//! same fingerprint, or leaves it as it is; the upsert holds the row's exclusive lock
-//! until commit, so the `SELECT ... FOR UPDATE` that follows reads exactly the row the
-//! upsert left, and `token = :token` tells "this statement claimed" from "someone else's
-//! record". A claim the upsert made carries epoch 0 until the statements between give it
-//! the next epoch, drawn only then (a replay or an in-flight answer draws none). Not one round trip (MySQL cannot return the row an upsert
-//! wrote), but never a read followed by a write: the write decides, the read reports. A
-//! deadlock between two claims (InnoDB's gap locks on a key being deleted and inserted
-//! at once) rolls the transaction back whole, and the claim is issued again.
-//!
-//! The upsert's assignments are evaluated left to right, as MySQL and MariaDB do by
-//! default: `token` first (the decision), `state` last, so every assignment between
-//! judges the row as it was. MariaDB's `SIMULTANEOUS_ASSIGNMENT` SQL mode changes that
-//! and is refused at open.
-//!
-//! **A replay** can be answered before any of that by one plain read (`peek.sql`): a
-//! COMPLETED, unexpired record is final until it expires, so a consistent read that
-//! finds one answers with its outcome (or a mismatch) in one round trip, taking no lock
-//! and writing no row. The read is a round trip a fresh call would pay for nothing, so
-//! the store issues it only while it has seen replays lately (a score each replay raises
-//! and each fresh claim lowers): a burst of retries is served by reads, a stream of new
-//! calls goes straight to the claim. A replay the read does not answer is decided by
-//! the claim's transaction, as every call is.
-//!
-//! **Epochs** come from an `AUTO_INCREMENT` counter table beside the operations table:
-//! each claim inserts a row, takes `LAST_INSERT_ID()` and deletes the row, so epochs
-//! never repeat for the table, whatever was released, resolved or purged. (Transactional
-//! mode draws one per claim attempt: its statements cannot tell "I inserted" otherwise.)
+//! The claim (an upsert that decides, then a locking read of what it decided), the
+//! replay read, epochs, the clock and the errors are described for users in
+//! [`guide::mysql`](crate::guide::mysql); this file is where they are implemented.
 //!
 //! # Connections
 //!

@@ -6,7 +6,9 @@
 //! (no ping per statement); waiters in other processes are woken through
 //! `LISTEN`/`NOTIFY`. The claim is one statement that reads its snapshot first, so a
 //! replay neither locks nor writes; under READ COMMITTED it may miss a row committed
-//! after it began and is then issued again (`CLAIM_ATTEMPTS`).
+//! after it began and is then issued again (`CLAIM_ATTEMPTS`). The schema, the claim,
+//! wake-ups, group commit, purge and the errors are described for users in
+//! [`guide::postgres`](crate::guide::postgres).
 //!
 //! # Connections
 //!
@@ -250,8 +252,8 @@ impl Dialect for Pg {
     /// Only while every connection is busy: a statement would wait for one anyway, and
     /// joining the next batch costs less than that wait. Below that, each statement
     /// runs at once on a connection of its own, which the server runs in parallel
-    /// (measured with `cargo bench --bench pg_pools`: at 16 callers on 16 connections
-    /// gathering ran 0.6–0.9 of single statements; at 64 callers, 1.7–2.0 of them).
+    /// (`cargo bench -p idem-tests --bench pg_pools`: at 16 callers on 16 connections
+    /// gathering runs 0.6–0.9 of single statements; at 64 callers, 1.7–2.0 of them).
     fn gathers(&self) -> bool {
         self.group.is_some() && self.saturated()
     }
@@ -346,9 +348,9 @@ async fn hot(
 }
 
 /// Batches of one kind in flight at once. One: while it waits for its commit, every
-/// caller arriving joins the next batch. Two measured the same at 64 callers, within
-/// the noise (measured twice, the second time with batches written on the caller's own
-/// task); four and more ran below them (smaller batches, each paying its own commit).
+/// caller arriving joins the next batch. Two measure the same at 64 callers, within
+/// the noise; four and more run below them (smaller batches, each paying its own
+/// commit).
 const GROUP_WRITERS: usize = 1;
 
 /// Group commit: concurrent claims (and concurrent records) are gathered into one
@@ -670,26 +672,37 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
                 Ok(true)
             })
         })
+        .connect_lazy_with(connect.clone());
+    // The open's own statements run one at a time on a pool of one. A bigger pool opens
+    // a second connection while the first is still on its way back to it, and on a
+    // server with one slot left that second one is refused, retried and refused until
+    // the pool's acquire timeout.
+    let opening = PgPoolOptions::new()
+        .max_connections(1)
         .connect_lazy_with(connect);
     let owned = Arc::new(Conns::new((*pool.connect_options()).clone(), hot));
-    prepare(pool, Some(owned), table, opts).await
+    prepare(pool, Some(opening), Some(owned), table, opts).await
 }
 
 /// Uses an application's pool; creates the idem table unless `opts.migrate` is false.
 pub(crate) async fn from_pool(pool: PgPool, opts: &SqlOptions) -> Result<PgStore, IdemError> {
     let table = TableName::parse(&opts.table, true)?;
-    prepare(pool, None, table, opts).await
+    prepare(pool, None, None, table, opts).await
 }
 
+/// Migrates and checks the table on `opening` (closed afterwards) or else on `pool`,
+/// then returns the store on `pool`.
 async fn prepare(
     pool: PgPool,
+    opening: Option<PgPool>,
     owned: Option<Arc<Conns>>,
     table: TableName,
     opts: &SqlOptions,
 ) -> Result<PgStore, IdemError> {
+    let on_open = opening.clone().unwrap_or_else(|| pool.clone());
     if opts.migrate {
         let migrator = Pg {
-            pool: pool.clone(),
+            pool: on_open.clone(),
             owned: None,
             group: None,
             listener: Mutex::new(None),
@@ -718,12 +731,18 @@ async fn prepare(
         fresh: Gather::new(GROUP_WRITERS),
     };
     let dialect = Pg {
-        pool,
+        pool: on_open,
         owned,
         group: opts.group_commit.then(|| Arc::new(group)),
         listener: Mutex::new(None),
     };
-    SqlStore::prepare(dialect, &table, &opts.key_mode).await
+    let prepared = SqlStore::prepare(dialect, &table, &opts.key_mode).await;
+    if let Some(opening) = opening {
+        opening.close().await;
+    }
+    let mut store = prepared?;
+    store.dialect.pool = pool;
+    Ok(store)
 }
 
 /// `read_only_sql_transaction`: "cannot execute … in a read-only transaction" (a

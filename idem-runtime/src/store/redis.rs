@@ -1,5 +1,17 @@
 //! The store on Redis or Valkey, standalone or Redis Cluster (feature `redis`).
 //!
+//! ```no_run
+//! use idem_runtime::{Idem, IdemError};
+//!
+//! # async fn open() -> Result<(), IdemError> {
+//! let idem = Idem::redis("redis://127.0.0.1:6379").await?; // keys under `idem:`
+//! let billing = Idem::builder()
+//!     .key_prefix("billing")
+//!     .redis_cluster(&["redis://node-1:6379", "redis://node-2:6379"])
+//!     .await?;
+//! # let _ = (idem, billing); Ok(()) }
+//! ```
+//!
 //! Every state change is one Lua script (`idem-runtime/lua/*.lua`), so the claim's
 //! decision (fresh, replay, in flight, mismatch, takeover, or UNKNOWN under
 //! [`Takeover::Unknown`]) is one round trip and one atomic
@@ -46,10 +58,17 @@
 //!
 //! # Replays
 //!
-//! After replays were seen lately (see [`Store::peek_completed`]), a replay is first
-//! tried as plain commands in one round trip (`HMGET` and `TIME` on a standalone server;
-//! `HMGET`, `PTTL` and `HMGET` on the record's node of a cluster), far lighter for the
-//! server than a script; what that read does not answer goes on to the claim script.
+//! After replays were seen lately (see [`Store::peek_completed`]; each replay raises a
+//! score by 8, up to 64, each fresh claim lowers it by 1), a replay is first tried as
+//! plain commands in one pipelined round trip, far lighter for the server than a
+//! script; what that read does not answer goes on to the claim script. On a standalone
+//! server the read is `HMGET` of the record and `TIME`: a COMPLETED record whose
+//! retention ends after that `TIME` (read after the record, so the record was unexpired
+//! when read) answers the replay or the mismatch. On a cluster, where `TIME` could
+//! reach another node's clock, the record's own TTL stands in for the clock: `HMGET`,
+//! `PTTL`, `HMGET` on the record's node, answering only when the TTL is above the five
+//! minutes a record is kept past its retention and the two reads agree on state, epoch
+//! and deadline.
 //!
 //! # Listing and stats
 //!
@@ -73,7 +92,8 @@
 //! restart forgets completed records and a retry runs its body again; with AOF and
 //! `appendfsync everysec`, up to a second of records can be lost; with `appendfsync
 //! always` a recorded outcome survives a crash as it does in PostgreSQL. A replica
-//! promoted after a failover may miss the last writes (replication is asynchronous).
+//! promoted after a failover may miss the last writes (replication is asynchronous,
+//! and idem does not issue `WAIT`).
 //!
 //! # Connections
 //!
@@ -84,6 +104,12 @@
 //! [`Store::stats`], [`Store::list`] or [`Store::purge_expired`] runs, one more per
 //! master. The builder's `max_connections` does not apply: commands share their
 //! connection rather than wait for one.
+//!
+//! # Errors
+//!
+//! A server that cannot be reached is a retryable, unreachable
+//! [`IdemError::Store`], the only kind
+//! [`OnStoreError::FailOpen`](crate::OnStoreError::FailOpen) acts on.
 //!
 //! # A read-only server
 //!
@@ -130,6 +156,7 @@ struct Scripts {
     mark_unknown: Script,
     renew: Script,
     resolve: Script,
+    forget: Script,
     read: Script,
     purge: Script,
     announce: Script,
@@ -145,6 +172,7 @@ impl Scripts {
             mark_unknown: s(include_str!("../../lua/mark_unknown.lua")),
             renew: s(include_str!("../../lua/renew.lua")),
             resolve: s(include_str!("../../lua/resolve.lua")),
+            forget: s(include_str!("../../lua/forget.lua")),
             read: s(include_str!("../../lua/read.lua")),
             purge: s(include_str!("../../lua/purge.lua")),
             announce: s(include_str!("../../lua/announce.lua")),
@@ -153,6 +181,8 @@ impl Scripts {
 }
 
 /// A connection to a standalone server (reconnecting) or to a cluster.
+// One per store, never moved around: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Conn {
     Single(Healing),
     Cluster {
@@ -416,6 +446,51 @@ impl RedisStore {
             "another prefix (`IdemBuilder::key_prefix`)",
             recorded.as_deref(),
             wanted,
+        )
+    }
+
+    /// Checks, without writing anything, that an application opened an idem store under
+    /// this prefix (with [`IdemBuilder::redis`](crate::IdemBuilder::redis) or
+    /// [`redis_cluster`](crate::IdemBuilder::redis_cluster), which record how its keys
+    /// are stored) and that it stores keys as `hash_keys` says: the secret the application
+    /// gives [`IdemBuilder::hash_keys`](crate::IdemBuilder::hash_keys), or `None`.
+    ///
+    /// For tools that must not create a store where there is none, such as the `idem`
+    /// command: a wrong URL or prefix is then an error rather than an empty store, and a
+    /// missing or wrong secret an error rather than "no such record".
+    pub async fn check_existing(&self, hash_keys: Option<&[u8]>) -> Result<(), IdemError> {
+        let secret = hash_keys.map(|s| crate::idem::Secret(Arc::from(s)));
+        if let Some(secret) = &secret {
+            secret.check()?;
+        }
+        let key = format!("{}:m:{{key-mode}}", self.prefix);
+        let mut get = ::redis::cmd("GET");
+        get.arg(&key);
+        let failed = |e: RedisError| IdemError::store("open", store_error(e));
+        let recorded: Option<String> = match &self.conn {
+            Conn::Single(c) => c
+                .run(async |c| get.query_async(c).await)
+                .await
+                .map_err(failed)?,
+            Conn::Cluster { conn, .. } => {
+                get.query_async(&mut conn.clone()).await.map_err(failed)?
+            }
+        };
+        let Some(recorded) = recorded else {
+            return Err(IdemError::Config {
+                message: format!(
+                    "no idem store under the Redis key prefix `{}` on this server (its key \
+                     `{key}` is missing: no application opened one there); check the prefix \
+                     the application gives `IdemBuilder::key_prefix` and the URL",
+                    self.prefix
+                ),
+            });
+        };
+        crate::idem::check_key_mode(
+            &format!("the Redis key prefix `{}`", self.prefix),
+            "another prefix",
+            Some(&recorded),
+            &crate::idem::key_mode(secret.as_ref()),
         )
     }
 
@@ -986,6 +1061,12 @@ impl Store for RedisStore {
                 .await
             }
         }
+    }
+
+    async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        let epoch = epoch.to_string();
+        self.fenced(&self.scripts.forget, id, &[epoch.as_bytes()])
+            .await
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {

@@ -4,6 +4,8 @@
 //! Every method is one statement. Times come from SQLite's clock inside the statement
 //! (`unixepoch('subsec')`, fixed for the whole statement), never from the application.
 //! SQLite has one writer, so the claim's upsert never races: it is issued once.
+//! Durability, group commit and the store across processes are described for users in
+//! [`guide::sqlite`](crate::guide::sqlite).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -51,7 +53,7 @@ impl Sqlite {
 
 /// Group commit: SQLite has one writer and every commit is an fsync, so concurrent
 /// claims and records are gathered (one batch at a time) into one transaction, each
-/// caller answered with its own rows. A lone write runs alone, as before.
+/// caller answered with its own rows. A lone write runs alone.
 type GroupCommit = Gather<Pending>;
 
 /// A write waiting for its batch.
@@ -538,28 +540,14 @@ mod tests {
         // The record is fenced by the transaction's epoch: a row claimed at another epoch
         // (as after the server rolled this transaction back and another caller claimed)
         // is not completed by it.
-        sqlx::query("UPDATE idem_operations SET epoch = epoch + 1000")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        assert_eq!(
-            store
-                .tx_record(&mut tx, &id, epoch, &done, DAY)
+        for (shift, fence) in [("+ 1000", Fence::Lost), ("- 1000", Fence::Held)] {
+            sqlx::query(&format!("UPDATE idem_operations SET epoch = epoch {shift}"))
+                .execute(&mut *tx)
                 .await
-                .unwrap(),
-            Fence::Lost
-        );
-        sqlx::query("UPDATE idem_operations SET epoch = epoch - 1000")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        assert_eq!(
-            store
-                .tx_record(&mut tx, &id, epoch, &done, DAY)
-                .await
-                .unwrap(),
-            Fence::Held
-        );
+                .unwrap();
+            let recorded = store.tx_record(&mut tx, &id, epoch, &done, DAY).await;
+            assert_eq!(recorded.unwrap(), fence, "epoch {shift}");
+        }
         tx.commit().await.unwrap();
 
         let mut tx = store.dialect.pool.begin().await.unwrap();

@@ -1,0 +1,9 @@
+WITH upd AS (
+    DELETE FROM {table}
+    WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch
+        AND (state IN (1, 2) OR (state = 0 AND lease_until <= {now}))
+    RETURNING waiters
+), woke AS (
+    SELECT pg_notify('idem_wake', :payload) FROM upd WHERE waiters
+)
+SELECT (SELECT count(*) FROM upd) AS held, (SELECT count(*) FROM woke) AS woke
