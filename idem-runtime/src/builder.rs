@@ -262,7 +262,9 @@ impl IdemBuilder {
 
     /// How long a call waits for the store's answer to a claim, or to the read that
     /// looks for a replay, before it gives up with a retryable [`IdemError::Store`]
-    /// (the body did not run; `fail_open` applies, as for a refused connection).
+    /// (the body did not run). `fail_open` does not run the body on it: a silent store
+    /// cannot be told from a claim waiting on a lock another call holds, so only a
+    /// connection that fails (refused, reset, closed) counts as unreachable.
     /// Default 5 seconds.
     ///
     /// The other round trips of a call are bounded by its lease instead: a record (its

@@ -652,7 +652,7 @@ where
     }
 }
 
-/// `answer`, or an unreachable-store error once `timeout` passes without it. Dropping a
+/// `answer`, or a retryable store error once `timeout` passes without it. Dropping a
 /// statement's future closes its connection (the stores never reuse one mid-protocol),
 /// so a black-holed connection is not handed to the next call.
 async fn bounded<T>(
@@ -665,12 +665,17 @@ async fn bounded<T>(
         .unwrap_or_else(|_| Err(no_answer(what, timeout)))
 }
 
+/// Retryable, but not "unreachable": silence cannot be told from a statement waiting on
+/// a lock another call holds, so `fail_open` does not run a body on it.
 fn no_answer(what: &str, after: Duration) -> StoreError {
-    StoreError::unreachable(format!(
-        "the store did not answer the {what} within {after:?} (a network partition, a \
+    StoreError::new(
+        true,
+        format!(
+            "the store did not answer the {what} within {after:?} (a network partition, a \
          stalled server, or more calls than its connections serve); retry later, and see \
          `IdemBuilder::store_timeout`"
-    ))
+        ),
+    )
 }
 
 /// A claim sent to the store, owned so that it can outlive the call: if the caller goes

@@ -131,7 +131,8 @@
 //! connection-level failure, a pool timeout, PostgreSQL SQLSTATE classes 08 and 57P,
 //! their MySQL and Redis counterparts. A refusal (a constraint, an invalid key),
 //! contention, a read-only server or a serialization conflict fails closed, and so does
-//! any error once the store has said another call holds the claim. A caller waiting on
+//! a claim that got no answer within the store timeout (silence cannot be told from a
+//! lock wait) and any error once the store has said another call holds the claim. A caller waiting on
 //! an in-flight call rides out transient store errors until its wait ends.
 //!
 //! # The operation's identity

@@ -37,7 +37,7 @@
 //!
 //! | round trip | bounded by | what the caller gets past it |
 //! |---|---|---|
-//! | the claim, the read that looks for a replay | [`IdemBuilder::store_timeout`](crate::IdemBuilder::store_timeout), 5 s by default | [`IdemError::Store`](crate::IdemError::Store), retryable; the body did not run (`fail_open` runs it unprotected) |
+//! | the claim, the read that looks for a replay | [`IdemBuilder::store_timeout`](crate::IdemBuilder::store_timeout), 5 s by default | [`IdemError::Store`](crate::IdemError::Store), retryable; the body did not run (and `fail_open` does not run it: silence may be a lock wait) |
 //! | the record, with its retries | what is left of the lease, as a whole | [`IdemError::Unrecorded`](crate::IdemError::Unrecorded): the body ran; its record may or may not have landed |
 //! | a release, a move to UNKNOWN | the lease | the claim lapses with its lease |
 //! | a lease renewal | a third of the lease | the next renewal is tried |
