@@ -49,6 +49,23 @@ pub trait KeyPart {
     }
 }
 
+/// A client-chosen key (an HTTP or MCP `IdempotencyKey`) as stored: as a string where
+/// the encoding fits the store's cap (`s<len>:` costs up to 5 bytes), else by its
+/// SHA-256 under a tag of its own, so it never meets a plain string's encoding.
+#[cfg(any(feature = "axum", feature = "mcp"))]
+pub(crate) fn write_client_key(key: &str, out: &mut String) {
+    if key.len() + 5 <= crate::MAX_KEY_BYTES {
+        key.write_key(out);
+    } else {
+        use sha2::{Digest, Sha256};
+        use std::fmt::Write;
+        out.push('h');
+        for b in Sha256::digest(key.as_bytes()) {
+            let _ = write!(out, "{b:02x}");
+        }
+    }
+}
+
 fn write_str(tag: char, s: &str, out: &mut String) {
     // Tag and byte length first: the reader never needs to look inside the text.
     out.reserve(s.len() + 8);

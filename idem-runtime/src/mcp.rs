@@ -333,19 +333,7 @@ impl schemars::JsonSchema for IdempotencyKey {
 
 impl KeyPart for IdempotencyKey {
     fn write_key(&self, out: &mut String) {
-        // `s<len>:` costs up to 5 bytes: a key that would take the encoding past the
-        // store's cap is keyed by its digest, under a tag of its own (as the HTTP key is),
-        // so it never meets a plain string's encoding.
-        if self.0.len() + 5 <= crate::MAX_KEY_BYTES {
-            self.0.as_str().write_key(out);
-        } else {
-            use sha2::{Digest, Sha256};
-            out.push('h');
-            for b in Sha256::digest(self.0.as_bytes()) {
-                use std::fmt::Write;
-                let _ = write!(out, "{b:02x}");
-            }
-        }
+        crate::key::write_client_key(&self.0, out);
     }
 }
 

@@ -3,7 +3,6 @@
 use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use sha2::{Digest, Sha256};
 
 use super::problem::Problem;
 use crate::key::KeyPart;
@@ -212,18 +211,7 @@ impl AsRef<str> for IdempotencyKey {
 
 impl KeyPart for IdempotencyKey {
     fn write_key(&self, out: &mut String) {
-        // `s<len>:` costs up to 5 bytes: keys that would push the encoding past the
-        // store's cap are keyed by digest, under their own tag so they never meet a
-        // plain string's encoding.
-        if self.0.len() + 5 <= crate::MAX_KEY_BYTES {
-            self.0.as_str().write_key(out);
-        } else {
-            out.push('h');
-            for b in Sha256::digest(self.0.as_bytes()) {
-                use std::fmt::Write;
-                let _ = write!(out, "{b:02x}");
-            }
-        }
+        crate::key::write_client_key(&self.0, out);
     }
 }
 
