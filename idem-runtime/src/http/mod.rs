@@ -52,6 +52,10 @@
 //!   and replays the final responses, and bounds what it buffers and what one caller
 //!   can claim.
 //!
+//! `Idempotent-Replayed: true` marks a replay only: a response whose handler ran for
+//! this request (a first execution, or a re-run after a released error) never carries
+//! the header, in either style, so its absence means the handler ran.
+//!
 //! Status codes (bodies are `application/problem+json`, RFC 9457, with the [`types`]
 //! URIs):
 //!
