@@ -743,9 +743,13 @@ impl Drop for ClaimInFlight {
             return;
         };
         let (idem, id, lease) = (self.idem.clone(), self.id.clone(), self.lease);
+        // Bounded only so that a black-holed claim does not keep its task for good: a
+        // late answer is still released (the release is fenced by its epoch), and past
+        // the bound a claim that was made lapses with its lease.
+        let patience = lease + idem.store_timeout();
         spawn_cleanup(async move {
-            // Past a lease the claim, if it was made, lapses on its own.
-            if let Ok(Ok(Claim::Acquired { epoch, .. })) = tokio::time::timeout(lease, claim).await
+            if let Ok(Ok(Claim::Acquired { epoch, .. })) =
+                tokio::time::timeout(patience, claim).await
             {
                 release_unstarted(&idem, &id, epoch, lease).await;
             }
