@@ -3,146 +3,19 @@
 //! one, and crashes it (`-m immediate`) in the middle of 1,000 keyed calls.
 #![cfg(feature = "postgres")]
 mod common;
+#[path = "common/own_servers.rs"]
+mod own_servers;
 #[path = "common/provider.rs"]
 mod provider;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
 use idem_runtime::{Idem, IdemError, InFlight, OnStoreError, current};
+use own_servers::OwnPostgres;
 use provider::Provider;
-
-/// A PostgreSQL server of this test's own.
-struct OwnServer {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-fn as_postgres(bin: &Path, program: &str) -> Command {
-    let path = bin.join(program);
-    // initdb and postgres refuse to run as root.
-    if std::env::var("USER").is_ok_and(|u| u == "root") || is_root() {
-        let mut cmd = Command::new("runuser");
-        cmd.args(["-u", "postgres", "--"]).arg(path);
-        cmd
-    } else {
-        Command::new(path)
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-fn postgres_bin() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| Some(e.ok()?.path().join("bin")))
-        .filter(|p| p.join("pg_ctl").exists())
-        .collect();
-    dirs.sort();
-    dirs.pop()
-}
-
-impl OwnServer {
-    fn start() -> Option<OwnServer> {
-        let Some(bin) = postgres_bin() else {
-            assert!(
-                !db_required(),
-                "IDEM_REQUIRE_DB=1 but no PostgreSQL binaries in /usr/lib/postgresql"
-            );
-            skip(
-                "pg_restart",
-                "no PostgreSQL binaries (initdb, pg_ctl) in /usr/lib/postgresql",
-            );
-            return None;
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).unwrap();
-        if is_root() {
-            // The server's own user must own its folder.
-            for p in [dir.path(), data.as_path()] {
-                let ok = Command::new("chown")
-                    .args(["postgres:postgres"])
-                    .arg(p)
-                    .status()
-                    .unwrap();
-                assert!(ok.success());
-            }
-        }
-        let ok = as_postgres(&bin, "initdb")
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
-            .arg(&data)
-            .output()
-            .unwrap();
-        assert!(
-            ok.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&ok.stderr)
-        );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let server = OwnServer {
-            bin,
-            data,
-            port,
-            _dir: dir,
-        };
-        server.pg_ctl(&["start", "-w"]);
-        Some(server)
-    }
-
-    fn pg_ctl(&self, args: &[&str]) {
-        let options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c max_connections=60",
-            self.port,
-            self.data.display()
-        );
-        let out = as_postgres(&self.bin, "pg_ctl")
-            .arg("-D")
-            .arg(&self.data)
-            .arg("-l")
-            .arg(self.data.join("server.log"))
-            .args(["-o", &options])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pg_ctl {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = as_postgres(&self.bin, "pg_ctl")
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "immediate", "stop"])
-            .output();
-    }
-}
 
 /// Collects formatted events, to see the fail_open warning.
 #[derive(Clone, Default)]
@@ -178,7 +51,7 @@ const CALLERS: usize = 16;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_crash_mid_run_loses_nothing_and_duplicates_nothing() {
-    let Some(server) = OwnServer::start() else {
+    let Some(server) = OwnPostgres::start("pg_restart", &["max_connections=60"]) else {
         return;
     };
     let events = Events::default();

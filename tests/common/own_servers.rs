@@ -125,7 +125,9 @@ impl OwnPostgres {
         }
     }
 
-    fn pg_ctl(&self, args: &[&str]) {
+    /// Runs `pg_ctl` on the server with `args` (`["-m", "immediate", "stop"]`,
+    /// `["start", "-w"]`), with its settings.
+    pub fn pg_ctl(&self, args: &[&str]) {
         let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
             self.port,
