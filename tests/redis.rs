@@ -8,17 +8,7 @@ use idem_runtime::{Idem, IdemError, OnStoreError};
 
 /// Whether some record under `prefix` is flagged as waited on.
 async fn flagged(prefix: &str) -> bool {
-    let client = redis::Client::open(common::redis_url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-        .arg(0)
-        .arg("MATCH")
-        .arg(format!("{prefix}:r:*"))
-        .arg("COUNT")
-        .arg(1000)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let (mut c, keys) = common::redis_record_keys(prefix).await;
     for k in keys {
         let w: Option<String> = redis::cmd("HGET")
             .arg(&k)

@@ -60,17 +60,7 @@ where
 
 /// The fingerprint of the one record under the Redis `prefix`.
 async fn redis_fingerprint(prefix: &str) -> Vec<u8> {
-    let client = redis::Client::open(common::redis_url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-        .arg(0)
-        .arg("MATCH")
-        .arg(format!("{prefix}:r:*"))
-        .arg("COUNT")
-        .arg(1000)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let (mut c, keys) = common::redis_record_keys(prefix).await;
     assert_eq!(keys.len(), 1, "{keys:?}");
     redis::cmd("HGET")
         .arg(&keys[0])

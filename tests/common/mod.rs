@@ -151,6 +151,31 @@ pub async fn delete_redis_prefix(url: &str, prefix: &str) {
     }
 }
 
+/// A connection to the test Redis and the keys of every record under `prefix`, the
+/// whole keyspace scanned.
+pub async fn redis_record_keys(prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut found = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:r:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        found.extend(keys);
+        cursor = next;
+        if cursor == 0 {
+            return (conn, found);
+        }
+    }
+}
+
 pub fn postgres_url() -> String {
     std::env::var("IDEM_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
