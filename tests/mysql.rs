@@ -461,3 +461,78 @@ async fn a_deadlock_victim_is_told_to_retry_the_whole_transaction() {
     tx.commit().await.unwrap();
     drop_database(&pool, &db).await;
 }
+
+/// A statement idem gave up on is not left holding its connection: sqlx's MySQL driver
+/// cannot resume a connection whose query was dropped unanswered, so idem closes it
+/// (the server then rolls its transaction back) rather than return it to the pool.
+/// Here a claim waits on a lock another transaction holds until idem drops it; the
+/// only connection of idem's pool must then serve another request while the lock is
+/// still held. Returned to the pool, the connection would wait for the claim's answer
+/// first, and the request would fail on the pool's acquire timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_given_up_on_does_not_keep_its_connection() {
+    use sqlx::Executor;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+    let Some((db, _url, pool)) = database("mysql_given_up").await else {
+        return;
+    };
+    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&mysql_url())
+        .unwrap()
+        .database(&db);
+    let one = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(20))
+        // Longer than the acquire timeout: a connection left waiting on the lock stays
+        // busy for as long as the request below waits.
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET SESSION innodb_lock_wait_timeout = 600")
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect_with(opts)
+        .await
+        .unwrap();
+    let idem = Idem::builder()
+        .store_timeout(Duration::from_millis(200))
+        .pool(one)
+        .await
+        .unwrap();
+    let runs = AtomicU32::new(0);
+    let charge = |key: &'static str| {
+        idem.operation("charge", key)
+            .lease(Duration::from_millis(200))
+            .retain(Duration::from_secs(86_400))
+            .fingerprint_none()
+            .run(|| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<u32, IdemError>(7)
+            })
+    };
+
+    // Every row and gap of the (empty) table locked: any claim's insert waits.
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT state FROM idem_operations FOR UPDATE")
+        .fetch_all(&mut *holder)
+        .await
+        .unwrap();
+    let err = charge("a").await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    // The claim is given up on within its lease and the store timeout; this request
+    // then needs the pool's one connection.
+    let stats = idem.stats().await;
+    assert!(
+        stats.is_ok(),
+        "the connection of a statement given up on was kept: {stats:?}"
+    );
+    holder.rollback().await.unwrap();
+    assert_eq!(charge("b").await.unwrap(), 7);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "no body ran for the claim given up on"
+    );
+    drop_database(&pool, &db).await;
+}

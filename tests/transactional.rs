@@ -6,7 +6,7 @@ use idem_runtime::{Idem, TxStep};
 use std::sync::Arc;
 
 macro_rules! tx_suite {
-    ($module:ident, $db:ty, $ph:literal, $open:expr, $begin:expr) => {
+    ($module:ident, $db:ty, $ph:literal, $open:expr, $begin:expr, $begin_cancellable:expr, $after_cancel:expr) => {
         mod $module {
             use super::*;
 
@@ -184,7 +184,8 @@ macro_rules! tx_suite {
                                 let key = format!("m{seed}-{}", rng.gen_range(0..3));
                                 let behavior = rng.gen_range(0..100);
                                 let cancel_after = std::time::Duration::from_micros(rng.gen_range(0..3000));
-                                let mut tx = $begin(&pool).await;
+                                let cancellable = (90..100).contains(&behavior);
+                                let mut tx = if cancellable { $begin_cancellable(&pool).await } else { $begin(&pool).await };
                                 let op = idem
                                     .operation("tx_model", key.as_str())
                                     .fingerprint_none()
@@ -216,19 +217,27 @@ macro_rules! tx_suite {
                                     .await;
                                     guard.finish(&mut tx, body).await
                                 };
-                                let out = if (90..100).contains(&behavior) {
+                                let mut cancelled = false;
+                                let out = if cancellable {
                                     match tokio::time::timeout(cancel_after, call).await {
                                         Ok(out) => out,
-                                        Err(_) => Err(AppError::Timeout),
+                                        Err(_) => {
+                                            cancelled = true;
+                                            Err(AppError::Timeout)
+                                        }
                                     }
                                 } else {
                                     call.await
                                 };
+                                if cancelled {
+                                    $after_cancel(tx).await;
+                                    continue;
+                                }
                                 // A caller keeps its transaction only for a success or the
                                 // released error the contract lets it commit after.
                                 let commit = matches!(out, Ok(_) | Err(AppError::Timeout))
                                     && !(70..90).contains(&behavior)
-                                    && !(90..100).contains(&behavior);
+                                    && !cancellable;
                                 let committed = if commit { tx.commit().await.is_ok() } else {
                                     let _ = tx.rollback().await;
                                     false
@@ -447,7 +456,21 @@ async fn begin_sqlite(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sql
     pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
 }
 
-tx_suite!(sqlite, sqlx::Sqlite, "?1, ?2", open_sqlite, begin_sqlite);
+/// Rolls back a transaction whose call was cancelled mid-way: the SQLite and PostgreSQL
+/// drivers keep such a connection usable.
+async fn rollback<DB: sqlx::Database>(tx: sqlx::Transaction<'static, DB>) {
+    let _ = tx.rollback().await;
+}
+
+tx_suite!(
+    sqlite,
+    sqlx::Sqlite,
+    "?1, ?2",
+    open_sqlite,
+    begin_sqlite,
+    begin_sqlite,
+    rollback
+);
 
 #[cfg(feature = "postgres")]
 async fn open_pg(test: &str) -> Option<(sqlx::PgPool, Idem, String, Option<tempfile::TempDir>)> {
@@ -509,7 +532,15 @@ async fn begin_pg(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postg
 }
 
 #[cfg(feature = "postgres")]
-tx_suite!(postgres, sqlx::Postgres, "$1, $2", open_pg, begin_pg);
+tx_suite!(
+    postgres,
+    sqlx::Postgres,
+    "$1, $2",
+    open_pg,
+    begin_pg,
+    begin_pg,
+    rollback
+);
 
 /// A database of its own for each MySQL test, holding the business table and idem's
 /// (default name), reached through a pool whose connections use it.
@@ -555,5 +586,31 @@ async fn begin_mysql(pool: &sqlx::MySqlPool) -> sqlx::Transaction<'static, sqlx:
     pool.begin().await.unwrap()
 }
 
+/// A transaction on a connection that is closed, not returned to the pool, when the
+/// transaction is dropped: sqlx's MySQL driver cannot resume a connection whose query
+/// future was dropped mid-flight (a later statement on it can wait forever for a reply,
+/// or read another's), so a cancelled call's connection is closed, which makes the server
+/// roll its transaction back.
 #[cfg(feature = "mysql")]
-tx_suite!(mysql, sqlx::MySql, "?, ?", open_mysql, begin_mysql);
+async fn begin_mysql_closing(pool: &sqlx::MySqlPool) -> sqlx::Transaction<'static, sqlx::MySql> {
+    let mut conn = pool.acquire().await.unwrap();
+    conn.close_on_drop();
+    sqlx::Transaction::begin(conn, None).await.unwrap()
+}
+
+/// Abandons a transaction whose call was cancelled: dropped, its connection closes.
+#[cfg(feature = "mysql")]
+async fn close_mysql(tx: sqlx::Transaction<'static, sqlx::MySql>) {
+    drop(tx);
+}
+
+#[cfg(feature = "mysql")]
+tx_suite!(
+    mysql,
+    sqlx::MySql,
+    "?, ?",
+    open_mysql,
+    begin_mysql,
+    begin_mysql_closing,
+    close_mysql
+);

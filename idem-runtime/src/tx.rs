@@ -365,6 +365,24 @@ impl<P, U, FP, R> Operation<P, U, FP, R> {
     /// `is_retryable() == true`; retry the whole transaction. On SQLite begin the
     /// transaction with `BEGIN IMMEDIATE` so a duplicate waits on the database lock
     /// (up to `busy_timeout`) instead of failing on upgrade.
+    ///
+    /// # Cancelling a call on MySQL
+    ///
+    /// sqlx's MySQL driver cannot go on with a connection whose statement was dropped
+    /// before its answer: a later `ROLLBACK` on it can wait forever or read the dropped
+    /// statement's reply. If this call (or [`TxGuard::finish`], or the body) may be
+    /// cancelled, by a timeout or a client going away, begin the transaction on a
+    /// connection that closes when dropped, and drop it instead of rolling back after a
+    /// cancellation; the server rolls the transaction back, idem's claim with it:
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "mysql")]
+    /// # async fn f(pool: sqlx::MySqlPool) -> Result<(), sqlx::Error> {
+    /// let mut conn = pool.acquire().await?;
+    /// conn.close_on_drop();
+    /// let tx = sqlx::Transaction::begin(conn, None).await?;
+    /// # drop(tx); Ok(()) }
+    /// ```
     pub async fn begin_tx<C, T, E>(
         self,
         tx: &mut C,

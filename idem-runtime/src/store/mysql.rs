@@ -110,14 +110,22 @@ impl Dialect for MySql {
         match on {
             On::Conn(conn) => run(conn, &parts, args).await,
             On::Pool | On::Hot if parts.len() == 1 => {
-                let mut conn = self.pool.acquire().await?;
-                run(&mut conn, &parts, args).await
+                let mut conn = Answering::acquire(&self.pool).await?;
+                let rows = run(conn.get(), &parts, args).await;
+                conn.answered();
+                rows
             }
             On::Pool | On::Hot => {
-                let mut tx = self.pool.begin().await?;
-                let rows = run(&mut tx, &parts, args).await?;
-                tx.commit().await?;
-                Ok(rows)
+                let mut conn = Answering::acquire(&self.pool).await?;
+                let rows = async {
+                    let mut tx = sqlx::Connection::begin(conn.get()).await?;
+                    let rows = run(&mut tx, &parts, args).await?;
+                    tx.commit().await?;
+                    Ok(rows)
+                }
+                .await;
+                conn.answered();
+                rows
             }
         }
     }
@@ -154,14 +162,45 @@ impl Dialect for MySql {
     }
 
     async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error> {
-        let done = bind(sqlx::query(&stmt.sql), args)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
+        let mut conn = Answering::acquire(&self.pool).await?;
+        let done = bind(sqlx::query(&stmt.sql), args).execute(conn.get()).await;
+        conn.answered();
+        Ok(done?.rows_affected())
     }
 
     fn claim_token(&self) -> Option<i64> {
         Some(sql_common::claim_token())
+    }
+}
+
+/// A pooled connection with a statement in flight, closed rather than returned to the
+/// pool if dropped before [`answered`](Self::answered): sqlx's MySQL driver cannot
+/// resume a connection whose query future was dropped unanswered (a later statement can
+/// wait forever for a reply, or read the dropped one's), and idem drops its statements
+/// on timeouts. Closing also makes the server roll back what the statement left open.
+struct Answering(Option<sqlx::pool::PoolConnection<sqlx::MySql>>);
+
+impl Answering {
+    async fn acquire(pool: &MySqlPool) -> Result<Self, sqlx::Error> {
+        Ok(Self(Some(pool.acquire().await?)))
+    }
+
+    fn get(&mut self) -> &mut MySqlConnection {
+        self.0.as_mut().expect("taken only on drop or answer")
+    }
+
+    /// The statement was answered: the connection goes back to the pool.
+    fn answered(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            // Out of the pool (which opens another in its place) and closed with the socket.
+            drop(conn.detach());
+        }
     }
 }
 
