@@ -18,7 +18,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -94,15 +94,37 @@ pub fn classify(e: &ApiError) -> Disposition {
     }
 }
 
+/// The base of this API's problem `type` URIs, idem's own included (see `main`).
+pub const PROBLEM_BASE: &str = "https://payments.example/problems/";
+
+/// A problem of this API's own, its `type` under [`PROBLEM_BASE`].
+fn problem(status: StatusCode, kind: &str, title: &str) -> Problem {
+    Problem::new(status, format!("{PROBLEM_BASE}{kind}"), title)
+}
+
+/// A JSON request body; one that cannot be read (malformed, the wrong shape, another
+/// media type) is answered as problem+json like every other error of this API, with
+/// axum's status and its reason as the detail.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(JsonBody(value)),
+            Err(rejection) => Err(problem(
+                rejection.status(),
+                "unreadable-body",
+                "Request body not accepted",
+            )
+            .detail(rejection.body_text())),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let problem = |status, kind: &str, title: &str| {
-            Problem::new(
-                status,
-                format!("https://payments.example/problems/{kind}"),
-                title,
-            )
-        };
         match self {
             ApiError::Declined { reason } => {
                 problem(StatusCode::PAYMENT_REQUIRED, "declined", "Payment declined")
@@ -300,7 +322,7 @@ async fn create_payment(
     #[idem(skip)] State(app): State<App>,
     #[idem(skip)] principal: Principal,
     #[idem(skip)] key: IdempotencyKey,
-    Json(payment): Json<NewPayment>,
+    JsonBody(payment): JsonBody<NewPayment>,
 ) -> Result<Created, ApiError> {
     make_payment(&app, &principal, payment).await.map(Created)
 }
@@ -309,7 +331,7 @@ async fn create_payment(
 async fn create_payment_plain(
     State(app): State<App>,
     principal: Principal,
-    Json(payment): Json<NewPayment>,
+    JsonBody(payment): JsonBody<NewPayment>,
 ) -> Result<Created, ApiError> {
     make_payment(&app, &principal, payment).await.map(Created)
 }
@@ -399,6 +421,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => return Err(format!("unknown argument `{other}`; expected --addr").into()),
         }
     }
+    // idem's problems under this API's base, so clients see one family of `type`s.
+    idem_runtime::http::set_type_base(PROBLEM_BASE)?;
     let app = match std::env::var("IDEM_POSTGRES_URL") {
         #[cfg(feature = "postgres")]
         Ok(url) => App::postgres(&url).await?,

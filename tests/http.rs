@@ -125,6 +125,7 @@ http_suite!(
     quoted_and_bare_key_are_one_key,
     bad_keys_are_400,
     key_reused_with_another_payload_is_422,
+    an_unreadable_body_is_a_problem_and_leaves_the_key_free,
     in_flight_is_409_with_retry_after,
     store_down_is_503_and_nothing_runs,
     unknown_outcome_is_500_and_superseded_attempt_is_500,
@@ -265,7 +266,12 @@ impl Reply {
     }
 
     /// Asserts a problem+json body of `type_uri` with a matching `status` member.
-    fn assert_problem(&self, status: StatusCode, type_uri: &str) {
+    /// A problem of idem's own `kind` (one of `types`).
+    fn assert_problem(&self, status: StatusCode, kind: &str) {
+        self.assert_problem_uri(status, &idem_runtime::http::type_uri(kind));
+    }
+
+    fn assert_problem_uri(&self, status: StatusCode, type_uri: &str) {
         assert_eq!(self.status, status, "{self:?}");
         assert_eq!(
             self.header("content-type"),
@@ -326,13 +332,13 @@ async fn first_call_creates_and_retry_replays(case: Case) {
 async fn recorded_error_is_replayed(case: Case) {
     let s = Server::start(case, false).await;
     let declined = s.post("alice", Some(b"big"), &pay(2_000_000)).await;
-    declined.assert_problem(
+    declined.assert_problem_uri(
         StatusCode::PAYMENT_REQUIRED,
         "https://payments.example/problems/declined",
     );
     assert!(!declined.replayed(), "{declined:?}");
     let again = s.post("alice", Some(b"big"), &pay(2_000_000)).await;
-    again.assert_problem(
+    again.assert_problem_uri(
         StatusCode::PAYMENT_REQUIRED,
         "https://payments.example/problems/declined",
     );
@@ -398,11 +404,45 @@ async fn bad_keys_are_400(case: Case) {
     assert_eq!(s.payments_of("alice").await, 1);
 }
 
+/// A body the API cannot read is the example's own problem+json, under the same media
+/// type as idem's; it is a refusal before anything ran, so the corrected retry with
+/// the same key runs and is not a replay.
+async fn an_unreadable_body_is_a_problem_and_leaves_the_key_free(case: Case) {
+    let s = Server::start(case, false).await;
+    let malformed = s
+        .client
+        .post(s.url(""))
+        .bearer_auth("alice")
+        .header("idempotency-key", "k")
+        .header("content-type", "application/json")
+        .body(r#"{"amount_cents": 100, "currency": "EUR""#)
+        .send()
+        .await
+        .unwrap();
+    let r = Reply::read(malformed).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        r.body["type"],
+        format!("{}unreadable-body", http_payments::PROBLEM_BASE)
+    );
+    assert!(
+        r.body["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "{r:?}"
+    );
+    let corrected = s.post("alice", Some(b"k"), &pay(100)).await;
+    assert!(!corrected.replayed());
+    corrected.payment();
+    assert_eq!(s.payments_of("alice").await, 1);
+}
+
 async fn key_reused_with_another_payload_is_422(case: Case) {
     let s = Server::start(case, false).await;
     s.post("alice", Some(b"k"), &pay(100)).await.payment();
     let r = s.post("alice", Some(b"k"), &pay(200)).await;
     r.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    // No base was set: the type names no web domain.
+    assert_eq!(r.body["type"], "urn:idem:problem:key-reused");
     assert!(!r.replayed());
     assert_eq!(s.payments_of("alice").await, 1);
 }
@@ -1293,7 +1333,10 @@ async fn declared_oversize_body_is_413_before_it_is_sent() {
     let mut stream = raw_post(&base, "/r", "k", (1 << 20) + 1, b"").await;
     let reply = read_raw_reply(&mut stream).await;
     assert_eq!(reply.status, 413, "{reply:?}");
-    assert_eq!(reply.problem_type(), types::BODY_TOO_LARGE);
+    assert_eq!(
+        reply.problem_type(),
+        idem_runtime::http::type_uri(types::BODY_TOO_LARGE)
+    );
     assert_eq!(count(&runs), 0);
 }
 
@@ -1310,7 +1353,10 @@ async fn stalled_body_is_408() {
     let mut stream = raw_post(&base, "/r", "k", 100, &[b'x'; 10]).await;
     let reply = read_raw_reply(&mut stream).await;
     assert_eq!(reply.status, 408, "{reply:?}");
-    assert_eq!(reply.problem_type(), types::BODY_TIMEOUT);
+    assert_eq!(
+        reply.problem_type(),
+        idem_runtime::http::type_uri(types::BODY_TIMEOUT)
+    );
     assert_eq!(count(&runs), 0);
 }
 
@@ -1394,4 +1440,96 @@ async fn new_keys_past_the_claim_limit_are_429() {
     let again = post("alice", "k3").await;
     again.assert_problem(StatusCode::TOO_MANY_REQUESTS, types::TOO_MANY_CLAIMS);
     assert_eq!(count(&runs), 3);
+}
+
+/// What the routes of `retry_after_follows_the_routes_durations` do: key `slow` takes
+/// 1.5 s; key `held` waits until released.
+#[derive(Default)]
+struct Gate(Hold);
+
+impl Gate {
+    async fn act(&self, key: &str) -> u32 {
+        if key == "held" {
+            self.0.entered.add_permits(1);
+            self.0.release.acquire().await.unwrap().forget();
+        } else {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        }
+        7
+    }
+}
+
+#[idem_runtime::idempotent(store = idem, key = key, scope = principal, retain = "1h",
+                           in_flight = reject, name = "gated")]
+async fn gated(
+    #[idem(skip)] idem: &idem_runtime::Idem,
+    #[idem(skip)] gate: &Gate,
+    #[idem(skip)] principal: &idem_runtime::http::Principal,
+    #[idem(skip)] key: &IdempotencyKey,
+) -> Result<u32, idem_runtime::IdemError> {
+    Ok(gate.act(key.as_str()).await)
+}
+
+/// A 409's `Retry-After` is about how long the route's requests take, not the whole
+/// lease, in both styles: after a request of 1.5 s, a retry colliding with a running
+/// request is told 2 s (rounded up), far under the 60 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_follows_the_routes_durations() {
+    use axum::extract::{Extension, State};
+    use idem_runtime::http::{IdempotencyLayer, IdempotentHandlerLayer, Principal};
+    type Shared = (idem_runtime::Idem, Arc<Gate>);
+    let idem = idem_runtime::Idem::memory();
+    let gate = Arc::new(Gate::default());
+    let by_attribute = axum::routing::post(
+        |State((idem, gate)): State<Shared>,
+         Extension(principal): Extension<Principal>,
+         key: IdempotencyKey| async move {
+            gated(&idem, &gate, &principal, &key).await.map(axum::Json)
+        },
+    );
+    let by_layer = axum::routing::post(
+        |State((_, gate)): State<Shared>, key: IdempotencyKey| async move {
+            axum::Json(gate.act(key.as_str()).await)
+        },
+    );
+    let router = axum::Router::new()
+        .route("/attribute", by_attribute)
+        .layer(IdempotentHandlerLayer::new())
+        .merge(
+            axum::Router::new()
+                .route("/layer", by_layer)
+                .route_layer(IdempotencyLayer::new(idem.clone())),
+        )
+        .with_state((idem, gate.clone()));
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    for path in ["/attribute", "/layer"] {
+        let post = |key: &'static str| {
+            client
+                .post(format!("{base}{path}"))
+                .header("idempotency-key", key)
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+        };
+        let held = tokio::spawn(post("held"));
+        gate.0.entered.acquire().await.unwrap().forget();
+        let early = Reply::read(post("held").await.unwrap()).await;
+        early.assert_problem(StatusCode::CONFLICT, types::IN_FLIGHT);
+        assert_eq!(
+            early.retry_after(),
+            1,
+            "{path}: nothing has finished yet: {early:?}"
+        );
+        assert_eq!(early.body["retry_after"], 1, "{path}: {early:?}");
+
+        assert_eq!(post("slow").await.unwrap().status(), StatusCode::OK);
+        let late = Reply::read(post("held").await.unwrap()).await;
+        late.assert_problem(StatusCode::CONFLICT, types::IN_FLIGHT);
+        let secs = late.retry_after();
+        assert!((2..=30).contains(&secs), "{path}: {late:?}");
+        assert_eq!(late.body["retry_after"], secs, "{path}: {late:?}");
+        gate.0.release.add_permits(1);
+        assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
 }

@@ -15,10 +15,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_runtime::store::{Claim, ClaimRequest, Fence, Store, StoreError, StoredOutcome, WakeHub};
+use idem_runtime::store::{Claim, ClaimRequest, Delegate, Fence, Store, StoreError, StoredOutcome};
 use idem_runtime::{
-    Disposition, Idem, IdemError, InFlight, ListFilter, OperationId, RecordInfo, Resolution, State,
-    Stats, current,
+    Disposition, Idem, IdemError, InFlight, ListFilter, OperationId, Resolution, State, current,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -252,7 +251,14 @@ impl Faulty {
 }
 
 #[async_trait::async_trait]
-impl Store for Faulty {
+impl Delegate for Faulty {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+    // No read-only replay path: every call claims, and meets the claim's faults.
+    fn peeks(&self) -> bool {
+        false
+    }
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         if self.roll(0.04) {
             return Err(fault("claim"));
@@ -321,9 +327,6 @@ impl Store for Faulty {
         }
         self.inner.release(id, epoch).await
     }
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.inner.mark_unknown(id, epoch).await
-    }
     async fn renew(
         &self,
         id: &OperationId,
@@ -367,21 +370,6 @@ impl Store for Faulty {
         }
         Ok(fence)
     }
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        self.inner.purge_expired().await
-    }
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        self.inner.stats().await
-    }
-    async fn list(&self, f: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
-        self.inner.list(f).await
-    }
-    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
-        self.inner.announce_wait(id).await
-    }
-    fn attach_wakers(&self, hub: Arc<WakeHub>) {
-        self.inner.attach_wakers(hub)
-    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -421,7 +409,7 @@ async fn world(backend: Backend, seed: u64) -> World {
                 leases: Mutex::default(),
             });
             *s.lock().unwrap() = Some(f.clone());
-            f
+            Arc::new(f as Arc<dyn Delegate>)
         });
     let mut cleanup = None;
     let (idem, dir) = match backend {

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_runtime::store::{
-    Claim, ClaimRequest, Fence, MemoryStore, Store, StoreError, StoredOutcome,
+    Claim, ClaimRequest, Delegate, Fence, MemoryStore, Store, StoreError, StoredOutcome,
 };
-use idem_runtime::{Idem, IdemError, ListFilter, OnStoreError, OperationId, RecordInfo, Stats};
+use idem_runtime::{Idem, IdemError, OnStoreError, OperationId};
 
 /// The memory store with switches that make claims or records fail like a dropped
 /// connection.
@@ -57,7 +57,10 @@ fn down() -> StoreError {
 }
 
 #[async_trait::async_trait]
-impl Store for Flaky {
+impl Delegate for Flaky {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let n = self.claims.fetch_add(1, Ordering::SeqCst) + 1;
         let limit = self.claims_before_failing.load(Ordering::SeqCst);
@@ -97,12 +100,6 @@ impl Store for Flaky {
         }
         fence
     }
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.inner.release(id, epoch).await
-    }
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.inner.mark_unknown(id, epoch).await
-    }
     async fn renew(
         &self,
         id: &OperationId,
@@ -120,23 +117,6 @@ impl Store for Flaky {
         }
         fence
     }
-    async fn resolve(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        c: Option<(&StoredOutcome, Duration)>,
-    ) -> Result<Fence, StoreError> {
-        self.inner.resolve(id, epoch, c).await
-    }
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        self.inner.purge_expired().await
-    }
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        self.inner.stats().await
-    }
-    async fn list(&self, f: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
-        self.inner.list(f).await
-    }
 }
 
 fn flaky() -> (Arc<Flaky>, Idem) {
@@ -147,7 +127,7 @@ fn flaky_with(
     opts: impl Fn(idem_runtime::IdemBuilder) -> idem_runtime::IdemBuilder,
 ) -> (Arc<Flaky>, Idem) {
     let f = Arc::new(Flaky::default());
-    let idem = opts(Idem::builder()).store(f.clone());
+    let idem = opts(Idem::builder()).store(f.clone() as Arc<dyn Delegate>);
     (f, idem)
 }
 
@@ -499,7 +479,7 @@ async fn a_layer_around_the_memory_store_sees_every_call() {
         .layer(move |_memory| {
             let flaky = Arc::new(Flaky::default());
             *s.lock().unwrap() = Some(flaky.clone());
-            flaky
+            Arc::new(flaky as Arc<dyn Delegate>)
         })
         .memory();
     let flaky = seen.lock().unwrap().take().expect("the layer ran");

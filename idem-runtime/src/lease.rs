@@ -1,9 +1,9 @@
 //! Running claims' leases, renewed in the background while their calls are alive.
 //!
-//! One task per [`Idem`] renews every live claim from a schedule ordered by due time, so
+//! One task per [`Idem`](crate::Idem) renews every live claim from a schedule ordered by due time, so
 //! a call pays for a map entry rather than a spawned task. A call on another runtime than
 //! the one that task runs on gets a renewal task of its own, so its renewals never wait
-//! on a runtime that is not being driven. A claim in [`Idem::memory`]'s own store is
+//! on a runtime that is not being driven. A claim in [`Idem::memory`](crate::Idem::memory)'s own store is
 //! not renewed at all: it is pinned there while its call lives.
 
 use std::collections::{BTreeSet, HashMap};
@@ -15,7 +15,6 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::idem::Idem;
 use crate::store::{Fence, MemoryStore, OperationId, Store, StoreError};
 
 /// When the claim lapses unless renewed again; `None` once a renewal found it gone.
@@ -78,16 +77,18 @@ impl<'a> Lease<'a> {
     }
 
     /// Holds the claim `epoch` of `id` for `lease` from `claimed_at`, renewing it in the
-    /// background (when `idem` renews leases) until dropped.
+    /// background through `renewer` (when there is one: renewal is on) until dropped.
+    /// `store` is called only where a renewal task starts.
     pub(crate) fn hold(
-        idem: &Idem,
+        renewer: Option<&Arc<Renewer>>,
+        store: impl Fn() -> Arc<dyn Store>,
         id: &Arc<OperationId>,
         epoch: u64,
         lease: Duration,
         claimed_at: Instant,
     ) -> Lease<'a> {
         let held_until = Arc::new(Mutex::new(Some(claimed_at + lease)));
-        let renewal = if idem.renews_leases() {
+        let renewal = if let Some(renewer) = renewer {
             let claim = Claim {
                 id: id.clone(),
                 epoch,
@@ -95,7 +96,7 @@ impl<'a> Lease<'a> {
                 held: held_until.clone(),
                 span: tracing::Span::current(),
             };
-            idem.renewer().add(idem, claim, claimed_at)
+            renewer.add(store, claim, claimed_at)
         } else {
             Renewal::None
         };
@@ -213,9 +214,14 @@ impl Drop for Renewer {
 }
 
 impl Renewer {
-    /// Files `claim` for renewal from `from`. The store is taken from `idem` only where a
-    /// task starts: a call pays no reference count for it.
-    fn add(self: &Arc<Self>, idem: &Idem, claim: Claim, from: Instant) -> Renewal {
+    /// Files `claim` for renewal from `from`. `store` is called only where a task
+    /// starts: a call pays no reference count for it.
+    fn add(
+        self: &Arc<Self>,
+        store: impl Fn() -> Arc<dyn Store>,
+        claim: Claim,
+        from: Instant,
+    ) -> Renewal {
         let Ok(runtime) = Handle::try_current() else {
             // Leases are held inside a call, which runs on a runtime; without one there is
             // nothing to renew on.
@@ -227,7 +233,7 @@ impl Renewer {
             // None running (or its runtime shut down): start one on this runtime.
             _ => {
                 let me = Arc::downgrade(self);
-                let task = runtime.spawn(run(me, self.wake.clone(), idem.store_arc()));
+                let task = runtime.spawn(run(me, self.wake.clone(), store()));
                 st.task = Some((runtime.id(), task));
                 st.task_wakes_at = None;
                 true
@@ -235,7 +241,7 @@ impl Renewer {
         };
         if !task_here {
             drop(st);
-            let store = idem.store_arc();
+            let store = store();
             return Renewal::Own(runtime.spawn(async move {
                 loop {
                     tokio::time::sleep(claim.every()).await;

@@ -439,7 +439,14 @@ where
             let lease = match self.idem.local() {
                 // Claimed pinned (`claim`): held while `lease` lives, nothing to renew.
                 Some(memory) if self.idem.pins_claims() => Lease::pinned(memory, id, epoch),
-                _ => Lease::hold(&self.idem, &shared, epoch, self.op.lease, claimed_at),
+                _ => Lease::hold(
+                    self.idem.renews_leases().then(|| self.idem.renewer()),
+                    || self.idem.store_arc(),
+                    &shared,
+                    epoch,
+                    self.op.lease,
+                    claimed_at,
+                ),
             };
             // Timed only where the histogram exists: two clock reads per call otherwise.
             #[cfg(feature = "metrics")]

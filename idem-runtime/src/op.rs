@@ -1,4 +1,7 @@
-//! One idempotent operation: the builder and the claim → execute → record state machine.
+//! One idempotent operation: its identity, the builder that states it (`Idem::operation`
+//! and the `Operation` methods that set its options), and how its outcome is encoded
+//! for the store and decoded from it. `machine.rs` runs it (`run`), `tx.rs` runs it
+//! inside the caller's transaction (`begin_tx`).
 
 use std::marker::PhantomData;
 use std::sync::Arc;

@@ -13,10 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_runtime::store::{
-    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, Stats, Store,
-    StoreError, StoredOutcome, WakeHub,
-};
+use idem_runtime::store::{Delegate, Fence, OperationId, Store, StoreError, StoredOutcome};
 use idem_runtime::{Idem, IdemError, InFlight, Takeover, current, observe};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -77,16 +74,9 @@ struct PauseBeforeRecord {
 }
 
 #[async_trait::async_trait]
-impl Store for PauseBeforeRecord {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.inner.claim(req).await
-    }
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, idem_runtime::store::Mismatched>>, StoreError> {
-        self.inner.peek_completed(id, fingerprint).await
+impl Delegate for PauseBeforeRecord {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
     async fn record(
         &self,
@@ -97,46 +87,6 @@ impl Store for PauseBeforeRecord {
     ) -> Result<Fence, StoreError> {
         self.pause.at("before-record", &id.key).await;
         self.inner.record(id, epoch, outcome, retain).await
-    }
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.inner.release(id, epoch).await
-    }
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.inner.mark_unknown(id, epoch).await
-    }
-    async fn renew(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        lease: Duration,
-    ) -> Result<Fence, StoreError> {
-        self.inner.renew(id, epoch, lease).await
-    }
-    async fn resolve(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        completed: Option<(&StoredOutcome, Duration)>,
-    ) -> Result<Fence, StoreError> {
-        self.inner.resolve(id, epoch, completed).await
-    }
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        self.inner.purge_expired().await
-    }
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        self.inner.stats().await
-    }
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
-        self.inner.list(filter).await
-    }
-    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
-        self.inner.announce_wait(id).await
-    }
-    fn attach_wakers(&self, hub: Arc<WakeHub>) {
-        self.inner.attach_wakers(hub)
     }
 }
 
@@ -210,10 +160,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .table(args.table.clone())
         .replay_cache_bytes(0)
         .layer(move |inner| {
-            Arc::new(PauseBeforeRecord {
+            let paused: Box<dyn Delegate> = Box::new(PauseBeforeRecord {
                 inner,
                 pause: layer_pause.clone(),
-            })
+            });
+            Arc::new(paused)
         })
         .postgres(&args.url)
         .await?;

@@ -4,12 +4,14 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request};
 use tower::{Layer, Service};
 
+use super::estimate::{Durations, route_of};
 use super::key::IDEMPOTENT_REPLAYED;
 use crate::context::observe;
 
@@ -22,6 +24,10 @@ use crate::context::observe;
 ///   on by default): axum drops a handler's future when the client disconnects, which
 ///   would stop the body mid-effect and hold its claim until the lease lapses; spawned,
 ///   the body finishes and records its outcome, so the client's retry replays it.
+/// - Answers a retry that found its key in flight (409) with a `Retry-After` of about
+///   how long the route's requests take: a running average of the handlers that ran,
+///   at least 1 s and at most what is left of the running request's lease (1 s until
+///   one has finished). The route is the method and axum's `MatchedPath`.
 ///
 /// ```
 /// use axum::{Router, routing::post};
@@ -31,14 +37,18 @@ use crate::context::observe;
 ///     .route("/payments", post(create))
 ///     .layer(IdempotentHandlerLayer::new());
 /// ```
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct IdempotentHandlerLayer {
     spawn: bool,
+    durations: Arc<Durations>,
 }
 
 impl Default for IdempotentHandlerLayer {
     fn default() -> Self {
-        IdempotentHandlerLayer { spawn: true }
+        IdempotentHandlerLayer {
+            spawn: true,
+            durations: Arc::default(),
+        }
     }
 }
 
@@ -62,6 +72,7 @@ impl<S> Layer<S> for IdempotentHandlerLayer {
         IdempotentHandler {
             inner,
             spawn: self.spawn,
+            durations: self.durations.clone(),
         }
     }
 }
@@ -71,6 +82,7 @@ impl<S> Layer<S> for IdempotentHandlerLayer {
 pub struct IdempotentHandler<S> {
     inner: S,
     spawn: bool,
+    durations: Arc<Durations>,
 }
 
 impl<S, B> Service<Request<B>> for IdempotentHandler<S>
@@ -93,17 +105,26 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let spawn = self.spawn;
+        let durations = self.durations.clone();
+        let route = route_of(req.method(), req.extensions());
         Box::pin(async move {
             let call = async move {
+                let started = std::time::Instant::now();
                 let (res, info) = observe(inner.call(req)).await;
                 let Ok(res) = res;
-                (res.into_response(), info)
+                (res.into_response(), info, started.elapsed())
             };
-            let (mut res, info) = if spawn {
+            let (mut res, info, took) = if spawn {
                 run_spawned(call).await
             } else {
                 call.await
             };
+            if let Some(route) = &route {
+                if info.epoch().is_some() && !info.replayed() {
+                    durations.observe(route, took);
+                }
+                res = durations.hint_response(route, res).await;
+            }
             if info.replayed() {
                 res.headers_mut()
                     .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));

@@ -5,6 +5,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 
 use super::problem::Problem;
+use super::rejection::{KeyRejection, MAX_KEY_LEN};
 use crate::key::KeyPart;
 
 /// The request header that carries the key (IETF httpapi draft).
@@ -12,9 +13,6 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 
 /// The response header set to `true` on a replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// The longest key accepted, in characters (all ASCII, so also bytes).
-pub const MAX_KEY_LEN: usize = 255;
 
 /// A valid `Idempotency-Key`: 1 to 255 printable ASCII characters.
 ///
@@ -42,72 +40,6 @@ pub const MAX_KEY_LEN: usize = 255;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
-
-/// Why an `Idempotency-Key` header was refused. Each becomes a 400 problem+json whose
-/// `rule` member is [`KeyRejection::rule`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyRejection {
-    /// The header is absent where a key is required.
-    Missing,
-    /// The header was sent more than once.
-    Repeated,
-    /// The header (or the quoted string in it) is empty.
-    Empty,
-    /// The key is longer than [`MAX_KEY_LEN`].
-    TooLong {
-        /// The key's length.
-        len: usize,
-    },
-    /// The value holds a character outside printable ASCII.
-    NotAscii,
-    /// The value is neither a structured-field string nor a bare key.
-    Malformed,
-}
-
-impl KeyRejection {
-    /// A short, stable name for the rule that was broken.
-    pub fn rule(&self) -> &'static str {
-        match self {
-            KeyRejection::Missing => "required",
-            KeyRejection::Repeated => "single",
-            KeyRejection::Empty => "non-empty",
-            KeyRejection::TooLong { .. } => "max-length-255",
-            KeyRejection::NotAscii => "printable-ascii",
-            KeyRejection::Malformed => "sf-string-or-bare-key",
-        }
-    }
-
-    /// What is wrong and what to send instead.
-    pub fn detail(&self) -> String {
-        match self {
-            KeyRejection::Missing => "this request needs an Idempotency-Key header: a unique \
-                value per intended operation (a UUID), sent again unchanged on every retry"
-                .into(),
-            KeyRejection::Repeated => {
-                "the Idempotency-Key header was sent more than once; send it once".into()
-            }
-            KeyRejection::Empty => "the Idempotency-Key header is empty".into(),
-            KeyRejection::TooLong { len } => format!(
-                "the Idempotency-Key is {len} characters long; at most {MAX_KEY_LEN} are accepted"
-            ),
-            KeyRejection::NotAscii => "the Idempotency-Key may hold printable ASCII characters \
-                only (a quoted key may contain spaces, a bare one may not)"
-                .into(),
-            KeyRejection::Malformed => "the Idempotency-Key must be a structured-field string \
-                (\"...\", RFC 9651) or a bare key of visible ASCII characters without spaces"
-                .into(),
-        }
-    }
-}
-
-impl std::fmt::Display for KeyRejection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.detail())
-    }
-}
-
-impl std::error::Error for KeyRejection {}
 
 fn is_ows(b: u8) -> bool {
     b == b' ' || b == b'\t'

@@ -21,11 +21,13 @@ use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
 use super::canonical::{Json, canonical_query, content_types, is_json};
+use super::estimate::Durations;
 use super::handler::run_spawned;
-use super::key::{IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection};
+use super::key::{IDEMPOTENT_REPLAYED, IdempotencyKey};
 use super::limits::{Budget, Buffered, ClaimLimiter, read_body};
 use super::principal::Principal;
 use super::problem::Problem;
+use super::rejection::KeyRejection;
 use crate::context::observe;
 use crate::error::IdemError;
 use crate::idem::Idem;
@@ -69,8 +71,11 @@ use crate::op::{Disposition, InFlight, MAX_KEY_BYTES};
 ///   store's outcome cap once recorded. Any other response (a framework's 400, 405,
 ///   413, 415 or 422, an authorization refusal, a 5xx) is passed on unrecorded and the
 ///   key released: the corrected retry runs;
-/// - a retry while the first request runs gets 409 with `Retry-After` at once (the
-///   draft's behaviour; see [`in_flight`](Self::in_flight));
+/// - a retry while the first request runs gets 409 at once (the draft's behaviour; see
+///   [`in_flight`](Self::in_flight)), with a `Retry-After` of about how long the
+///   route's requests take: a running average of the requests that ran, at least 1 s
+///   and at most what is left of the running request's lease (1 s until one has
+///   finished);
 /// - with [`limit_claims`](Self::limit_claims), a caller's new keys beyond the limit
 ///   get 429 with `Retry-After` (replays are never limited);
 /// - the request runs in its own task, so it finishes and records its outcome even if
@@ -116,6 +121,8 @@ struct Config {
     recorded_headers: Vec<HeaderName>,
     record_status: fn(StatusCode) -> bool,
     spawn: bool,
+    /// How long each route's requests take: the `Retry-After` of a 409.
+    durations: Arc<Durations>,
 }
 
 impl IdempotencyLayer {
@@ -163,6 +170,7 @@ impl IdempotencyLayer {
                 ],
                 record_status: Self::records_by_default,
                 spawn: true,
+                durations: Arc::default(),
             },
         }
     }
@@ -701,6 +709,7 @@ where
         Some(json) => op.fingerprint_part("body_json", &json),
         None => op.fingerprint_part("body_sha256", &Sha256::digest(&buffered.bytes)[..]),
     };
+    let route = name.clone();
     let op = op
         .version(RECORD_VERSION)
         .upgrade(move |from: u32, value: serde_json::Value| upgrade(&name, from, value))
@@ -708,6 +717,7 @@ where
     let Buffered { bytes, permit } = buffered;
     let req = Request::from_parts(parts, Body::from(bytes));
     let limits = cfg.clone();
+    let timed = route.clone();
     let call = async move {
         let body = || async move {
             // Only a fresh claim gets here: replays and in-flight answers take no token.
@@ -717,7 +727,9 @@ where
                 let refused = Problem::too_many_claims(wait).into_response();
                 return Err(NotRecorded::Released(refused));
             }
+            let started = std::time::Instant::now();
             let Ok(res) = inner.call(req).await;
+            limits.durations.observe(&timed, started.elapsed());
             record(&limits, res.into_response()).await
         };
         let out = observe(op.run(body)).await;
@@ -741,7 +753,7 @@ where
         }
         Err(NotRecorded::Released(res)) => res,
         Err(NotRecorded::Unrecordable) => Problem::outcome_unknown().into_response(),
-        Err(NotRecorded::Idem(e)) => e.into_response(),
+        Err(NotRecorded::Idem(e)) => cfg.durations.hint_response(&route, e.into_response()).await,
     }
 }
 

@@ -56,8 +56,10 @@
 //! this request (a first execution, or a re-run after a released error) never carries
 //! the header, in either style, so its absence means the handler ran.
 //!
-//! Status codes (bodies are `application/problem+json`, RFC 9457, with the [`types`]
-//! URIs):
+//! Status codes (bodies are `application/problem+json`, RFC 9457, their `type` one of
+//! the [`types`] names under a base: `urn:idem:problem:` ([`DEFAULT_TYPE_BASE`], which
+//! names no web domain) unless [`set_type_base`] put them under the application's own,
+//! such as `https://api.example.com/problems/`):
 //!
 //! | case | status |
 //! |---|---|
@@ -120,15 +122,18 @@
 //! its first lines show a `curl` retry.
 
 mod canonical;
+mod estimate;
 mod handler;
 mod key;
 mod layer;
 mod limits;
 mod principal;
 mod problem;
+mod rejection;
 
 pub use handler::{IdempotentHandler, IdempotentHandlerLayer};
-pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection, MAX_KEY_LEN};
+pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey};
 pub use layer::{IdempotencyLayer, IdempotencyService};
 pub use principal::Principal;
-pub use problem::{Problem, STORE_RETRY_AFTER, types};
+pub use problem::{DEFAULT_TYPE_BASE, Problem, STORE_RETRY_AFTER, set_type_base, type_uri, types};
+pub use rejection::{KeyRejection, MAX_KEY_LEN};

@@ -7,47 +7,110 @@ use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use serde::{Deserialize, Serialize};
 
-use super::key::KeyRejection;
+use super::rejection::KeyRejection;
 use crate::error::IdemError;
 
-/// The problem `type` URIs idem answers with, one per case. They identify the case
-/// (clients may match on them); they are names under one base,
-/// `https://idem.dev/problems/`, not promised to resolve to a page.
+/// The kinds of problem idem answers with, one per case: each is a name that
+/// [`type_uri`] puts under the base [`set_type_base`] chose (by default
+/// [`DEFAULT_TYPE_BASE`]) to make the problem's `type`. Clients may match on the `type`;
+/// [`Problem::is`] matches a problem against a name.
 pub mod types {
     /// 400: the `Idempotency-Key` header is missing or invalid (the `rule` member says
     /// which rule it broke).
-    pub const INVALID_KEY: &str = "https://idem.dev/problems/invalid-idempotency-key";
+    pub const INVALID_KEY: &str = "invalid-idempotency-key";
     /// 409: a request with this key is still being processed; retry after `Retry-After`.
-    pub const IN_FLIGHT: &str = "https://idem.dev/problems/in-flight";
+    pub const IN_FLIGHT: &str = "in-flight";
     /// 422: the key was first used with another request (method, path, query, media
     /// type or body).
-    pub const KEY_REUSED: &str = "https://idem.dev/problems/key-reused";
+    pub const KEY_REUSED: &str = "key-reused";
     /// 503: the idempotency store could not be reached; the request did not run.
-    pub const STORE_UNAVAILABLE: &str = "https://idem.dev/problems/store-unavailable";
+    pub const STORE_UNAVAILABLE: &str = "store-unavailable";
     /// 500: an earlier request with this key may have had its effect and is being
     /// reconciled; do not send the request again with a new key.
-    pub const OUTCOME_UNKNOWN: &str = "https://idem.dev/problems/outcome-unknown";
+    pub const OUTCOME_UNKNOWN: &str = "outcome-unknown";
     /// 500: this attempt lost its claim to a newer one (its lease lapsed); a retry gets
     /// that attempt's outcome.
-    pub const SUPERSEDED: &str = "https://idem.dev/problems/superseded";
+    pub const SUPERSEDED: &str = "superseded";
     /// 413: the request body is over the layer's cap.
-    pub const BODY_TOO_LARGE: &str = "https://idem.dev/problems/body-too-large";
+    pub const BODY_TOO_LARGE: &str = "body-too-large";
     /// 400: the request body could not be read.
-    pub const BODY_UNREADABLE: &str = "https://idem.dev/problems/body-unreadable";
+    pub const BODY_UNREADABLE: &str = "body-unreadable";
     /// 408: the request body did not arrive within the layer's read timeout.
-    pub const BODY_TIMEOUT: &str = "https://idem.dev/problems/body-timeout";
+    pub const BODY_TIMEOUT: &str = "body-timeout";
     /// 503: the layer holds as many request bodies as its buffer budget allows; retry
     /// after `Retry-After`.
-    pub const BUSY: &str = "https://idem.dev/problems/busy";
+    pub const BUSY: &str = "busy";
     /// 429: this caller started more new idempotent requests than the layer's claim
     /// limit allows; retry after `Retry-After` (replays are not limited).
-    pub const TOO_MANY_CLAIMS: &str = "https://idem.dev/problems/too-many-claims";
+    pub const TOO_MANY_CLAIMS: &str = "too-many-claims";
     /// 500: the route runs idempotent requests but no principal was set by the
     /// application's authentication (a wiring error; never run under a global scope).
-    pub const NO_PRINCIPAL: &str = "https://idem.dev/problems/no-principal";
+    pub const NO_PRINCIPAL: &str = "no-principal";
     /// 500: idem is misconfigured or a recorded outcome cannot be read.
-    pub const INTERNAL: &str = "https://idem.dev/problems/internal";
+    pub const INTERNAL: &str = "internal";
 }
+
+/// The base of idem's problem `type` URIs unless [`set_type_base`] chose another: a URN
+/// that names no web domain, so no page is promised. Give a base of your own (such as
+/// `https://api.example.com/problems/`) to point clients at your documentation.
+pub const DEFAULT_TYPE_BASE: &str = "urn:idem:problem:";
+
+static TYPE_BASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets, once per process and before the first problem is answered, the base under
+/// which idem's problem `type` URIs are made: `base` followed by a [`types`] name.
+///
+/// The base must start with a URI scheme (`https:`, `urn:`, `tag:`, …) and end with
+/// `/` or `:`. It fails if a base was set already, or if a problem was already answered
+/// with the default one (the same `type` must name the same case for the whole
+/// process), unless `base` is the one in use.
+///
+/// ```standalone_crate
+/// use idem_runtime::http::{set_type_base, type_uri, types};
+/// set_type_base("https://api.example.com/problems/").unwrap();
+/// assert_eq!(type_uri(types::IN_FLIGHT), "https://api.example.com/problems/in-flight");
+/// assert!(set_type_base("urn:other:").is_err());
+/// ```
+pub fn set_type_base(base: &str) -> Result<(), String> {
+    let scheme = base.split_once(':').map(|(s, _)| s).unwrap_or("");
+    let valid_scheme = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !valid_scheme || !(base.ends_with('/') || base.ends_with(':')) {
+        return Err(format!(
+            "problem type base {base:?} must start with a URI scheme (such as `https:` or \
+             `urn:`) and end with `/` or `:`"
+        ));
+    }
+    let in_use = TYPE_BASE.get_or_init(|| base.to_owned());
+    if in_use == base {
+        Ok(())
+    } else {
+        Err(format!(
+            "the problem type base is already {in_use:?}; set it once, at startup, before \
+             the first request"
+        ))
+    }
+}
+
+/// The problem `type` URI for one of the [`types`] names: the base in use followed by
+/// the name.
+pub fn type_uri(name: &str) -> String {
+    let base = TYPE_BASE.get_or_init(|| DEFAULT_TYPE_BASE.to_owned());
+    format!("{base}{name}")
+}
+
+/// `after` in whole seconds for `Retry-After`, rounded up and at least 1, so a client
+/// never retries at once in a loop.
+pub(super) fn retry_secs(after: Duration) -> u64 {
+    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
+}
+
+/// On a response for a call that found its key in flight: how long the lease of the
+/// call holding it has left, the most a retry could need to wait.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InFlightFor(pub(crate) Duration);
 
 /// The `Retry-After` sent with a 503 for a store that is down.
 pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -63,7 +126,8 @@ pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 ///
 /// let e = IdemError::InFlight { name: "pay".into(), retry_after: Duration::from_millis(1500) };
 /// let p = Problem::from(&e);
-/// assert_eq!((p.status, p.type_uri.as_str(), p.retry_after), (409, types::IN_FLIGHT, Some(2)));
+/// assert_eq!((p.status, p.retry_after), (409, Some(2)));
+/// assert!(p.is(types::IN_FLIGHT));
 /// let response = e.into_response();
 /// assert_eq!(response.headers()["retry-after"], "2");
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
@@ -93,7 +157,24 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// A problem with a status, a type URI and a title.
+    /// A problem of one of idem's [`types`], its `type` made by [`type_uri`].
+    pub(crate) fn of(status: StatusCode, name: &str, title: impl Into<String>) -> Self {
+        Problem::new(status, type_uri(name), title)
+    }
+
+    /// Whether this problem is of the kind `name`, one of the [`types`].
+    ///
+    /// ```
+    /// use idem_runtime::http::{Problem, types};
+    /// use idem_runtime::IdemError;
+    /// let p = Problem::from(IdemError::Mismatch { name: "pay".into() });
+    /// assert!(p.is(types::KEY_REUSED));
+    /// ```
+    pub fn is(&self, name: &str) -> bool {
+        self.type_uri == type_uri(name)
+    }
+
+    /// A problem with a status, a full type URI and a title.
     pub fn new(status: StatusCode, type_uri: impl Into<String>, title: impl Into<String>) -> Self {
         Problem {
             type_uri: type_uri.into(),
@@ -115,8 +196,7 @@ impl Problem {
     /// Sets `Retry-After`, in whole seconds rounded up (at least 1, so a client never
     /// retries at once in a loop).
     pub fn retry_after(mut self, after: Duration) -> Self {
-        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        self.retry_after = Some(secs.max(1));
+        self.retry_after = Some(retry_secs(after));
         self
     }
 
@@ -126,7 +206,7 @@ impl Problem {
     }
 
     pub(crate) fn body_too_large(max: usize) -> Self {
-        Problem::new(
+        Problem::of(
             StatusCode::PAYLOAD_TOO_LARGE,
             types::BODY_TOO_LARGE,
             "Request body too large",
@@ -138,7 +218,7 @@ impl Problem {
     }
 
     pub(crate) fn body_timeout(timeout: Duration) -> Self {
-        Problem::new(
+        Problem::of(
             StatusCode::REQUEST_TIMEOUT,
             types::BODY_TIMEOUT,
             "Request body too slow",
@@ -151,7 +231,7 @@ impl Problem {
     }
 
     pub(crate) fn busy(retry_after: Duration) -> Self {
-        Problem::new(StatusCode::SERVICE_UNAVAILABLE, types::BUSY, "Server busy")
+        Problem::of(StatusCode::SERVICE_UNAVAILABLE, types::BUSY, "Server busy")
             .detail(
                 "too many request bodies are being buffered at once; the request did not run: \
              retry it with the same Idempotency-Key after Retry-After seconds",
@@ -160,7 +240,7 @@ impl Problem {
     }
 
     pub(crate) fn too_many_claims(retry_after: Duration) -> Self {
-        Problem::new(
+        Problem::of(
             StatusCode::TOO_MANY_REQUESTS,
             types::TOO_MANY_CLAIMS,
             "Too many new requests",
@@ -174,7 +254,7 @@ impl Problem {
     }
 
     pub(crate) fn body_unreadable() -> Self {
-        Problem::new(
+        Problem::of(
             StatusCode::BAD_REQUEST,
             types::BODY_UNREADABLE,
             "Request body could not be read",
@@ -182,7 +262,7 @@ impl Problem {
     }
 
     pub(crate) fn no_principal() -> Self {
-        Problem::new(
+        Problem::of(
             StatusCode::INTERNAL_SERVER_ERROR,
             types::NO_PRINCIPAL,
             "No principal for an idempotent request",
@@ -194,7 +274,7 @@ impl Problem {
     }
 
     pub(crate) fn outcome_unknown() -> Self {
-        Problem::new(
+        Problem::of(
             StatusCode::INTERNAL_SERVER_ERROR,
             types::OUTCOME_UNKNOWN,
             "Outcome being reconciled",
@@ -208,7 +288,7 @@ impl Problem {
 
 impl From<KeyRejection> for Problem {
     fn from(r: KeyRejection) -> Self {
-        let mut p = Problem::new(
+        let mut p = Problem::of(
             StatusCode::BAD_REQUEST,
             types::INVALID_KEY,
             "Invalid Idempotency-Key header",
@@ -227,7 +307,7 @@ impl From<&IdemError> for Problem {
         // client's.
         match e {
             IdemError::InFlight { retry_after, .. }
-            | IdemError::TooManyWaiters { retry_after, .. } => Problem::new(
+            | IdemError::TooManyWaiters { retry_after, .. } => Problem::of(
                 StatusCode::CONFLICT,
                 types::IN_FLIGHT,
                 "Request in progress",
@@ -237,7 +317,7 @@ impl From<&IdemError> for Problem {
                  after Retry-After seconds to get its outcome",
             )
             .retry_after(*retry_after),
-            IdemError::Mismatch { .. } => Problem::new(
+            IdemError::Mismatch { .. } => Problem::of(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 types::KEY_REUSED,
                 "Idempotency-Key reused",
@@ -248,7 +328,7 @@ impl From<&IdemError> for Problem {
             ),
             IdemError::KeyTooLong { len, .. } => KeyRejection::TooLong { len: *len }.into(),
             IdemError::EmptyKey { .. } => KeyRejection::Empty.into(),
-            IdemError::Store { .. } | IdemError::NoStore => Problem::new(
+            IdemError::Store { .. } | IdemError::NoStore => Problem::of(
                 StatusCode::SERVICE_UNAVAILABLE,
                 types::STORE_UNAVAILABLE,
                 "Idempotency store unavailable",
@@ -258,7 +338,7 @@ impl From<&IdemError> for Problem {
             IdemError::Unknown { .. }
             | IdemError::Unrecorded { .. }
             | IdemError::OutcomeTooLarge { .. } => Problem::outcome_unknown(),
-            IdemError::Fenced { .. } => Problem::new(
+            IdemError::Fenced { .. } => Problem::of(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 types::SUPERSEDED,
                 "Attempt superseded",
@@ -267,7 +347,7 @@ impl From<&IdemError> for Problem {
                 "this attempt took too long and another took over; retry with the same \
                  Idempotency-Key to get that attempt's outcome",
             ),
-            _ => Problem::new(
+            _ => Problem::of(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 types::INTERNAL,
                 "Idempotency error",
@@ -308,6 +388,13 @@ impl IntoResponse for IdemError {
         if problem.status >= 500 {
             tracing::error!(error = %self, "idempotent request failed");
         }
-        problem.into_response()
+        let mut res = problem.into_response();
+        if let IdemError::InFlight { retry_after, .. }
+        | IdemError::TooManyWaiters { retry_after, .. } = self
+        {
+            // For the layers, which answer a hint from the route's durations instead.
+            res.extensions_mut().insert(InFlightFor(retry_after));
+        }
+        res
     }
 }

@@ -55,10 +55,12 @@
 
 #[doc(hidden)]
 pub mod conformance;
+mod delegate;
 mod memory;
 #[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
 mod test_support;
 pub(crate) mod wake;
+pub use delegate::Delegate;
 pub use memory::MemoryStore;
 pub(crate) use memory::{Claimed, Kept};
 pub use wake::WakeHub;

@@ -1,0 +1,249 @@
+//! [`Delegate`]: a store that wraps another and forwards what it does not change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
+    Stats, Store, StoreError, StoredOutcome, WakeHub,
+};
+
+/// A wrapper around another [`Store`] (metrics, tracing, fault injection) that
+/// overrides only the methods it changes: every method has the signature of the
+/// [`Store`] method of the same name and by default forwards to that method of
+/// [`inner`](Delegate::inner), defaults included (`peeks`, `get`, `forget`,
+/// `attach_wakers`, ...), so the wrapper keeps whatever the inner store can do.
+///
+/// A `dyn Delegate` is a [`Store`]: pass an `Arc<dyn Delegate>` or `Box<dyn Delegate>`
+/// to [`IdemBuilder::store`](crate::IdemBuilder::store), or return one, in an `Arc`,
+/// from [`IdemBuilder::layer`](crate::IdemBuilder::layer). Implement it with
+/// [`async_trait`](https://docs.rs/async-trait), as [`Store`] is.
+///
+/// ```
+/// use idem_runtime::store::{Claim, ClaimRequest, Delegate, MemoryStore, Store, StoreError};
+/// use idem_runtime::{Idem, IdemError};
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::time::Duration;
+///
+/// /// Counts claims; everything else is the memory store's.
+/// #[derive(Default)]
+/// struct CountClaims {
+///     inner: MemoryStore,
+///     claims: AtomicU64,
+/// }
+///
+/// #[async_trait::async_trait]
+/// impl Delegate for CountClaims {
+///     fn inner(&self) -> &dyn Store {
+///         &self.inner
+///     }
+///
+///     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+///         self.claims.fetch_add(1, Ordering::Relaxed);
+///         self.inner.claim(req).await
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), IdemError> {
+/// let counted = Arc::new(CountClaims::default());
+/// let idem = Idem::builder().store(counted.clone() as Arc<dyn Delegate>);
+/// let op = idem
+///     .operation("charge", "order-1")
+///     .retain(Duration::from_secs(3600))
+///     .fingerprint_none();
+/// let id = op.id().clone();
+/// assert_eq!(op.run(|| async { Ok::<_, IdemError>(42) }).await?, 42);
+/// assert_eq!(counted.claims.load(Ordering::Relaxed), 1);
+/// // The rest reached the memory store unchanged: the record, and `get`, which the
+/// // memory store implements and `Store`'s default does not.
+/// assert!(idem.get(&id).await?.is_some());
+/// # Ok(()) }
+/// ```
+#[async_trait::async_trait]
+pub trait Delegate: Send + Sync + 'static {
+    /// The store this one wraps, which every method not overridden forwards to.
+    fn inner(&self) -> &dyn Store;
+
+    /// [`Store::claim`], forwarded by default.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.inner().claim(req).await
+    }
+
+    /// [`Store::peeks`], forwarded by default.
+    fn peeks(&self) -> bool {
+        self.inner().peeks()
+    }
+
+    /// [`Store::peek_completed`], forwarded by default.
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        self.inner().peek_completed(id, fingerprint).await
+    }
+
+    /// [`Store::record`], forwarded by default.
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        self.inner().record(id, epoch, outcome, retain).await
+    }
+
+    /// [`Store::release`], forwarded by default.
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.inner().release(id, epoch).await
+    }
+
+    /// [`Store::mark_unknown`], forwarded by default.
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.inner().mark_unknown(id, epoch).await
+    }
+
+    /// [`Store::renew`], forwarded by default.
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
+        self.inner().renew(id, epoch, lease).await
+    }
+
+    /// [`Store::resolve`], forwarded by default.
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        self.inner().resolve(id, epoch, completed).await
+    }
+
+    /// [`Store::forget`], forwarded by default.
+    async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        self.inner().forget(id, epoch).await
+    }
+
+    /// [`Store::purge_expired`], forwarded by default.
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        self.inner().purge_expired().await
+    }
+
+    /// [`Store::stats`], forwarded by default.
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.inner().stats().await
+    }
+
+    /// [`Store::list`], forwarded by default.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        self.inner().list(filter).await
+    }
+
+    /// [`Store::get`], forwarded by default.
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        self.inner().get(id).await
+    }
+
+    /// [`Store::announce_wait`], forwarded by default.
+    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+        self.inner().announce_wait(id).await
+    }
+
+    /// [`Store::attach_wakers`], forwarded by default.
+    fn attach_wakers(&self, hub: Arc<WakeHub>) {
+        self.inner().attach_wakers(hub)
+    }
+}
+
+// On `dyn Delegate` rather than every `T: Delegate`: that blanket impl would overlap
+// the one for `Box<S>`, since `Box` is fundamental and other crates may implement
+// `Delegate` for `Box<TheirType>`.
+#[async_trait::async_trait]
+impl Store for dyn Delegate {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        Delegate::claim(self, req).await
+    }
+
+    fn peeks(&self) -> bool {
+        Delegate::peeks(self)
+    }
+
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        Delegate::peek_completed(self, id, fingerprint).await
+    }
+
+    async fn record(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        Delegate::record(self, id, epoch, outcome, retain).await
+    }
+
+    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        Delegate::release(self, id, epoch).await
+    }
+
+    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        Delegate::mark_unknown(self, id, epoch).await
+    }
+
+    async fn renew(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> Result<Fence, StoreError> {
+        Delegate::renew(self, id, epoch, lease).await
+    }
+
+    async fn resolve(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        completed: Option<(&StoredOutcome, Duration)>,
+    ) -> Result<Fence, StoreError> {
+        Delegate::resolve(self, id, epoch, completed).await
+    }
+
+    async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+        Delegate::forget(self, id, epoch).await
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        Delegate::purge_expired(self).await
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        Delegate::stats(self).await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
+        Delegate::list(self, filter).await
+    }
+
+    async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
+        Delegate::get(self, id).await
+    }
+
+    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
+        Delegate::announce_wait(self, id).await
+    }
+
+    fn attach_wakers(&self, hub: Arc<WakeHub>) {
+        Delegate::attach_wakers(self, hub)
+    }
+}
