@@ -17,27 +17,23 @@
 //! rows are medians of the rounds, idem and the baseline alternating within each round;
 //! the in-process replay cache is off, so every replay reaches the server.
 
-use std::error::Error;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use idem_runtime::{Idem, IdemError, KeyPart};
-use sqlx::mysql::{MySqlArguments, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlArguments, MySqlPool, MySqlRow};
 use sqlx::{MySql, Row};
 
-type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
+mod support;
+
+use support::config::Knobs;
+use support::driver::{Contender, Driven, Stop, drive, median, rounds};
+use support::{FINGERPRINT, LEASE_MS, NAME, POOL, RETAIN_MS, Res, check};
+
 type Query<'q> = sqlx::query::Query<'q, MySql, MySqlArguments>;
 
-/// Connections per pool: the highest concurrency measured.
-const POOL: u32 = 16;
 /// Keys recorded before the replay rows, replayed round-robin.
 const REPLAY_KEYS: u64 = 2000;
-const NAME: &str = "bench";
-const LEASE_MS: i64 = 60_000;
-const RETAIN_MS: i64 = 86_400_000;
-/// The fingerprint the baseline claims with (idem computes its own).
-const FINGERPRINT: [u8; 32] = [7; 32];
 
 /// A statement file, as the store renders it: each statement with the names its `?`s
 /// bind.
@@ -113,16 +109,23 @@ enum Phase {
     },
 }
 
-impl Subject {
-    fn key(&self, phase: Phase, i: u64) -> String {
-        match phase {
-            Phase::Fresh => format!("k{i}"),
-            Phase::Replay { from } => format!("k{}", from + i % REPLAY_KEYS),
-        }
+impl Driven for Subject {
+    type Phase = Phase;
+    type Held = ();
+
+    fn seq(&self) -> &AtomicU64 {
+        &self.seq
     }
 
-    async fn call(&self, phase: Phase, i: u64) -> Res<()> {
-        let key = self.key(phase, i);
+    async fn hold(&self) -> Res<()> {
+        Ok(())
+    }
+
+    async fn call(&self, phase: Phase, i: u64, _: &mut ()) -> Res<()> {
+        let key = match phase {
+            Phase::Fresh => format!("k{i}"),
+            Phase::Replay { from } => format!("k{}", from + i % REPLAY_KEYS),
+        };
         match &self.side {
             Side::Idem(idem) => {
                 let got = idem
@@ -173,7 +176,9 @@ impl Subject {
             }
         }
     }
+}
 
+impl Subject {
     /// The claim's statements in one transaction; the last one's row.
     async fn claim(&self, claim: &Statements, values: &Values<'_>) -> Res<MySqlRow> {
         let mut tx = self.pool.begin().await?;
@@ -195,83 +200,21 @@ fn check_outcome(row: &MySqlRow) -> Res<()> {
     )
 }
 
-fn check(ok: bool, what: &'static str) -> Res<()> {
-    if ok { Ok(()) } else { Err(what.into()) }
-}
-
-/// Runs `phase` on `concurrency` tasks for `secs`; returns operations per second.
-async fn drive(subject: &Arc<Subject>, phase: Phase, concurrency: usize, d: Duration) -> Res<f64> {
-    let deadline = Instant::now() + d;
-    let done = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (subject, done) = (subject.clone(), done.clone());
-            tokio::spawn(async move {
-                while Instant::now() < deadline {
-                    let i = subject.seq.fetch_add(1, Ordering::Relaxed);
-                    subject.call(phase, i).await?;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok::<_, Box<dyn Error + Send + Sync>>(())
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await??;
-    }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
-}
-
 /// Records `REPLAY_KEYS` keys from the subject's next index on; the phase that replays
 /// them.
 async fn prepare_replays(subject: &Arc<Subject>) -> Res<Phase> {
-    let from = subject.seq.fetch_add(REPLAY_KEYS, Ordering::Relaxed);
-    let tasks: Vec<_> = (0..POOL as u64)
-        .map(|t| {
-            let subject = subject.clone();
-            tokio::spawn(async move {
-                let mut i = t;
-                while i < REPLAY_KEYS {
-                    subject.call(Phase::Fresh, from + i).await?;
-                    i += POOL as u64;
-                }
-                Ok::<_, Box<dyn Error + Send + Sync>>(())
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await??;
-    }
+    let from = subject.seq.load(Ordering::Relaxed);
+    drive(subject, Phase::Fresh, POOL as usize, Stop::Ops(REPLAY_KEYS)).await?;
     Ok(Phase::Replay { from })
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 fn main() -> Res<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(bench())
+    support::block_on(bench())
 }
 
 async fn bench() -> Res<()> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let url = var("IDEM_MYSQL_URL").unwrap_or_else(|| "mysql://root@127.0.0.1:3306/test".into());
-    let secs: f64 = var("IDEM_BENCH_SECS").map_or(Ok(2.0), |v| v.parse())?;
-    let rounds: usize = var("IDEM_BENCH_ROUNDS").map_or(Ok(3), |v| v.parse())?;
-    let measure = Duration::from_secs_f64(secs);
-    let ping = var("IDEM_BENCH_NO_PING").is_none_or(|v| v == "0");
-    let pool = || {
-        MySqlPoolOptions::new()
-            .max_connections(POOL)
-            .min_connections(POOL)
-            .test_before_acquire(ping)
-            .connect(&url)
-    };
+    let knobs = Knobs::from_env("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let pool = || knobs.pool::<MySql>().connect(&knobs.url);
     let (idem_pool, sqlx_pool) = (pool().await?, pool().await?);
     let pid = std::process::id();
     let (idem_table, sqlx_table) = (
@@ -297,16 +240,17 @@ async fn bench() -> Res<()> {
             record: stmts("record")?,
         })
     };
+    // Labelled as the report's columns.
     let subjects = [
-        Side::Idem(idem),
-        sqlx(Reads::Replays)?,
-        sqlx(Reads::Never)?,
-        sqlx(Reads::Always)?,
+        ("idem", Side::Idem(idem)),
+        ("same statements via sqlx", sqlx(Reads::Replays)?),
+        ("sqlx, claim only", sqlx(Reads::Never)?),
+        ("sqlx, read before every call", sqlx(Reads::Always)?),
     ];
-    let subjects: Vec<Arc<Subject>> = subjects
+    let subjects: Vec<(&'static str, Arc<Subject>)> = subjects
         .into_iter()
         .enumerate()
-        .map(|(n, side)| {
+        .map(|(n, (label, side))| {
             let pool = match side {
                 Side::Idem(_) => idem_pool.clone(),
                 Side::Sqlx { .. } => sqlx_pool.clone(),
@@ -318,10 +262,10 @@ async fn bench() -> Res<()> {
                 seq: AtomicU64::new(n as u64 * 1_000_000_000),
                 tokens: AtomicI64::new(i64::from(pid) << 32 | (n as i64) << 28),
             };
-            Arc::new(subject)
+            (label, Arc::new(subject))
         })
         .collect();
-    let result = measure_all(&subjects, measure, rounds).await;
+    let result = measure_all(&knobs, &subjects).await;
     for table in [&idem_table, &sqlx_table] {
         for t in [table.clone(), format!("{table}_epoch_seq")] {
             sqlx::query(&format!("DROP TABLE IF EXISTS `{t}`"))
@@ -332,7 +276,7 @@ async fn bench() -> Res<()> {
     result
 }
 
-async fn measure_all(subjects: &[Arc<Subject>], d: Duration, rounds: usize) -> Res<()> {
+async fn measure_all(knobs: &Knobs, subjects: &[(&'static str, Arc<Subject>)]) -> Res<()> {
     println!(
         "| operation | idem ops/s | same statements via sqlx | idem / sqlx | \
          sqlx, claim only | idem / that | sqlx, read before every call | idem / that |\n\
@@ -340,25 +284,17 @@ async fn measure_all(subjects: &[Arc<Subject>], d: Duration, rounds: usize) -> R
     );
     for concurrency in [1, 16] {
         for replay in [false, true] {
-            let mut phases = Vec::new();
-            for subject in subjects {
-                phases.push(if replay {
+            let mut contenders: Vec<Contender<Subject>> = Vec::new();
+            for (label, subject) in subjects {
+                let phase = if replay {
                     prepare_replays(subject).await?
                 } else {
                     Phase::Fresh
-                });
+                };
+                contenders.push((*label, subject.clone(), phase));
             }
-            let warm = Duration::from_millis(300);
-            for (subject, phase) in subjects.iter().zip(&phases) {
-                drive(subject, *phase, concurrency, warm).await?;
-            }
-            let mut got = vec![Vec::new(); subjects.len()];
-            for _ in 0..rounds {
-                for ((subject, phase), got) in subjects.iter().zip(&phases).zip(&mut got) {
-                    got.push(drive(subject, *phase, concurrency, d).await?);
-                }
-            }
-            let ops: Vec<f64> = got.into_iter().map(median).collect();
+            let got = rounds(knobs, &contenders, concurrency).await?;
+            let ops: Vec<f64> = got.iter().map(|(_, r)| median(r)).collect();
             let what = if replay { "replay" } else { "fresh call" };
             let callers = if concurrency == 1 {
                 "caller"
