@@ -342,7 +342,10 @@ impl Subject {
             .bind(LEASE_MS)
             .fetch_optional(&mut *tx)
             .await?;
-        check(claimed.is_some(), "the transactional claim was not ours")?;
+        let Some(claimed) = claimed else {
+            return check(false, "the transactional claim was not ours");
+        };
+        let epoch: i64 = claimed.try_get("epoch")?;
         self.runs.fetch_add(1, Ordering::Relaxed);
         sqlx::query(&self.order)
             .bind(key)
@@ -353,6 +356,7 @@ impl Subject {
             .bind(&id.scope)
             .bind(&id.name)
             .bind(&id.key)
+            .bind(epoch)
             .bind(serde_json::to_vec(&1u32)?)
             .bind(false)
             .bind(1_i32)
