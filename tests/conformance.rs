@@ -1,4 +1,6 @@
-//! The store conformance suite, on every store this workspace ships.
+//! The store conformance suite, on every store this workspace ships. Transactional
+//! mode's (`conformance::tx`) runs in tests/transactional.rs, which opens each SQL
+//! database for it.
 mod common;
 use idem_runtime::store::{MemoryStore, conformance};
 
