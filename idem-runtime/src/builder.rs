@@ -7,6 +7,8 @@ use std::time::Duration;
 use crate::error::IdemError;
 use crate::idem::{Config, Idem, Secret};
 use crate::store::Store;
+#[cfg(feature = "_sql")]
+use crate::store::engine::{Dialect, SqlDb, SqlStore};
 
 /// Default cap on a recorded outcome's JSON, in bytes.
 pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 64 * 1024;
@@ -63,12 +65,9 @@ impl Idem {
         IdemBuilder::default().redis(url).await
     }
 
-    /// A store on the application's own sqlx pool (`PgPool`, `MySqlPool` or `SqlitePool`).
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    #[cfg_attr(
-        docsrs,
-        doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
-    )]
+    /// A store on the application's own sqlx pool (`PgPool`, `MySqlPool` or `SqlitePool`,
+    /// each with its store's feature).
+    #[cfg(feature = "_sql")]
     pub async fn from_pool<P: IntoStore>(pool: P) -> Result<Idem, IdemError> {
         IdemBuilder::default().pool(pool).await
     }
@@ -103,20 +102,11 @@ pub struct IdemBuilder {
     /// The secret keys and scopes are HMAC'd with, when they are stored hashed.
     pub(crate) hash_keys: Option<Secret>,
     pub(crate) log_keys_hashed: bool,
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) table: Option<String>,
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) migrate: bool,
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) max_connections: Option<u32>,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) group_commit: bool,
@@ -188,8 +178,9 @@ impl IdemBuilder {
     /// which is all it holds. Not used with [`IdemBuilder::pool`], whose pool is the
     /// application's (on PostgreSQL the listener still adds one connection), nor on
     /// Redis, whose commands share one multiplexed connection.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
+    ///
+    /// With the `postgres` or `mysql` feature.
+    #[cfg(feature = "_sql_server")]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);
         self
@@ -374,7 +365,7 @@ impl IdemBuilder {
         let store = Arc::new(crate::store::MemoryStore::default());
         // Called directly only where no layer stands between the calls and the store.
         let local = self.layer.is_none().then(|| store.clone());
-        self.finish_with(store, local, Default::default())
+        self.finish_with(store, local, None)
     }
 
     /// An `Idem` over a store of your own.
@@ -383,19 +374,17 @@ impl IdemBuilder {
     ///
     /// If the [`hash_keys`](Self::hash_keys) secret is shorter than 16 bytes.
     pub fn store(self, store: impl Store) -> Idem {
-        self.finish(Arc::new(store), Default::default())
+        self.finish_with(Arc::new(store), None, None)
     }
 
-    /// The `Idem` over `store`, wrapped in the layer if one was set.
-    fn finish(self, store: Arc<dyn Store>, sql: crate::store::SqlStores) -> Idem {
-        self.finish_with(store, None, sql)
-    }
-
+    /// The `Idem` over `store`, wrapped in the layer if one was set. `local` is the same
+    /// store when it is the memory store, `sql` when it is a SQL store (for
+    /// transactional mode, which finds it behind neither the layer nor the `Store` trait).
     fn finish_with(
         self,
         store: Arc<dyn Store>,
         local: Option<Arc<crate::store::MemoryStore>>,
-        sql: crate::store::SqlStores,
+        sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Idem {
         // The openers that return a `Result` refused a bad secret before opening;
         // `memory` and `store` have no other way to.
@@ -426,7 +415,7 @@ impl IdemBuilder {
         self.hash_keys.as_ref().map_or(Ok(()), Secret::check)
     }
 
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    #[cfg(feature = "_sql")]
     pub(crate) fn sql_options(&self) -> Result<crate::store::sql_common::SqlOptions, IdemError> {
         let mut opts = crate::store::sql_common::SqlOptions::default();
         if let Some(table) = &self.table {
@@ -444,24 +433,24 @@ impl IdemBuilder {
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(self, url: &str) -> Result<Idem, IdemError> {
-        let store = Arc::new(crate::store::sqlite::open(url, &self.sql_options()?).await?);
-        Ok(self.sql_store(crate::store::SqlStores::sqlite(store)))
+        let store = crate::store::sqlite::open(url, &self.sql_options()?).await?;
+        Ok(self.sql_store(store))
     }
 
     /// The PostgreSQL store; see [`Idem::postgres`].
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
-        let store = Arc::new(crate::store::postgres::open(url, &self.sql_options()?).await?);
-        Ok(self.sql_store(crate::store::SqlStores::postgres(store)))
+        let store = crate::store::postgres::open(url, &self.sql_options()?).await?;
+        Ok(self.sql_store(store))
     }
 
     /// The MySQL or MariaDB store; see [`Idem::mysql`].
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn mysql(self, url: &str) -> Result<Idem, IdemError> {
-        let store = Arc::new(crate::store::mysql::open(url, &self.sql_options()?).await?);
-        Ok(self.sql_store(crate::store::SqlStores::mysql(store)))
+        let store = crate::store::mysql::open(url, &self.sql_options()?).await?;
+        Ok(self.sql_store(store))
     }
 
     /// The Redis or Valkey store; see [`Idem::redis`].
@@ -499,103 +488,53 @@ impl IdemBuilder {
     }
 
     /// A store on the application's own sqlx pool; see [`Idem::from_pool`].
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    #[cfg_attr(
-        docsrs,
-        doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
-    )]
+    #[cfg(feature = "_sql")]
     pub async fn pool<P: IntoStore>(self, pool: P) -> Result<Idem, IdemError> {
         let opts = self.sql_options()?;
-        let tx = match pool.into_pool() {
-            #[cfg(feature = "sqlite")]
-            Pool::Sqlite(p) => crate::store::SqlStores::sqlite(Arc::new(
-                crate::store::sqlite::from_pool(p, &opts).await?,
-            )),
-            #[cfg(feature = "postgres")]
-            Pool::Postgres(p) => crate::store::SqlStores::postgres(Arc::new(
-                crate::store::postgres::from_pool(p, &opts).await?,
-            )),
-            #[cfg(feature = "mysql")]
-            Pool::MySql(p) => crate::store::SqlStores::mysql(Arc::new(
-                crate::store::mysql::from_pool(p, &opts).await?,
-            )),
-        };
-        Ok(self.sql_store(tx))
+        let store = DialectOf::<P>::from_pool(pool.into_pool(), &opts).await?;
+        Ok(self.sql_store(store))
     }
 
-    /// An `Idem` over the one SQL store in `tx`, reachable by transactional mode too.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    fn sql_store(self, tx: crate::store::SqlStores) -> Idem {
-        let store: Arc<dyn Store> = match &tx {
-            #[cfg(feature = "sqlite")]
-            crate::store::SqlStores {
-                sqlite: Some(s), ..
-            } => s.clone(),
-            #[cfg(feature = "postgres")]
-            crate::store::SqlStores {
-                postgres: Some(s), ..
-            } => s.clone(),
-            #[cfg(feature = "mysql")]
-            crate::store::SqlStores { mysql: Some(s), .. } => s.clone(),
-            _ => unreachable!("one SQL store is set"),
-        };
-        self.finish(store, tx)
+    /// An `Idem` over a SQL store, reachable by transactional mode too.
+    #[cfg(feature = "_sql")]
+    fn sql_store<D: Dialect>(self, store: SqlStore<D>) -> Idem {
+        let store = Arc::new(store);
+        self.finish_with(store.clone(), None, Some(store))
     }
 }
 
-/// A sqlx pool idem can keep its records in: `PgPool`, `MySqlPool` or `SqlitePool`.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
-)]
+/// A sqlx pool idem can keep its records in: `PgPool`, `MySqlPool` or `SqlitePool`, each
+/// with its store's feature.
+#[cfg(feature = "_sql")]
 pub trait IntoStore: sealed::Sealed {
+    /// The pool's database. Not a stable API.
     #[doc(hidden)]
-    fn into_pool(self) -> Pool;
+    type Db: SqlDb;
+
+    /// The pool. Not a stable API.
+    #[doc(hidden)]
+    fn into_pool(self) -> sqlx::Pool<Self::Db>;
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+/// The dialect of `P`'s database.
+#[cfg(feature = "_sql")]
+type DialectOf<P> = <<P as IntoStore>::Db as SqlDb>::Dialect;
+
+#[cfg(feature = "_sql")]
 mod sealed {
     pub trait Sealed {}
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-#[doc(hidden)]
-pub enum Pool {
-    #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgPool),
-    #[cfg(feature = "mysql")]
-    MySql(sqlx::MySqlPool),
-}
+#[cfg(feature = "_sql")]
+impl<DB: SqlDb> sealed::Sealed for sqlx::Pool<DB> {}
 
-#[cfg(feature = "sqlite")]
-impl sealed::Sealed for sqlx::SqlitePool {}
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-impl IntoStore for sqlx::SqlitePool {
-    fn into_pool(self) -> Pool {
-        Pool::Sqlite(self)
-    }
-}
+/// The pool of each database whose feature is enabled: `PgPool` (`postgres`),
+/// `MySqlPool` (`mysql`), `SqlitePool` (`sqlite`).
+#[cfg(feature = "_sql")]
+impl<DB: SqlDb> IntoStore for sqlx::Pool<DB> {
+    type Db = DB;
 
-#[cfg(feature = "postgres")]
-impl sealed::Sealed for sqlx::PgPool {}
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-impl IntoStore for sqlx::PgPool {
-    fn into_pool(self) -> Pool {
-        Pool::Postgres(self)
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl sealed::Sealed for sqlx::MySqlPool {}
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-impl IntoStore for sqlx::MySqlPool {
-    fn into_pool(self) -> Pool {
-        Pool::MySql(self)
+    fn into_pool(self) -> sqlx::Pool<DB> {
+        self
     }
 }

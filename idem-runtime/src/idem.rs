@@ -40,7 +40,9 @@ struct Inner {
     /// The same store when it is the built-in memory store, unwrapped: calls claim and
     /// record on it directly, without a boxed future or a copy of the outcome.
     local: Option<Arc<MemoryStore>>,
-    tx: crate::store::SqlStores,
+    /// The same store when it is a SQL store, unwrapped (a `SqlStore` of its dialect):
+    /// transactional mode runs its statements on the caller's connection instead.
+    sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
     hub: Arc<WakeHub>,
     cache: ReplayCache,
     cfg: Config,
@@ -88,30 +90,14 @@ impl Secret {
 }
 
 /// The key mode of a store whose keys and scopes are stored as given.
-#[cfg_attr(
-    not(any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis"
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(any(feature = "_sql", feature = "redis")), allow(dead_code))]
 pub(crate) const PLAIN_KEYS: &str = "plain";
 
 /// How a store records the way its keys and scopes are stored, at its first open:
 /// [`PLAIN_KEYS`], or `hmac-sha256:` and a check value of the secret, so that opening
 /// it later without the secret, or with another one, is refused rather than giving every
 /// operation a new identity (and running every body again).
-#[cfg_attr(
-    not(any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis"
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(any(feature = "_sql", feature = "redis")), allow(dead_code))]
 pub(crate) fn key_mode(secret: Option<&Secret>) -> String {
     match secret {
         None => PLAIN_KEYS.to_owned(),
@@ -124,15 +110,7 @@ pub(crate) fn key_mode(secret: Option<&Secret>) -> String {
 
 /// Fails unless the key mode `where_` recorded (if any) is `wanted`. `where_` names the
 /// records ("the idem table `t`"), `other` the way out ("another table").
-#[cfg_attr(
-    not(any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis"
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(any(feature = "_sql", feature = "redis")), allow(dead_code))]
 pub(crate) fn check_key_mode(
     where_: &str,
     other: &str,
@@ -361,7 +339,7 @@ impl Idem {
     pub(crate) fn new(
         store: Arc<dyn Store>,
         local: Option<Arc<MemoryStore>>,
-        tx: crate::store::SqlStores,
+        sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
         cfg: Config,
         replay_cache_bytes: usize,
     ) -> Idem {
@@ -371,7 +349,7 @@ impl Idem {
             inner: Arc::new(Inner {
                 store,
                 local,
-                tx,
+                sql,
                 hub,
                 cache: ReplayCache::new(replay_cache_bytes),
                 cfg,
@@ -406,12 +384,10 @@ impl Idem {
         &self.inner.renewer
     }
 
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
-    pub(crate) fn sql_stores(&self) -> &crate::store::SqlStores {
-        &self.inner.tx
+    /// The SQL store this `Idem` was opened on, for transactional mode to downcast.
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
+    pub(crate) fn sql_store(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        self.inner.sql.as_deref()
     }
 
     pub(crate) fn cache(&self) -> &ReplayCache {

@@ -688,7 +688,7 @@ impl<P, U, F, R> Operation<P, U, F, R> {
 }
 
 /// What transactional mode reads of an operation.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 impl<P, U> Operation<P, U> {
     pub(crate) fn retain_for(&self) -> Duration {
         self.retain

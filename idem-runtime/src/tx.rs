@@ -13,27 +13,29 @@ use serde::de::DeserializeOwned;
 use crate::error::IdemError;
 use crate::op::{ErrorPolicy, Operation, Upgrade};
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 use crate::error::StoreError;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 use crate::op::Encoded;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-use crate::store::StoredOutcome;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
+use crate::store::engine::{Dialect, SqlDb, SqlStore};
+#[cfg(feature = "_sql")]
 use crate::store::sql_common::TxClaim;
+#[cfg(feature = "_sql")]
+use crate::store::{Fence, OperationId, StoredOutcome};
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 const SAVEPOINT: &str = "SAVEPOINT idem_body";
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_body";
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 const ROLLBACK_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
 /// Taken after the claim, before the body: rolling back to it undoes the body's writes
 /// and keeps the claim, so an error can still be recorded after the body's own SQL
 /// failed (which aborts a PostgreSQL transaction).
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 const RUN_SAVEPOINT: &str = "SAVEPOINT idem_run";
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 const ROLLBACK_RUN: &str = "ROLLBACK TO SAVEPOINT idem_run";
 
 /// What [`Operation::begin_tx`] decided. See [`TxGuard`] for both halves in use.
@@ -70,121 +72,82 @@ pub enum TxStep<T, E, G> {
     note = "enable the `postgres`, `mysql` or `sqlite` feature of idem-runtime for the matching transaction type"
 )]
 pub trait TxConnection: sealed::Sealed + Send {
+    /// The transaction's database. Not a stable API.
     #[doc(hidden)]
-    fn idem_conn(&mut self) -> Conn<'_>;
+    #[cfg(feature = "_sql")]
+    type Db: SqlDb;
+
+    /// The connection under the transaction. Not a stable API.
+    #[doc(hidden)]
+    #[cfg(feature = "_sql")]
+    fn idem_conn(&mut self) -> &mut <Self::Db as sqlx::Database>::Connection;
 }
 
 mod sealed {
     pub trait Sealed {}
 }
 
-/// The connection under a transaction. Not a stable API.
-#[doc(hidden)]
-pub enum Conn<'a> {
-    #[cfg(feature = "sqlite")]
-    Sqlite(&'a mut sqlx::SqliteConnection),
-    #[cfg(feature = "postgres")]
-    Postgres(&'a mut sqlx::PgConnection),
-    #[cfg(feature = "mysql")]
-    MySql(&'a mut sqlx::MySqlConnection),
-    /// Without a SQL store there is no transaction type, so no value of this.
-    #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
-    None(
-        std::convert::Infallible,
-        std::marker::PhantomData<&'a mut ()>,
-    ),
-}
+#[cfg(feature = "_sql")]
+impl<DB: SqlDb> sealed::Sealed for sqlx::Transaction<'_, DB> {}
 
-#[cfg(feature = "sqlite")]
-impl sealed::Sealed for sqlx::Transaction<'_, sqlx::Sqlite> {}
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-impl TxConnection for sqlx::Transaction<'_, sqlx::Sqlite> {
-    fn idem_conn(&mut self) -> Conn<'_> {
-        Conn::Sqlite(&mut *self)
+/// A transaction on each database whose feature is enabled: `Postgres` (`postgres`),
+/// `MySql` (`mysql`), `Sqlite` (`sqlite`).
+#[cfg(feature = "_sql")]
+impl<DB: SqlDb> TxConnection for sqlx::Transaction<'_, DB> {
+    type Db = DB;
+
+    fn idem_conn(&mut self) -> &mut DB::Connection {
+        self
     }
 }
 
-#[cfg(feature = "postgres")]
-impl sealed::Sealed for sqlx::Transaction<'_, sqlx::Postgres> {}
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-impl TxConnection for sqlx::Transaction<'_, sqlx::Postgres> {
-    fn idem_conn(&mut self) -> Conn<'_> {
-        Conn::Postgres(&mut *self)
-    }
+/// The dialect of `C`'s database.
+#[cfg(feature = "_sql")]
+type DialectOf<C> = <<C as TxConnection>::Db as SqlDb>::Dialect;
+
+/// Transactional mode on one connection: idem's store on its database, and the
+/// connection.
+#[cfg(feature = "_sql")]
+struct InTx<'a, D: Dialect> {
+    store: &'a SqlStore<D>,
+    conn: &'a mut D::Conn,
 }
 
-#[cfg(feature = "mysql")]
-impl sealed::Sealed for sqlx::Transaction<'_, sqlx::MySql> {}
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-impl TxConnection for sqlx::Transaction<'_, sqlx::MySql> {
-    fn idem_conn(&mut self) -> Conn<'_> {
-        Conn::MySql(&mut *self)
+#[cfg(feature = "_sql")]
+impl<'a, D: Dialect> InTx<'a, D> {
+    /// Fails unless `idem`'s store is on this connection's kind of database.
+    fn new(idem: &'a crate::Idem, conn: &'a mut D::Conn) -> Result<Self, IdemError> {
+        let store = idem
+            .sql_store()
+            .and_then(|store| store.downcast_ref::<SqlStore<D>>())
+            .ok_or_else(wrong_store)?;
+        Ok(InTx { store, conn })
     }
-}
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-impl Conn<'_> {
     async fn exec(&mut self, sql: &'static str) -> Result<(), StoreError> {
-        match self {
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => sqlx::query(sql)
-                .execute(&mut **c)
-                .await
-                .map(drop)
-                .map_err(crate::store::sqlite::map_err),
-            #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => sqlx::query(sql)
-                .execute(&mut **c)
-                .await
-                .map(drop)
-                .map_err(crate::store::postgres::map_err),
-            #[cfg(feature = "mysql")]
-            Conn::MySql(c) => crate::store::mysql::exec_text(c, sql).await,
-        }
+        let dialect = &self.store.dialect;
+        dialect.savepoint(self.conn, sql).await.map_err(D::map_err)
     }
 
     async fn claim(
         &mut self,
-        idem: &crate::Idem,
-        id: &crate::OperationId,
+        id: &OperationId,
         fp: &[u8; 32],
         lease: std::time::Duration,
     ) -> Result<TxClaim, IdemError> {
-        let claimed = match self {
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => sqlite(idem)?.tx_claim(c, id, fp, lease).await,
-            #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => postgres(idem)?.tx_claim(c, id, fp, lease).await,
-            #[cfg(feature = "mysql")]
-            Conn::MySql(c) => mysql(idem)?.tx_claim(c, id, fp, lease).await,
-        };
+        let claimed = self.store.tx_claim(self.conn, id, fp, lease).await;
         claimed.map_err(store_err("claim"))
     }
 
     async fn record(
         &mut self,
-        idem: &crate::Idem,
-        id: &crate::OperationId,
+        id: &OperationId,
         epoch: u64,
         outcome: &StoredOutcome,
         retain: std::time::Duration,
-    ) -> Result<crate::store::Fence, IdemError> {
-        let recorded = match self {
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => sqlite(idem)?.tx_record(c, id, epoch, outcome, retain).await,
-            #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => {
-                postgres(idem)?
-                    .tx_record(c, id, epoch, outcome, retain)
-                    .await
-            }
-            #[cfg(feature = "mysql")]
-            Conn::MySql(c) => mysql(idem)?.tx_record(c, id, epoch, outcome, retain).await,
-        };
-        recorded.map_err(store_err("record"))
+    ) -> Result<Fence, IdemError> {
+        let recorded = self.store.tx_record(self.conn, id, epoch, outcome, retain);
+        recorded.await.map_err(store_err("record"))
     }
 
     /// Rolls the body's writes and the claim back to the savepoint, and drops it.
@@ -198,19 +161,9 @@ impl Conn<'_> {
     }
 
     /// Whether the server rolled the whole transaction back, idem's savepoints and claim
-    /// with it: MySQL does on a deadlock, and on a lock-wait timeout under
-    /// `innodb_rollback_on_timeout`. Only MySQL is asked: PostgreSQL keeps a failed
-    /// transaction open (aborted) until the caller ends it, and SQLite rolls one back on
-    /// its own only on I/O or out-of-memory failures.
+    /// with it (MySQL does on a deadlock; see [`Dialect::transaction_gone`]).
     async fn rolled_back(&mut self) -> bool {
-        match self {
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(_) => false,
-            #[cfg(feature = "postgres")]
-            Conn::Postgres(_) => false,
-            #[cfg(feature = "mysql")]
-            Conn::MySql(c) => crate::store::mysql::transaction_gone(c).await,
-        }
+        self.store.dialect.transaction_gone(self.conn).await
     }
 
     /// `err`, found where idem's claim or savepoint should be, unless the server rolled
@@ -223,22 +176,10 @@ impl Conn<'_> {
             err
         }
     }
-
-    /// Fails unless `idem`'s store is on this connection's kind of database.
-    fn check_store(&self, idem: &crate::Idem) -> Result<(), IdemError> {
-        match self {
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(_) => sqlite(idem).map(drop),
-            #[cfg(feature = "postgres")]
-            Conn::Postgres(_) => postgres(idem).map(drop),
-            #[cfg(feature = "mysql")]
-            Conn::MySql(_) => mysql(idem).map(drop),
-        }
-    }
 }
 
 /// The server rolled back the transaction running `name`: retryable, as a deadlock is.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 fn rolled_back(name: &str) -> IdemError {
     IdemError::store(
         "record",
@@ -253,7 +194,7 @@ fn rolled_back(name: &str) -> IdemError {
     )
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 fn wrong_store() -> IdemError {
     IdemError::Config {
         message: "transactional mode (`tx = ...`) needs an idem store on the same kind of \
@@ -261,24 +202,6 @@ fn wrong_store() -> IdemError {
                   `Idem::mysql`, `Idem::sqlite` or `Idem::from_pool` on that database"
             .into(),
     }
-}
-
-#[cfg(feature = "sqlite")]
-fn sqlite(idem: &crate::Idem) -> Result<&crate::store::sqlite::SqliteStore, IdemError> {
-    idem.sql_stores().sqlite.as_deref().ok_or_else(wrong_store)
-}
-
-#[cfg(feature = "postgres")]
-fn postgres(idem: &crate::Idem) -> Result<&crate::store::postgres::PgStore, IdemError> {
-    idem.sql_stores()
-        .postgres
-        .as_deref()
-        .ok_or_else(wrong_store)
-}
-
-#[cfg(feature = "mysql")]
-fn mysql(idem: &crate::Idem) -> Result<&crate::store::mysql::MySqlStore, IdemError> {
-    idem.sql_stores().mysql.as_deref().ok_or_else(wrong_store)
 }
 
 /// The claim this transaction holds; [`finish`](TxGuard::finish) records the outcome.
@@ -335,10 +258,6 @@ fn mysql(idem: &crate::Idem) -> Result<&crate::store::mysql::MySqlStore, IdemErr
 #[must_use = "call `finish` with the body's result, or the claim is recorded as nothing"]
 pub struct TxGuard<P, U> {
     op: Operation<P, U>,
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
     epoch: u64,
 }
 
@@ -350,7 +269,7 @@ impl<P, U> TxGuard<P, U> {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 fn store_err(during: &'static str) -> impl Fn(StoreError) -> IdemError {
     move |e| IdemError::store(during, e)
 }
@@ -396,20 +315,20 @@ impl<P, U, FP, R> Operation<P, U, FP, R> {
         FP: crate::op::FingerprintStated,
         R: crate::op::RetentionStated,
     {
-        #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
-        match tx.idem_conn() {
-            Conn::None(never, _) => match never {},
+        #[cfg(not(feature = "_sql"))]
+        {
+            let _ = (self, tx);
+            unreachable!("without a SQL store no type implements `TxConnection`")
         }
-        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        #[cfg(feature = "_sql")]
         {
             let mut this = self.stated();
             this.take_invalid()?;
             let idem = this.idem_handle()?;
-            let mut conn = tx.idem_conn();
-            conn.check_store(&idem)?;
+            let mut conn = InTx::<DialectOf<C>>::new(&idem, tx.idem_conn())?;
             let fp = this.fingerprint_bytes();
             conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
-            let claim = conn.claim(&idem, this.id(), &fp, this.lease_for()).await?;
+            let claim = conn.claim(this.id(), &fp, this.lease_for()).await?;
             if let TxClaim::Acquired { epoch } = claim {
                 crate::metrics::count(crate::metrics::CLAIMS, &this.id().name);
                 conn.exec(RUN_SAVEPOINT)
@@ -463,19 +382,16 @@ impl<P, U> TxGuard<P, U> {
         E: From<IdemError>,
         P: ErrorPolicy<E>,
     {
-        #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+        #[cfg(not(feature = "_sql"))]
         {
-            let _ = (self.op, out);
-            match tx.idem_conn() {
-                Conn::None(never, _) => match never {},
-            }
+            let _ = (self, tx, out);
+            unreachable!("without a SQL store no type implements `TxConnection`")
         }
-        #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+        #[cfg(feature = "_sql")]
         {
             let (op, epoch) = (self.op, self.epoch);
-            let mut conn = tx.idem_conn();
             let idem = op.idem_handle()?;
-            conn.check_store(&idem)?;
+            let mut conn = InTx::<DialectOf<C>>::new(&idem, tx.idem_conn())?;
             let name = op.id().name.clone();
             let max = idem.max_outcome_bytes();
             let (stored, result) = match op.encode(out, max, true) {
@@ -495,10 +411,7 @@ impl<P, U> TxGuard<P, U> {
                     return Err(why.error(&name, max, then).into());
                 }
             };
-            let recorded = match conn
-                .record(&idem, op.id(), epoch, &stored, op.retain_for())
-                .await
-            {
+            let recorded = match conn.record(op.id(), epoch, &stored, op.retain_for()).await {
                 Ok(fence) => fence,
                 Err(e) => match result {
                     // The body's own SQL may have failed and aborted the transaction
@@ -508,12 +421,12 @@ impl<P, U> TxGuard<P, U> {
                         tracing::debug!(error = %e, "record failed; recording again without the body's writes");
                         let again = match conn.exec(ROLLBACK_RUN).await {
                             Ok(()) => conn
-                                .record(&idem, op.id(), epoch, &stored, op.retain_for())
+                                .record(op.id(), epoch, &stored, op.retain_for())
                                 .await
                                 .ok(),
                             Err(_) => None,
                         };
-                        if again != Some(crate::store::Fence::Held) {
+                        if again != Some(Fence::Held) {
                             // Nothing recorded: release the claim with the body's writes.
                             if conn.undo_body().await.is_err() && conn.rolled_back().await {
                                 return Err(rolled_back(&name).into());
@@ -531,8 +444,8 @@ impl<P, U> TxGuard<P, U> {
                 },
             };
             match recorded {
-                crate::store::Fence::Held => {}
-                crate::store::Fence::Lost => {
+                Fence::Held => {}
+                Fence::Lost => {
                     let vanished = IdemError::Config {
                         message: format!(
                             "the transactional claim on `{name}` vanished before its record, so \
@@ -551,5 +464,26 @@ impl<P, U> TxGuard<P, U> {
             crate::context::report_run(epoch, true);
             result
         }
+    }
+}
+
+#[cfg(all(test, feature = "_sql"))]
+mod tests {
+    use super::*;
+
+    /// Transactional mode's futures are `Send` for any transaction type, so code generic
+    /// over it can spawn them. Checked at compile time; never run.
+    #[allow(dead_code)]
+    fn futures_are_send<C: TxConnection>(idem: &crate::Idem, tx: &mut C) {
+        fn send<T: Send>(_: T) {}
+        send(async move {
+            let op = idem
+                .operation("op", "key")
+                .retain(std::time::Duration::from_secs(1))
+                .fingerprint_none();
+            if let Ok(TxStep::Run(guard)) = op.begin_tx::<C, (), IdemError>(&mut *tx).await {
+                let _ = guard.finish(&mut *tx, Ok::<(), IdemError>(())).await;
+            }
+        });
     }
 }

@@ -2,15 +2,17 @@
 //!
 //! [`SqlStore`] implements [`Store`] over a [`Dialect`], which says only what differs
 //! between databases: how to run a statement and read its rows, the clock and epoch
-//! expressions, error classes, and hooks (PostgreSQL's snapshot re-issue, wake-ups,
-//! its own connections). Statements live in `sql/<dialect>/<name>.sql` with named
+//! expressions, error classes, transactional mode's savepoints, and hooks (PostgreSQL's
+//! snapshot re-issue, wake-ups, its own connections). [`SqlDb`] ties sqlx's type for the
+//! database to its dialect, which is how transactional mode and `Idem::from_pool` find
+//! the dialect from a transaction or a pool. Statements live in `sql/<dialect>/<name>.sql` with named
 //! parameters (`:scope`, `:epoch`, ...); rendering turns them into the dialect's
 //! positional placeholders once per store.
 
 use std::time::Duration;
 
 use super::sql_common::{
-    self, ClaimRow, Decision, TableName, TxClaim, TxRow, corrupt, decide, duration_ms,
+    self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, TxRow, corrupt, decide, duration_ms,
     epoch_from_sql, millis, outcome_from_sql, sql_epoch,
 };
 use super::{
@@ -128,6 +130,14 @@ pub(crate) struct Stmt {
 }
 
 impl Stmt {
+    /// A statement without parameters or names to fill in, as written.
+    pub(crate) fn plain(sql: &str) -> Stmt {
+        Stmt {
+            sql: sql.to_owned(),
+            params: Vec::new(),
+        }
+    }
+
     /// Renders `template`: fragments and names (`{table}`, `{now}`, ...) filled in, each
     /// `:name` parameter replaced by the dialect's placeholder for its position.
     pub(crate) fn render<D: Dialect>(template: &str, table: &TableName) -> Stmt {
@@ -352,6 +362,30 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
     async fn run_script(&self, conn: &mut Self::Conn, sql: &str) -> Result<(), sqlx::Error>;
     /// Runs `stmt` and returns how many rows it changed.
     async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error>;
+    /// The store on an application's pool (`Idem::from_pool`), its table created unless
+    /// `opts.migrate` is false.
+    async fn from_pool(
+        pool: sqlx::Pool<Self::Db>,
+        opts: &SqlOptions,
+    ) -> Result<SqlStore<Self>, IdemError>;
+
+    /// Runs one of transactional mode's savepoint statements (`SAVEPOINT idem_body`,
+    /// `ROLLBACK TO SAVEPOINT idem_body`, ...) on the caller's connection.
+    async fn savepoint(&self, conn: &mut Self::Conn, sql: &'static str) -> Result<(), sqlx::Error> {
+        let stmt = Stmt::plain(sql);
+        self.fetch(On::Conn(conn), &stmt, Vec::new())
+            .await
+            .map(drop)
+    }
+    /// Whether the server rolled the caller's whole transaction back on its own, idem's
+    /// savepoints and claim with it, after a statement on `conn` failed: asked before
+    /// telling the caller what to retry. No by default: PostgreSQL keeps a failed
+    /// transaction open (aborted) until the caller ends it, and SQLite rolls one back on
+    /// its own only on I/O or out-of-memory failures.
+    async fn transaction_gone(&self, conn: &mut Self::Conn) -> bool {
+        let _ = conn;
+        false
+    }
 
     /// A value that tells this claim attempt's row from another's, where the claim
     /// statement needs one (SQLite's `RETURNING` shows only the row after it).
@@ -374,6 +408,18 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
         let _ = op;
         None
     }
+}
+
+/// sqlx's type for a database idem has a dialect for (`sqlx::MySql`), implemented in the
+/// dialect's module: how a caller's `sqlx::Transaction` or `sqlx::Pool`, which name only
+/// sqlx's type, reaches the dialect (`TxConnection`, `IntoStore`). Not a stable API;
+/// sealed, as nothing outside the crate can name it.
+#[doc(hidden)]
+pub trait SqlDb: sqlx::Database {
+    /// The dialect, on this database's connections.
+    // The dialects are the crate's own; only the crate names this trait.
+    #[allow(private_bounds)]
+    type Dialect: Dialect<Db = Self, Conn = Self::Connection>;
 }
 
 /// Binds `args` in order, whatever the database.

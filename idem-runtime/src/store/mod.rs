@@ -52,6 +52,46 @@
 //! repeat the effect. A statement that timed out has its connection closed rather than
 //! reused. A call that goes away before its body starts has its claim released even if
 //! the store answers only later.
+//!
+//! # A new SQL backend
+//!
+//! A SQL backend is one module, `store/<db>.rs`, with its statements in `sql/<db>/` and
+//! its DDL in `migrations/<db>/`. The engine (`SqlStore` over a `Dialect`, in
+//! `store/engine.rs`) does the rest: claims, replays, records, fencing, renewals, purge,
+//! listing, migrations and transactional mode. To add one:
+//!
+//! 1. `sql/<db>/`: one file per statement the engine issues (the names in `engine.rs`'s
+//!    `statements!`, the `tx_*` ones for transactional mode among them), written with
+//!    named parameters (`:scope`, `:epoch`, ...) and the engine's names (`{table}`,
+//!    `{now}`, `{lapsed}`, `{expired}`, `{next_epoch}`); optional statements (`peek`,
+//!    `claim_fresh`, `wake`, ...) are named in the dialect's own `statements!` call.
+//! 2. `migrations/<db>/`: the DDL in order, which the module lists as its `MIGRATIONS`
+//!    and publishes as `<DB>_SCHEMA_SQL`.
+//! 3. `store/<db>.rs`: a dialect (a `pub` struct holding the pool) implementing
+//!    `Dialect`. Required: `Db`, `Conn`, `NOW`, `NEXT_EPOCH`, `SCHEMA`, `sql`,
+//!    `placeholder`, `map_err`, `fetch`, `begin_migrations`, `run_script`, `execute`,
+//!    `from_pool`. Defaulted, overridden where the database differs:
+//!    `CLAIM_ATTEMPTS` and `is_conflict` (a claim a concurrent commit can void),
+//!    `is_lock_wait` (the purge), `NUMBERED_PLACEHOLDERS`, `PEEK_WHILE_REPLAYING`,
+//!    `PEEK_ON_HOT`, `claim_token`, `attach_wakers` (wake-ups from other processes),
+//!    `gathers` and `gathered` (group commit), and for transactional mode `savepoint`
+//!    (how a savepoint statement runs) and `transaction_gone` (whether the server
+//!    rolled the caller's transaction back on its own). Then
+//!    `impl SqlDb for sqlx::<Db> { type Dialect = <the dialect>; }`: with it the
+//!    database's `sqlx::Transaction` is a [`TxConnection`](crate::TxConnection) and its
+//!    `sqlx::Pool` an [`IntoStore`](crate::IntoStore), with nothing else to write. And
+//!    `open(url, &SqlOptions)` for its opener.
+//! 4. Outside the module, one line or a few each: its feature in `Cargo.toml`, enabling
+//!    `_sql` (`_sql_server` for a server reached by URL) and the sqlx driver;
+//!    `mod <db>;` here; `Idem::<db>` and `IdemBuilder::<db>` in `builder.rs`; its
+//!    `<DB>_SCHEMA_SQL` in `lib.rs`'s `schema`; its page in `guide/`.
+//!
+//! What proves it: `conformance::run_all` on the store its `IdemBuilder::<db>` opens
+//! (`tests/conformance.rs` takes it through the builder's `layer` hook), and
+//! `conformance::tx::run_all` on a `TxTarget` of its pool, an `Idem::from_pool` on that
+//! pool and a business table (`tests/transactional.rs`, after a `TxDatabase` impl for
+//! the database in `store/conformance.rs`, whose checks write that table with
+//! statements of their own).
 
 #[doc(hidden)]
 pub mod conformance;
@@ -64,21 +104,11 @@ pub use delegate::Delegate;
 pub use memory::MemoryStore;
 pub(crate) use memory::{Claimed, Kept};
 pub use wake::WakeHub;
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "redis"
-))]
+#[cfg(any(feature = "_sql", feature = "redis"))]
 mod gate;
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "redis"
-))]
+#[cfg(any(feature = "_sql", feature = "redis"))]
 pub(crate) use gate::ReplayGate;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 pub(crate) mod engine;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
@@ -91,7 +121,7 @@ pub(crate) mod postgres;
 pub mod redis;
 
 /// What the benches read of the stores. Not a stable API.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 #[doc(hidden)]
 pub mod bench {
     /// The MySQL statement file `name` (`sql/mysql/<name>.sql`) rendered for `table`,
@@ -117,7 +147,7 @@ pub mod bench {
         Ok(Stmt::render::<super::postgres::Pg>(super::postgres::Pg::sql(name), &table).sql)
     }
 }
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql")]
 pub(crate) mod sql_common;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
@@ -693,43 +723,3 @@ macro_rules! forward_store {
 }
 // A shared or boxed store is a store, so wrappers (metrics, fault injection) compose.
 forward_store!(std::sync::Arc<S>, Box<S>);
-
-/// The SQL store an `Idem` was opened on, by backend: how transactional mode reaches it
-/// without looking behind the `Store` trait.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct SqlStores {
-    #[cfg(feature = "sqlite")]
-    pub(crate) sqlite: Option<std::sync::Arc<sqlite::SqliteStore>>,
-    #[cfg(feature = "postgres")]
-    pub(crate) postgres: Option<std::sync::Arc<postgres::PgStore>>,
-    #[cfg(feature = "mysql")]
-    pub(crate) mysql: Option<std::sync::Arc<mysql::MySqlStore>>,
-}
-
-// The other backend's field exists only with its feature.
-#[allow(clippy::needless_update)]
-impl SqlStores {
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn sqlite(store: std::sync::Arc<sqlite::SqliteStore>) -> Self {
-        SqlStores {
-            sqlite: Some(store),
-            ..Default::default()
-        }
-    }
-
-    #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(store: std::sync::Arc<postgres::PgStore>) -> Self {
-        SqlStores {
-            postgres: Some(store),
-            ..Default::default()
-        }
-    }
-
-    #[cfg(feature = "mysql")]
-    pub(crate) fn mysql(store: std::sync::Arc<mysql::MySqlStore>) -> Self {
-        SqlStores {
-            mysql: Some(store),
-            ..Default::default()
-        }
-    }
-}

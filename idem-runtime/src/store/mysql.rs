@@ -44,11 +44,19 @@ use sqlx::mysql::{
 };
 
 use super::engine::statements;
-use super::engine::{Arg, Dialect, On, Row, SqlStore, Stmt, Val, bind, migrate, open_error};
+use super::engine::{Arg, Dialect, On, Row, SqlDb, SqlStore, Stmt, Val, bind, migrate, open_error};
 use super::sql_common::{self, Server, SqlOptions, TableName, first_connection, redact_url};
 use crate::error::{IdemError, StoreError};
 
-use sql_common::MYSQL_MIGRATIONS as MIGRATIONS;
+/// The operations table, its epoch counter and meta table as idem creates them on
+/// MySQL or MariaDB, with the default table name.
+///
+/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+pub const MYSQL_SCHEMA_SQL: &str =
+    include_str!("../../migrations/mysql/0001_create_operations.sql");
+
+/// The migrations, in order: (version, DDL in the default table name).
+const MIGRATIONS: &[(i64, &str)] = &[(1, MYSQL_SCHEMA_SQL)];
 
 /// The store's clock in unix milliseconds, fixed for the whole statement.
 const NOW_MS: &str = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(3)) DIV 1000)";
@@ -64,12 +72,16 @@ const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 
 /// The MySQL dialect: a pool over one database.
 #[derive(Debug)]
-pub(crate) struct MySql {
+pub struct MySql {
     pub(crate) pool: MySqlPool,
 }
 
 /// The MySQL store.
 pub(crate) type MySqlStore = SqlStore<MySql>;
+
+impl SqlDb for sqlx::MySql {
+    type Dialect = MySql;
+}
 
 #[async_trait::async_trait]
 impl Dialect for MySql {
@@ -171,6 +183,41 @@ impl Dialect for MySql {
     fn claim_token(&self) -> Option<i64> {
         Some(sql_common::claim_token())
     }
+
+    async fn from_pool(pool: MySqlPool, opts: &SqlOptions) -> Result<MySqlStore, IdemError> {
+        from_pool(pool, opts).await
+    }
+
+    /// Over the text protocol: MySQL does not prepare savepoint statements.
+    async fn savepoint(
+        &self,
+        conn: &mut MySqlConnection,
+        sql: &'static str,
+    ) -> Result<(), sqlx::Error> {
+        conn.execute(sqlx::raw_sql(sql)).await.map(drop)
+    }
+
+    /// Whether `conn` is outside any transaction: so it is once the server rolled the
+    /// caller's transaction back whole (InnoDB does on a deadlock, and on a lock-wait
+    /// timeout under `innodb_rollback_on_timeout`). Outside a transaction MySQL accepts
+    /// `SAVEPOINT` and forgets it at once, so releasing it fails with "does not exist";
+    /// inside one both succeed.
+    async fn transaction_gone(&self, conn: &mut MySqlConnection) -> bool {
+        if conn
+            .execute(sqlx::raw_sql("SAVEPOINT idem_probe"))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        match conn
+            .execute(sqlx::raw_sql("RELEASE SAVEPOINT idem_probe"))
+            .await
+        {
+            Ok(_) => false,
+            Err(e) => error_number(&e) == Some(ER_SP_DOES_NOT_EXIST),
+        }
+    }
 }
 
 /// A pooled connection with a statement in flight, closed rather than returned to the
@@ -202,46 +249,6 @@ impl Drop for Answering {
             drop(conn.detach());
         }
     }
-}
-
-/// Runs `sql` over the text protocol (MySQL does not prepare savepoint statements), as
-/// a boxed future so callers' futures stay `Send` whatever the connection's lifetime.
-pub(crate) fn exec_text<'c>(
-    conn: &'c mut MySqlConnection,
-    sql: &'static str,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send + 'c>> {
-    Box::pin(async move {
-        conn.execute(sqlx::raw_sql(sql))
-            .await
-            .map(drop)
-            .map_err(map_err)
-    })
-}
-
-/// Whether `conn` is outside any transaction: so it is once the server rolled the
-/// caller's transaction back whole (InnoDB does on a deadlock, and on a lock-wait
-/// timeout under `innodb_rollback_on_timeout`), dropping idem's savepoints and claim with
-/// it. Outside a transaction MySQL accepts `SAVEPOINT` and forgets it at once, so
-/// releasing it fails with "does not exist"; inside one both succeed.
-pub(crate) fn transaction_gone<'c>(
-    conn: &'c mut MySqlConnection,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'c>> {
-    Box::pin(async move {
-        if conn
-            .execute(sqlx::raw_sql("SAVEPOINT idem_probe"))
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        match conn
-            .execute(sqlx::raw_sql("RELEASE SAVEPOINT idem_probe"))
-            .await
-        {
-            Ok(_) => false,
-            Err(e) => error_number(&e) == Some(ER_SP_DOES_NOT_EXIST),
-        }
-    })
 }
 
 /// A statement file's statements: split at each line-ending `;`.
@@ -550,7 +557,7 @@ mod tests {
         ];
         let args = claim.args(&named).unwrap();
         assert_eq!(args.len(), claim.sql.matches('?').count());
-        let ddl = table.render_ddl(sql_common::MYSQL_SCHEMA_SQL);
+        let ddl = table.render_ddl(MYSQL_SCHEMA_SQL);
         assert_eq!(split_script(&ddl).len(), 4, "{ddl}");
         assert!(!ddl.contains("idem_operations"), "{ddl}");
     }

@@ -51,7 +51,7 @@ use sqlx::postgres::{
 
 use super::OperationId;
 use super::engine::{
-    Arg, Dialect, Gathered, On, Row, SqlStore, Stmt, bind, decode_row, migrate, open_error,
+    Arg, Dialect, Gathered, On, Row, SqlDb, SqlStore, Stmt, bind, decode_row, migrate, open_error,
     statements,
 };
 use super::group::Gather;
@@ -59,7 +59,27 @@ use super::sql_common::{self, Server, SqlOptions, TableName, first_connection, r
 use crate::error::{IdemError, StoreError};
 use crate::store::WakeHub;
 
-use sql_common::POSTGRES_MIGRATIONS as MIGRATIONS;
+/// The operations table as idem creates it on PostgreSQL, with the default table name.
+///
+/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+pub const POSTGRES_SCHEMA_SQL: &str = concat!(
+    include_str!("../../migrations/postgres/0001_create_operations.sql"),
+    "\n",
+    include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
+);
+
+/// The migrations, in order: (version, DDL in the default table name). Each is
+/// idempotent, so a table created by hand from [`POSTGRES_SCHEMA_SQL`] can be adopted.
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/postgres/0001_create_operations.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
+    ),
+];
 
 /// The advisory lock that serializes idem's migrations across processes ("idemmigr").
 const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
@@ -176,7 +196,7 @@ impl Conns {
 /// The PostgreSQL dialect: a pool, idem's own connections when it opened the database,
 /// and (once wakers are attached) a background `LISTEN` task that stops with the store.
 #[derive(Debug)]
-pub(crate) struct Pg {
+pub struct Pg {
     pub(crate) pool: PgPool,
     /// The claim's and the record's connections, when idem opened the database itself.
     owned: Option<Arc<Conns>>,
@@ -187,6 +207,10 @@ pub(crate) struct Pg {
 
 /// The PostgreSQL store.
 pub(crate) type PgStore = SqlStore<Pg>;
+
+impl SqlDb for sqlx::Postgres {
+    type Dialect = Pg;
+}
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, PgArguments>;
 
@@ -303,6 +327,10 @@ impl Dialect for Pg {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn from_pool(pool: PgPool, opts: &SqlOptions) -> Result<PgStore, IdemError> {
+        from_pool(pool, opts).await
     }
 
     fn attach_wakers(&self, hub: Arc<WakeHub>) {
@@ -836,7 +864,6 @@ async fn listen(options: PgConnectOptions, hub: Arc<WakeHub>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sql_common::TxClaim;
     use crate::store::test_support::*;
     use crate::store::{Claim, Fence, OperationId, Store};
     use sqlx::Row as _;
@@ -1203,122 +1230,6 @@ mod tests {
         .await
         .expect("listener task still running after the store was dropped");
         drop_table(&admin, &table).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn transactional_claim_blocks_then_replays() {
-        let Some(db) = TestDb::new("tx").await else {
-            return;
-        };
-        let store = Arc::new(db.store);
-        let id = op("tx-1");
-        let mut first = store.dialect.pool.begin().await.unwrap();
-        let TxClaim::Acquired { epoch } =
-            store.tx_claim(&mut first, &id, &FP, LEASE).await.unwrap()
-        else {
-            panic!("a fresh key was not acquired");
-        };
-        assert!(matches!(
-            store.tx_claim(&mut first, &id, &FP, LEASE).await.unwrap(),
-            TxClaim::InFlight { .. }
-        ));
-
-        // A concurrent duplicate blocks on the row until the first commits, then replays.
-        let second = {
-            let (store, id) = (store.clone(), id.clone());
-            tokio::spawn(async move {
-                let mut tx = store.dialect.pool.begin().await.unwrap();
-                let claim = store.tx_claim(&mut tx, &id, &FP, LEASE).await;
-                tx.rollback().await.unwrap();
-                claim
-            })
-        };
-        let done = outcome("\"tx\"");
-        assert_eq!(
-            store
-                .tx_record(&mut first, &id, epoch, &done, DAY)
-                .await
-                .unwrap(),
-            Fence::Held
-        );
-        first.commit().await.unwrap();
-        assert_eq!(
-            second.await.unwrap().unwrap(),
-            TxClaim::Completed(done.clone())
-        );
-
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        assert_eq!(
-            store
-                .tx_claim(&mut tx, &id, &OTHER_FP, LEASE)
-                .await
-                .unwrap(),
-            TxClaim::Mismatch
-        );
-        tx.rollback().await.unwrap();
-
-        // Rollback is the release: the blocked duplicate claims.
-        let rolled = op("tx-2");
-        let mut first = store.dialect.pool.begin().await.unwrap();
-        store
-            .tx_claim(&mut first, &rolled, &FP, LEASE)
-            .await
-            .unwrap();
-        let second = {
-            let (store, rolled) = (store.clone(), rolled.clone());
-            tokio::spawn(async move {
-                let mut tx = store.dialect.pool.begin().await.unwrap();
-                let claim = store.tx_claim(&mut tx, &rolled, &OTHER_FP, LEASE).await;
-                tx.rollback().await.unwrap();
-                claim
-            })
-        };
-        first.rollback().await.unwrap();
-        assert!(matches!(
-            second.await.unwrap().unwrap(),
-            TxClaim::Acquired { .. }
-        ));
-
-        // Under REPEATABLE READ the conflict is a retryable serialization failure.
-        let serial = op("tx-3");
-        let mut first = store.dialect.pool.begin().await.unwrap();
-        let TxClaim::Acquired {
-            epoch: serial_epoch,
-        } = store
-            .tx_claim(&mut first, &serial, &FP, LEASE)
-            .await
-            .unwrap()
-        else {
-            panic!("a fresh key was not acquired");
-        };
-        let second = {
-            let (store, serial) = (store.clone(), serial.clone());
-            tokio::spawn(async move {
-                let mut tx = store.dialect.pool.begin().await.unwrap();
-                tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    .await
-                    .unwrap();
-                tx.execute("SELECT 1").await.unwrap(); // take the snapshot now
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let claim = store.tx_claim(&mut tx, &serial, &FP, LEASE).await;
-                let _ = tx.rollback().await;
-                claim
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        store
-            .tx_record(&mut first, &serial, serial_epoch, &done, DAY)
-            .await
-            .unwrap();
-        first.commit().await.unwrap();
-        match second.await.unwrap() {
-            Err(e) => assert!(e.retryable, "{e}"),
-            // The duplicate's snapshot may have started after the commit: then it replays.
-            Ok(claim) => assert_eq!(claim, TxClaim::Completed(done)),
-        }
-
-        let store = Arc::into_inner(store).expect("tasks done");
-        TestDb { store, ..db }.cleanup().await;
     }
 
     #[test]

@@ -6,65 +6,6 @@ use std::time::Duration;
 use crate::error::{IdemError, StoreError};
 use crate::store::{Claim, StoredOutcome};
 
-/// The operations table as idem creates it on SQLite, with the default table name.
-///
-/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
-#[cfg(feature = "sqlite")]
-pub const SQLITE_SCHEMA_SQL: &str = concat!(
-    include_str!("../../migrations/sqlite/0001_create_operations.sql"),
-    "\n",
-    include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
-);
-
-/// The operations table as idem creates it on PostgreSQL, with the default table name.
-///
-/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
-#[cfg(feature = "postgres")]
-pub const POSTGRES_SCHEMA_SQL: &str = concat!(
-    include_str!("../../migrations/postgres/0001_create_operations.sql"),
-    "\n",
-    include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
-);
-
-/// The operations table, its epoch counter and meta table as idem creates them on
-/// MySQL or MariaDB, with the default table name.
-///
-/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
-#[cfg(feature = "mysql")]
-pub const MYSQL_SCHEMA_SQL: &str =
-    include_str!("../../migrations/mysql/0001_create_operations.sql");
-
-/// MySQL's migrations, in order: (version, DDL in the default table name).
-#[cfg(feature = "mysql")]
-pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str)] = &[(1, MYSQL_SCHEMA_SQL)];
-
-/// SQLite's migrations, in order: (version, DDL in the default table name).
-#[cfg(feature = "sqlite")]
-pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
-    (
-        1,
-        include_str!("../../migrations/sqlite/0001_create_operations.sql"),
-    ),
-    (
-        2,
-        include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
-    ),
-];
-
-/// PostgreSQL's migrations, in order: (version, DDL in the default table name). Each is
-/// idempotent, so a table created by hand from [`POSTGRES_SCHEMA_SQL`] can be adopted.
-#[cfg(feature = "postgres")]
-pub(crate) const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
-    (
-        1,
-        include_str!("../../migrations/postgres/0001_create_operations.sql"),
-    ),
-    (
-        2,
-        include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
-    ),
-];
-
 use crate::idem::PLAIN_KEYS;
 
 /// Fails unless the table's recorded key mode is the one this store was opened with:
@@ -107,7 +48,7 @@ pub(crate) struct SqlOptions {
     /// PostgreSQL optionally `schema.table`.
     pub table: String,
     /// Whether to create or upgrade the table on open. With `false`, the table must exist
-    /// (see [`SQLITE_SCHEMA_SQL`] and [`POSTGRES_SCHEMA_SQL`]).
+    /// (see [`schema`](crate::schema)).
     pub migrate: bool,
     /// The size of the pool idem opens itself (not used with `from_pool`).
     pub max_connections: Option<u32>,
@@ -641,11 +582,11 @@ pub(crate) fn claim_token() -> i64 {
 
 /// How long opening a server store waits for its first connection: sqlx's default
 /// acquire timeout, which bounded the open before.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 const FIRST_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where a server store connects, and how its errors read, for [`first_connection`].
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 pub(crate) struct Server<'a> {
     /// The database's name in messages: `PostgreSQL`, `MySQL`.
     pub(crate) db: &'static str,
@@ -666,7 +607,7 @@ pub(crate) struct Server<'a> {
 /// retries a refused connection, and a server with no connection slot left, until its
 /// acquire timeout and then reports only that it timed out; opening with one
 /// connection first reports the cause at once, with the connections idem would hold.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 pub(crate) async fn first_connection<O: sqlx::ConnectOptions>(
     server: &Server<'_>,
     options: &O,
@@ -737,7 +678,7 @@ where
 /// parse, or leaves an `@` outside the user info, everything from `://` to the last `@`
 /// is taken for the user info: a message may then show less than it could, never a
 /// password.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 pub(crate) fn redact_url(url: &str) -> String {
     let shown = redact_parsed(url).unwrap_or_else(|| redact_user_info(url));
     redact_query(&shown)
@@ -745,7 +686,7 @@ pub(crate) fn redact_url(url: &str) -> String {
 
 /// The URL with its password redacted, or `None` when it does not parse, or parses with
 /// an `@` outside the user info.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 fn redact_parsed(raw: &str) -> Option<String> {
     let mut url = url::Url::parse(raw).ok()?;
     let stray_at = [Some(url.path()), url.query(), url.fragment()]
@@ -763,7 +704,7 @@ fn redact_parsed(raw: &str) -> Option<String> {
 
 /// Everything between `://` and the last `@` redacted, keeping a user name that stands
 /// plainly before the first `:`.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 fn redact_user_info(raw: &str) -> String {
     let Some((scheme, rest)) = raw.split_once("://") else {
         return raw.to_owned();
@@ -781,7 +722,7 @@ fn redact_user_info(raw: &str) -> String {
 
 /// Query parameter names that may hold a secret, as parts of the decoded, lowercased
 /// name (`password`, `sslpassword`, `pass`, `pwd`, `secret`, `token`, `api_key`, ...).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 const SECRET_PARAMS: [&str; 7] = [
     "pass",
     "pwd",
@@ -795,7 +736,7 @@ const SECRET_PARAMS: [&str; 7] = [
 /// The values of secret-bearing query parameters redacted. A value with an unencoded
 /// `&` reads as more parameters; the pieces after it without a `=` are taken for the
 /// rest of the value.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "_sql_server")]
 fn redact_query(url: &str) -> String {
     let Some((head, rest)) = url.split_once('?') else {
         return url.to_owned();
@@ -870,7 +811,7 @@ mod tests {
     fn schema_qualified_ddl_is_renamed_with_its_indexes() {
         let t = TableName::parse("app.jobs", true).unwrap();
         assert_eq!(t.schema(), Some("app"));
-        let sql = t.render_ddl(POSTGRES_SCHEMA_SQL);
+        let sql = t.render_ddl(crate::schema::POSTGRES_SCHEMA_SQL);
         assert!(!sql.contains("idem_operations"), "{sql}");
         assert!(
             sql.contains("INDEX IF NOT EXISTS \"jobs_purge_idx\""),
@@ -883,7 +824,7 @@ mod tests {
     #[test]
     fn long_table_names_keep_index_suffixes() {
         let long = TableName::parse(&"t".repeat(63), false).unwrap();
-        let sql = long.render_ddl(SQLITE_SCHEMA_SQL);
+        let sql = long.render_ddl(crate::schema::SQLITE_SCHEMA_SQL);
         let purge = format!("\"{}_purge_idx\"", "t".repeat(53));
         assert!(sql.contains(&purge), "{sql}");
         assert!(!sql.contains("idem_operations"), "{sql}");

@@ -19,13 +19,32 @@ use sqlx::sqlite::{
 use tokio::sync::oneshot;
 
 use super::engine::{
-    Arg, Dialect, On, Row, SqlStore, Stmt, bind, decode_row, migrate, open_error, statements,
+    Arg, Dialect, On, Row, SqlDb, SqlStore, Stmt, bind, decode_row, migrate, open_error, statements,
 };
 use super::group::Gather;
 use super::sql_common::{self, SqlOptions, TableName};
 use crate::error::{IdemError, StoreError};
 
-use sql_common::SQLITE_MIGRATIONS as MIGRATIONS;
+/// The operations table as idem creates it on SQLite, with the default table name.
+///
+/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+pub const SQLITE_SCHEMA_SQL: &str = concat!(
+    include_str!("../../migrations/sqlite/0001_create_operations.sql"),
+    "\n",
+    include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
+);
+
+/// The migrations, in order: (version, DDL in the default table name).
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/sqlite/0001_create_operations.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
+    ),
+];
 
 /// The store's clock in unix milliseconds. SQLite fixes `'now'` for the duration of one
 /// `sqlite3_step`, so every use within a statement sees the same instant.
@@ -36,7 +55,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The SQLite dialect: a pool over one database.
 #[derive(Debug)]
-pub(crate) struct Sqlite {
+pub struct Sqlite {
     pub(crate) pool: SqlitePool,
     /// Claims and records, gathered into shared transactions.
     writes: Arc<GroupCommit>,
@@ -175,6 +194,10 @@ async fn write_batch(pool: SqlitePool, batch: Vec<Pending>) {
 /// The SQLite store.
 pub(crate) type SqliteStore = SqlStore<Sqlite>;
 
+impl SqlDb for sqlx::Sqlite {
+    type Dialect = Sqlite;
+}
+
 #[async_trait::async_trait]
 impl Dialect for Sqlite {
     type Db = sqlx::Sqlite;
@@ -228,6 +251,10 @@ impl Dialect for Sqlite {
 
     fn claim_token(&self) -> Option<i64> {
         Some(sql_common::claim_token())
+    }
+
+    async fn from_pool(pool: SqlitePool, opts: &SqlOptions) -> Result<SqliteStore, IdemError> {
+        from_pool(pool, opts).await
     }
 }
 
@@ -337,22 +364,13 @@ fn unreachable_code(code: &str) -> bool {
         .is_ok_and(|c| matches!(c & 0xff, 10 | 14))
 }
 
-/// Maps a driver error to a [`StoreError`], retryable when a retry can clear it.
-pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
-    Sqlite::map_err(e)
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::store::sql_common::TxClaim;
     use crate::store::test_support::*;
-    use crate::store::{Claim, Fence, Store};
-
-    /// Comfortably past [`TINY_LEASE`] (and a tiny retention) by the store's clock.
-    const PAST_TINY: Duration = Duration::from_millis(40);
+    use crate::store::{Claim, Store};
 
     async fn memory() -> SqliteStore {
         open("sqlite::memory:", &SqlOptions::default())
@@ -417,7 +435,7 @@ mod tests {
             .connect("sqlite::memory:")
             .await
             .unwrap();
-        sqlx::raw_sql(sql_common::SQLITE_SCHEMA_SQL)
+        sqlx::raw_sql(SQLITE_SCHEMA_SQL)
             .execute(&pool)
             .await
             .unwrap();
@@ -513,98 +531,6 @@ mod tests {
             claim(&again, &id, FP, LEASE).await,
             Claim::InFlight { .. }
         ));
-    }
-
-    #[tokio::test]
-    async fn transactional_claim_and_record() {
-        // Spawned, so the helpers' futures are checked to be `Send` for any lifetime.
-        let store = memory().await;
-        tokio::spawn(async move { transactional(store).await })
-            .await
-            .unwrap();
-    }
-
-    async fn transactional(store: SqliteStore) {
-        let id = op("tx-1");
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        let TxClaim::Acquired { epoch } = store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap()
-        else {
-            panic!("a fresh key was not acquired");
-        };
-        // The same transaction claiming twice sees its own claim.
-        assert!(matches!(
-            store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap(),
-            TxClaim::InFlight { .. }
-        ));
-        let done = outcome("\"tx\"");
-        // The record is fenced by the transaction's epoch: a row claimed at another epoch
-        // (as after the server rolled this transaction back and another caller claimed)
-        // is not completed by it.
-        for (shift, fence) in [("+ 1000", Fence::Lost), ("- 1000", Fence::Held)] {
-            sqlx::query(&format!("UPDATE idem_operations SET epoch = epoch {shift}"))
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            let recorded = store.tx_record(&mut tx, &id, epoch, &done, DAY).await;
-            assert_eq!(recorded.unwrap(), fence, "epoch {shift}");
-        }
-        tx.commit().await.unwrap();
-
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        assert_eq!(
-            store.tx_claim(&mut tx, &id, &FP, LEASE).await.unwrap(),
-            TxClaim::Completed(done)
-        );
-        assert_eq!(
-            store
-                .tx_claim(&mut tx, &id, &OTHER_FP, LEASE)
-                .await
-                .unwrap(),
-            TxClaim::Mismatch
-        );
-        tx.rollback().await.unwrap();
-
-        // Rollback is the release.
-        let rolled = op("tx-2");
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        store.tx_claim(&mut tx, &rolled, &FP, LEASE).await.unwrap();
-        tx.rollback().await.unwrap();
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        assert!(matches!(
-            store
-                .tx_claim(&mut tx, &rolled, &OTHER_FP, LEASE)
-                .await
-                .unwrap(),
-            TxClaim::Acquired { .. }
-        ));
-        tx.rollback().await.unwrap();
-
-        // An expired record is absent in transactional mode too.
-        let expired = op("tx-3");
-        let epoch = epoch_of(claim(&store, &expired, FP, LEASE).await);
-        store
-            .record(&expired, epoch, &outcome("old"), Duration::from_millis(1))
-            .await
-            .unwrap();
-        tokio::time::sleep(PAST_TINY).await;
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        assert!(matches!(
-            store
-                .tx_claim(&mut tx, &expired, &OTHER_FP, LEASE)
-                .await
-                .unwrap(),
-            TxClaim::Acquired { .. }
-        ));
-        tx.commit().await.unwrap();
-
-        let unknown = op("tx-4");
-        let epoch = epoch_of(claim(&store, &unknown, FP, LEASE).await);
-        store.mark_unknown(&unknown, epoch).await.unwrap();
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        assert_eq!(
-            store.tx_claim(&mut tx, &unknown, &FP, LEASE).await.unwrap(),
-            TxClaim::Unknown { epoch }
-        );
     }
 
     #[tokio::test]
