@@ -363,9 +363,7 @@ impl IdemBuilder {
     pub fn memory(mut self) -> Idem {
         self.replay_cache_bytes = 0;
         let store = Arc::new(crate::store::MemoryStore::default());
-        // Called directly only where no layer stands between the calls and the store.
-        let local = self.layer.is_none().then(|| store.clone());
-        self.finish_with(store, local, None)
+        self.finish_with(store, None)
     }
 
     /// An `Idem` over a store of your own.
@@ -374,16 +372,15 @@ impl IdemBuilder {
     ///
     /// If the [`hash_keys`](Self::hash_keys) secret is shorter than 16 bytes.
     pub fn store(self, store: impl Store) -> Idem {
-        self.finish_with(Arc::new(store), None, None)
+        self.finish_with(Arc::new(store), None)
     }
 
-    /// The `Idem` over `store`, wrapped in the layer if one was set. `local` is the same
-    /// store when it is the memory store, `sql` when it is a SQL store (for
-    /// transactional mode, which finds it behind neither the layer nor the `Store` trait).
+    /// The `Idem` over `store`, wrapped in the layer if one was set. `sql` is the same
+    /// store when it is a SQL store (for transactional mode, which finds it behind
+    /// neither the layer nor the `Store` trait).
     fn finish_with(
         self,
         store: Arc<dyn Store>,
-        local: Option<Arc<crate::store::MemoryStore>>,
         sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Idem {
         // The openers that return a `Result` refused a bad secret before opening;
@@ -406,7 +403,7 @@ impl IdemBuilder {
                 .map(|secret| crate::fingerprint::FingerprintKey::new(&secret.0)),
             log_keys_hashed: self.log_keys_hashed,
         };
-        Idem::new(store, local, sql, cfg, self.replay_cache_bytes)
+        Idem::new(store, sql, cfg, self.replay_cache_bytes)
     }
 
     /// The `hash_keys` secret held to the one rule every store applies
@@ -499,7 +496,7 @@ impl IdemBuilder {
     #[cfg(feature = "_sql")]
     fn sql_store<D: Dialect>(self, store: SqlStore<D>) -> Idem {
         let store = Arc::new(store);
-        self.finish_with(store.clone(), None, Some(store))
+        self.finish_with(store.clone(), Some(store))
     }
 }
 

@@ -8,9 +8,7 @@ use sha2::{Digest, Sha256};
 use crate::cache::ReplayCache;
 use crate::error::IdemError;
 use crate::store::wake::{Waiter, WakeHub};
-use crate::store::{
-    ListFilter, MemoryStore, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome,
-};
+use crate::store::{ListFilter, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome};
 
 static GLOBAL: RwLock<Option<Idem>> = RwLock::new(None);
 
@@ -37,9 +35,6 @@ pub struct Idem {
 
 struct Inner {
     store: Arc<dyn Store>,
-    /// The same store when it is the built-in memory store, unwrapped: calls claim and
-    /// record on it directly, without a boxed future or a copy of the outcome.
-    local: Option<Arc<MemoryStore>>,
     /// The same store when it is a SQL store, unwrapped (a `SqlStore` of its dialect):
     /// transactional mode runs its statements on the caller's connection instead.
     sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
@@ -338,7 +333,6 @@ impl Idem {
 
     pub(crate) fn new(
         store: Arc<dyn Store>,
-        local: Option<Arc<MemoryStore>>,
         sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
         cfg: Config,
         replay_cache_bytes: usize,
@@ -348,7 +342,6 @@ impl Idem {
         Idem {
             inner: Arc::new(Inner {
                 store,
-                local,
                 sql,
                 hub,
                 cache: ReplayCache::new(replay_cache_bytes),
@@ -363,7 +356,7 @@ impl Idem {
     }
 
     /// Whether claims in the local memory store are pinned rather than renewed (see
-    /// `MemoryStore::claim_now`): the claim and the lease that unpins it must agree.
+    /// `AtOnce::claim_at_once`): the claim and the lease that unpins it must agree.
     pub(crate) fn pins_claims(&self) -> bool {
         self.renews_leases()
     }
@@ -372,8 +365,13 @@ impl Idem {
         &*self.inner.store
     }
 
-    pub(crate) fn local(&self) -> Option<&MemoryStore> {
-        self.inner.local.as_deref()
+    /// The store's claims and records taken at once, where it answers in this process.
+    pub(crate) fn at_once(&self) -> Option<&dyn crate::store::AtOnce> {
+        self.inner.store.at_once()
+    }
+
+    pub(crate) fn store_shared(&self) -> &Arc<dyn Store> {
+        &self.inner.store
     }
 
     pub(crate) fn store_arc(&self) -> Arc<dyn Store> {

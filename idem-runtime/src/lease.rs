@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::store::{Fence, MemoryStore, OperationId, Store, StoreError};
+use crate::store::{Fence, OperationId, Store, StoreError};
 
 /// When the claim lapses unless renewed again; `None` once a renewal found it gone.
 type Held = Arc<Mutex<Option<Instant>>>;
@@ -31,11 +31,12 @@ pub(crate) enum Lease<'a> {
         held_until: Held,
         renewal: Renewal,
     },
-    /// Claimed pinned ([`MemoryStore::claim_now`]): held while this lives, with nothing
-    /// to renew; dropped unsettled, it lets the lease run from then. The store is taken
-    /// out once the claim is settled. (Small: every call's future holds it.)
+    /// Claimed pinned (`AtOnce::claim_at_once`) in `store`: held while this lives,
+    /// with nothing to renew; dropped unsettled, it lets the lease run from then. The
+    /// store is taken out once the claim is settled. (Small, a thin reference: every
+    /// call's future holds it.)
     Pinned {
-        store: Option<&'a MemoryStore>,
+        store: Option<&'a Arc<dyn Store>>,
         id: &'a OperationId,
         epoch: u64,
     },
@@ -61,7 +62,7 @@ impl<'a> Lease<'a> {
     }
 
     /// The claim `epoch` of `id`, made pinned in `store`.
-    pub(crate) fn pinned(store: &'a MemoryStore, id: &'a OperationId, epoch: u64) -> Lease<'a> {
+    pub(crate) fn pinned(store: &'a Arc<dyn Store>, id: &'a OperationId, epoch: u64) -> Lease<'a> {
         Lease::Pinned {
             store: Some(store),
             id,
@@ -119,7 +120,11 @@ impl Drop for Lease<'_> {
                 store: Some(store),
                 id,
                 epoch,
-            } => store.unpin(id, *epoch),
+            } => {
+                if let Some(store) = store.at_once() {
+                    store.unpin(id, *epoch);
+                }
+            }
             Lease::Pinned { store: None, .. } => {}
         }
     }

@@ -213,10 +213,10 @@ where
         }
     }
 
-    /// One claim: on the memory store directly, else through the store's trait.
+    /// One claim: at once where the store answers in this process, else sent.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Attempt {
-        match self.idem.local() {
-            Some(memory) => match memory.claim_now(req, self.idem.pins_claims()) {
+        match self.idem.at_once() {
+            Some(store) => match store.claim_at_once(req, self.idem.pins_claims()) {
                 (Claimed::Completed(outcome), _) => Attempt::Replay(Replayed::Kept(outcome)),
                 (Claimed::Decided(claim), made) => Attempt::Answered(
                     Ok(claim),
@@ -436,9 +436,11 @@ where
             // The operation's own identity, shared with the body's context and the lease's
             // renewals: no copy of its strings.
             let shared = self.op.id.shared();
-            let lease = match self.idem.local() {
+            let lease = match self.idem.at_once() {
                 // Claimed pinned (`claim`): held while `lease` lives, nothing to renew.
-                Some(memory) if self.idem.pins_claims() => Lease::pinned(memory, id, epoch),
+                Some(_) if self.idem.pins_claims() => {
+                    Lease::pinned(self.idem.store_shared(), id, epoch)
+                }
                 _ => Lease::hold(
                     self.idem.renews_leases().then(|| self.idem.renewer()),
                     || self.idem.store_arc(),
@@ -510,9 +512,9 @@ where
         span: &tracing::Span,
     ) -> Result<(), IdemError> {
         let id = &self.op.id;
-        if let Some(memory) = self.idem.local() {
+        if let Some(store) = self.idem.at_once() {
             // Answered at once and never fails: no retries, no cache to fill.
-            let fence = memory.record_now(id, epoch, Kept::from(&outcome), self.op.retain);
+            let fence = store.record_at_once(id, epoch, Kept::from(&outcome), self.op.retain);
             return self.recorded(epoch, fence, span);
         }
         // Boxed: its retries hold timers the memory store's calls should not carry in

@@ -2,15 +2,16 @@
 //! stores. Its guarantee ends with the process.
 
 use std::hash::BuildHasher;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
 
+use super::at_once::{AtOnce, Claimed, Kept};
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, OperationId, OutcomeRef, RecordDetail, RecordInfo,
-    State, Stats, Store, StoredOutcome, Takeover,
+    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
+    Store, StoredOutcome, Takeover,
 };
 use crate::error::StoreError;
 
@@ -189,44 +190,6 @@ struct Record {
     outcome: Option<Kept>,
 }
 
-/// A recorded outcome as this store keeps it: the body in one allocation shared with
-/// the replays that read it, so a replay copies nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Kept {
-    is_err: bool,
-    version: u32,
-    body: Arc<[u8]>,
-}
-
-impl Kept {
-    pub(crate) fn view(&self) -> OutcomeRef<'_> {
-        OutcomeRef {
-            is_err: self.is_err,
-            version: self.version,
-            body: &self.body,
-        }
-    }
-
-    fn stored(&self) -> StoredOutcome {
-        StoredOutcome {
-            is_err: self.is_err,
-            version: self.version,
-            body: self.body.to_vec(),
-        }
-    }
-}
-
-impl From<&StoredOutcome> for Kept {
-    /// The body copied once, into the shared allocation.
-    fn from(o: &StoredOutcome) -> Kept {
-        Kept {
-            is_err: o.is_err,
-            version: o.version,
-            body: Arc::from(o.body.as_slice()),
-        }
-    }
-}
-
 impl Record {
     fn expired(&self, now: Tick) -> bool {
         self.state == State::Completed && self.expires_at <= now
@@ -248,13 +211,6 @@ impl Record {
         self.outcome = Some(outcome);
         self.expires_at = expires_at;
     }
-}
-
-/// What [`MemoryStore::claim_now`] decided.
-pub(crate) enum Claimed {
-    Decided(Claim),
-    /// Completed for this fingerprint: the recorded outcome, shared.
-    Completed(Kept),
 }
 
 /// The store behind [`Idem::memory`](crate::Idem::memory): records in a hash table
@@ -437,11 +393,35 @@ impl MemoryStore {
     }
 }
 
+impl AtOnce for MemoryStore {
+    fn claim_at_once(&self, req: &ClaimRequest<'_>, pin: bool) -> (Claimed, Instant) {
+        self.claim_now(req, pin)
+    }
+
+    fn record_at_once(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: Kept,
+        retain: Duration,
+    ) -> Fence {
+        self.record_now(id, epoch, outcome, retain)
+    }
+
+    fn unpin(&self, id: &OperationId, epoch: u64) {
+        MemoryStore::unpin(self, id, epoch)
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for MemoryStore {
     // The claim answers a replay under the same lock a read would take.
     fn peeks(&self) -> bool {
         false
+    }
+
+    fn at_once(&self) -> Option<&dyn AtOnce> {
+        Some(self)
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {

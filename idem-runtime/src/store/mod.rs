@@ -93,6 +93,7 @@
 //! the database in `store/conformance.rs`, whose checks write that table with
 //! statements of their own).
 
+mod at_once;
 #[doc(hidden)]
 pub mod conformance;
 mod delegate;
@@ -100,9 +101,9 @@ mod memory;
 #[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
 mod test_support;
 pub(crate) mod wake;
+pub(crate) use at_once::{AtOnce, Claimed, Kept};
 pub use delegate::Delegate;
 pub use memory::MemoryStore;
-pub(crate) use memory::{Claimed, Kept};
 pub use wake::WakeHub;
 #[cfg(any(feature = "_sql", feature = "redis"))]
 mod gate;
@@ -658,6 +659,14 @@ pub trait Store: Send + Sync + 'static {
     fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
         let _ = hub;
     }
+
+    /// A store that answers in this process without a round trip (the memory store)
+    /// takes claims and records through this at once, on the caller's thread; others
+    /// answer `None`, and a wrapper that wants to see every call must too (the default).
+    #[doc(hidden)]
+    fn at_once(&self) -> Option<&dyn AtOnce> {
+        None
+    }
 }
 
 /// A completed record exists but is bound to another fingerprint.
@@ -716,6 +725,9 @@ macro_rules! forward_store {
             }
             fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
                 (**self).attach_wakers(hub)
+            }
+            fn at_once(&self) -> Option<&dyn AtOnce> {
+                (**self).at_once()
             }
 
         }
