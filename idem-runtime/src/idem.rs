@@ -1,4 +1,7 @@
-//! The `Idem` handle and its builder.
+//! The `Idem` handle: what it holds (the store, its configuration, the replay cache,
+//! the lease renewer, the wake-up hub) and the operator's calls on it (`stats`, `list`,
+//! `get`, `resolve`, `forget`, `purge_expired`, the reaper, the global handle).
+//! Opening one is in `builder.rs`; `Idem::operation` is in `op.rs`.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
