@@ -48,6 +48,35 @@ async fn database(test: &str) -> Option<(String, String, sqlx::MySqlPool)> {
     Some((db, url, pool))
 }
 
+/// A pool of `max` connections on `db` whose sessions wait `lock_wait_s` seconds for a
+/// row lock, and whose acquires wait `acquire` for a free connection.
+async fn pool_waiting_on_locks(
+    db: &str,
+    max: u32,
+    lock_wait_s: u32,
+    acquire: std::time::Duration,
+) -> sqlx::MySqlPool {
+    use sqlx::Executor;
+    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&mysql_url())
+        .unwrap()
+        .database(db);
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(acquire)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                conn.execute(
+                    format!("SET SESSION innodb_lock_wait_timeout = {lock_wait_s}").as_str(),
+                )
+                .await
+                .map(drop)
+            })
+        })
+        .connect_with(opts)
+        .await
+        .unwrap()
+}
+
 async fn drop_database(pool: &sqlx::MySqlPool, db: &str) {
     let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db}"))
         .execute(pool)
@@ -144,26 +173,11 @@ async fn lock_wait_timeout_is_a_retryable_store_error() {
 /// replay reaches MySQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_reads_past_a_held_row_lock() {
-    use sqlx::Executor;
     use std::sync::atomic::{AtomicU32, Ordering};
     let Some((db, _url, pool)) = database("mysql_replay_lock").await else {
         return;
     };
-    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&mysql_url())
-        .unwrap()
-        .database(&db);
-    let impatient = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(2)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                conn.execute("SET SESSION innodb_lock_wait_timeout = 1")
-                    .await
-                    .map(drop)
-            })
-        })
-        .connect_with(opts)
-        .await
-        .unwrap();
+    let impatient = pool_waiting_on_locks(&db, 2, 1, std::time::Duration::from_secs(30)).await;
     let idem = Idem::builder()
         .replay_cache_bytes(0)
         .pool(impatient)
@@ -471,30 +485,14 @@ async fn a_deadlock_victim_is_told_to_retry_the_whole_transaction() {
 /// first, and the request would fail on the pool's acquire timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_given_up_on_does_not_keep_its_connection() {
-    use sqlx::Executor;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
     let Some((db, _url, pool)) = database("mysql_given_up").await else {
         return;
     };
-    let opts = sqlx::mysql::MySqlConnectOptions::from_str(&mysql_url())
-        .unwrap()
-        .database(&db);
-    let one = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_secs(20))
-        // Longer than the acquire timeout: a connection left waiting on the lock stays
-        // busy for as long as the request below waits.
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                conn.execute("SET SESSION innodb_lock_wait_timeout = 600")
-                    .await
-                    .map(drop)
-            })
-        })
-        .connect_with(opts)
-        .await
-        .unwrap();
+    // The lock wait outlasts the acquire timeout: a connection left waiting on the lock
+    // stays busy for as long as the request below waits.
+    let one = pool_waiting_on_locks(&db, 1, 600, Duration::from_secs(20)).await;
     let idem = Idem::builder()
         .store_timeout(Duration::from_millis(200))
         .pool(one)
