@@ -31,6 +31,7 @@ macro_rules! tx_conformance {
             tx_a_claim_the_body_rolled_back_is_refused: a_claim_the_body_rolled_back_is_refused,
             tx_a_record_is_fenced_by_its_claims_epoch: a_record_is_fenced_by_its_claims_epoch,
             tx_a_second_claim_in_the_same_transaction_is_in_flight: a_second_claim_in_the_same_transaction_is_in_flight,
+            tx_nested_operations_in_one_transaction_each_record: nested_operations_in_one_transaction_each_record,
             tx_current_is_set_in_a_transactional_body: current_is_set_in_a_transactional_body,
             tx_a_duplicate_waits_for_the_first_transaction: a_duplicate_waits_for_the_first_transaction,
             tx_a_duplicate_from_an_older_snapshot_retries_or_replays: a_duplicate_from_an_older_snapshot_retries_or_replays,
@@ -89,9 +90,7 @@ async fn open_sqlite(_test: &str) -> Option<Db<sqlx::Sqlite>> {
     })
 }
 
-tx_conformance!(sqlite, super::open_sqlite, [
-    tx_nested_operations_in_one_transaction_each_record: nested_operations_in_one_transaction_each_record,
-]);
+tx_conformance!(sqlite, super::open_sqlite, []);
 
 #[cfg(feature = "postgres")]
 async fn open_pg(test: &str) -> Option<Db<sqlx::Postgres>> {
@@ -145,9 +144,7 @@ async fn open_pg(test: &str) -> Option<Db<sqlx::Postgres>> {
 }
 
 #[cfg(feature = "postgres")]
-tx_conformance!(postgres, super::open_pg, [
-    tx_nested_operations_in_one_transaction_each_record: nested_operations_in_one_transaction_each_record,
-]);
+tx_conformance!(postgres, super::open_pg, []);
 
 /// A database of its own for each MySQL test, holding the business table and idem's
 /// (default name), reached through a pool whose connections use it.
@@ -222,11 +219,4 @@ async fn close_mysql(tx: sqlx::Transaction<'static, sqlx::MySql>) {
 }
 
 #[cfg(feature = "mysql")]
-tx_conformance!(mysql, super::open_mysql, [
-    // A known gap: idem's savepoint is always `idem_body`, and MySQL replaces a
-    // savepoint of the same name rather than nesting it, so once an inner operation
-    // released its savepoint the outer `finish` fails ("SAVEPOINT idem_body does not
-    // exist"). Run with `--ignored` to see it.
-    #[ignore = "MySQL: a nested operation's savepoint replaces the outer one's (same name)"]
-    tx_nested_operations_in_one_transaction_each_record: nested_operations_in_one_transaction_each_record,
-]);
+tx_conformance!(mysql, super::open_mysql, []);

@@ -3,9 +3,12 @@
 //!
 //! The row lock is the claim and rollback is the release, so while the transaction is
 //! open there is no renewal, takeover or fencing. The body runs inside a savepoint
-//! taken before the claim: a released `Err` rolls back to it, leaving neither the body's writes nor the
-//! claim in the transaction. How it behaves on each database:
-//! [`guide::transactions`](crate::guide::transactions).
+//! taken before the claim, `idem_body_<n>`: a released `Err` rolls back to it, leaving
+//! neither the body's writes nor the claim in the transaction. Each operation's
+//! savepoints (`idem_body_<n>`, `idem_run_<n>`) carry a number no other operation in the
+//! process uses, so operations nested in one transaction, or a second claim of the same
+//! key in it, never touch another operation's savepoints. How it behaves on each
+//! database: [`guide::transactions`](crate::guide::transactions).
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -24,19 +27,33 @@ use crate::store::sql_common::TxClaim;
 #[cfg(feature = "_sql")]
 use crate::store::{Fence, OperationId, StoredOutcome};
 
+/// One operation's savepoints in the caller's transaction, named `idem_body_<n>` and
+/// `idem_run_<n>` with an `n` no other operation in the process has. Names of their own
+/// because MySQL does not nest savepoints of one name (a second `SAVEPOINT x` replaces
+/// the first), and so that each guard rolls back to and releases exactly its own.
 #[cfg(feature = "_sql")]
-const SAVEPOINT: &str = "SAVEPOINT idem_body";
+struct Savepoints {
+    /// Taken before the claim: rolling back to it undoes the body's writes and the claim.
+    body: String,
+    /// Taken after the claim, before the body: rolling back to it undoes the body's writes
+    /// and keeps the claim, so an error can still be recorded after the body's own SQL
+    /// failed (which aborts a PostgreSQL transaction).
+    run: String,
+}
+
 #[cfg(feature = "_sql")]
-const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT idem_body";
-#[cfg(feature = "_sql")]
-const ROLLBACK_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_body";
-/// Taken after the claim, before the body: rolling back to it undoes the body's writes
-/// and keeps the claim, so an error can still be recorded after the body's own SQL
-/// failed (which aborts a PostgreSQL transaction).
-#[cfg(feature = "_sql")]
-const RUN_SAVEPOINT: &str = "SAVEPOINT idem_run";
-#[cfg(feature = "_sql")]
-const ROLLBACK_RUN: &str = "ROLLBACK TO SAVEPOINT idem_run";
+impl Savepoints {
+    /// The next operation's names.
+    fn next() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Savepoints {
+            body: format!("idem_body_{n}"),
+            run: format!("idem_run_{n}"),
+        }
+    }
+}
 
 /// What [`Operation::begin_tx`] decided. See [`TxGuard`] for both halves in use.
 pub enum TxStep<T, E, G> {
@@ -124,9 +141,24 @@ impl<'a, D: Dialect> InTx<'a, D> {
         Ok(InTx { store, conn })
     }
 
-    async fn exec(&mut self, sql: &'static str) -> Result<(), StoreError> {
+    async fn exec(&mut self, sql: &str) -> Result<(), StoreError> {
         let dialect = &self.store.dialect;
         dialect.savepoint(self.conn, sql).await.map_err(D::map_err)
+    }
+
+    /// Takes the savepoint `name`.
+    async fn savepoint(&mut self, name: &str) -> Result<(), StoreError> {
+        self.exec(&format!("SAVEPOINT {name}")).await
+    }
+
+    /// Releases the savepoint `name`.
+    async fn release(&mut self, name: &str) -> Result<(), StoreError> {
+        self.exec(&format!("RELEASE SAVEPOINT {name}")).await
+    }
+
+    /// Rolls back to the savepoint `name`, which stays.
+    async fn rollback_to(&mut self, name: &str) -> Result<(), StoreError> {
+        self.exec(&format!("ROLLBACK TO SAVEPOINT {name}")).await
     }
 
     async fn claim(
@@ -150,14 +182,12 @@ impl<'a, D: Dialect> InTx<'a, D> {
         recorded.await.map_err(store_err("record"))
     }
 
-    /// Rolls the body's writes and the claim back to the savepoint, and drops it.
-    async fn undo_body(&mut self) -> Result<(), IdemError> {
-        self.exec(ROLLBACK_SAVEPOINT)
+    /// Rolls the body's writes and the claim back to the savepoint `body`, and drops it.
+    async fn undo_body(&mut self, body: &str) -> Result<(), IdemError> {
+        self.rollback_to(body)
             .await
             .map_err(store_err("rollback"))?;
-        self.exec(RELEASE_SAVEPOINT)
-            .await
-            .map_err(store_err("rollback"))
+        self.release(body).await.map_err(store_err("rollback"))
     }
 
     /// Whether the server rolled the whole transaction back, idem's savepoints and claim
@@ -259,6 +289,8 @@ fn wrong_store() -> IdemError {
 pub struct TxGuard<P, U> {
     op: Operation<P, U>,
     epoch: u64,
+    #[cfg(feature = "_sql")]
+    savepoints: Savepoints,
 }
 
 impl<P, U> TxGuard<P, U> {
@@ -266,6 +298,15 @@ impl<P, U> TxGuard<P, U> {
     /// body has it.
     pub async fn body<F: std::future::Future>(&self, body: F) -> F::Output {
         crate::context::scope_body(self.op.id.shared(), self.epoch, body).await
+    }
+
+    /// The savepoint this operation took before its claim, `idem_body_<n>`: rolling back
+    /// to it undoes the claim. For checks that undo the claim as a misbehaving body
+    /// would; not a stable API.
+    #[doc(hidden)]
+    #[cfg(feature = "_sql")]
+    pub fn savepoint(&self) -> &str {
+        &self.savepoints.body
     }
 }
 
@@ -327,17 +368,24 @@ impl<P, U, FP, R> Operation<P, U, FP, R> {
             let idem = this.idem_handle()?;
             let mut conn = InTx::<DialectOf<C>>::new(&idem, tx.idem_conn())?;
             let fp = this.fingerprint_bytes();
-            conn.exec(SAVEPOINT).await.map_err(store_err("savepoint"))?;
+            let savepoints = Savepoints::next();
+            conn.savepoint(&savepoints.body)
+                .await
+                .map_err(store_err("savepoint"))?;
             let claim = conn.claim(this.id(), &fp, this.lease_for()).await?;
             if let TxClaim::Acquired { epoch } = claim {
                 crate::metrics::count(crate::metrics::CLAIMS, &this.id().name);
-                conn.exec(RUN_SAVEPOINT)
+                conn.savepoint(&savepoints.run)
                     .await
                     .map_err(store_err("savepoint"))?;
                 tracing::debug!(scope = ?idem.log_key(&this.id().scope), name = ?this.id().name, key = ?idem.log_key(&this.id().key), epoch, "claimed in transaction");
-                return Ok(TxStep::Run(TxGuard { op: this, epoch }));
+                return Ok(TxStep::Run(TxGuard {
+                    op: this,
+                    epoch,
+                    savepoints,
+                }));
             }
-            conn.exec(RELEASE_SAVEPOINT)
+            conn.release(&savepoints.body)
                 .await
                 .map_err(store_err("savepoint"))?;
             let name = this.id().name.clone();
@@ -373,8 +421,9 @@ impl<P, U> TxGuard<P, U> {
     /// On MySQL a deadlock, or a lock-wait timeout under `innodb_rollback_on_timeout`,
     /// rolls the whole transaction back, claim included: this then answers a retryable
     /// [`IdemError::Store`]; retry the whole transaction. A claim that vanished otherwise
-    /// (the body rolled back to or released idem's savepoint) is an [`IdemError::Config`]
-    /// on every database: nothing was recorded, so roll the transaction back.
+    /// (the body rolled back to or released this operation's savepoint `idem_body_<n>`)
+    /// is an [`IdemError::Config`] on every database: nothing was recorded, so roll the
+    /// transaction back.
     pub async fn finish<C, T, E>(self, tx: &mut C, out: Result<T, E>) -> Result<T, E>
     where
         C: TxConnection,
@@ -389,7 +438,7 @@ impl<P, U> TxGuard<P, U> {
         }
         #[cfg(feature = "_sql")]
         {
-            let (op, epoch) = (self.op, self.epoch);
+            let (op, epoch, savepoints) = (self.op, self.epoch, self.savepoints);
             let idem = op.idem_handle()?;
             let mut conn = InTx::<DialectOf<C>>::new(&idem, tx.idem_conn())?;
             let name = op.id().name.clone();
@@ -397,14 +446,14 @@ impl<P, U> TxGuard<P, U> {
             let (stored, result) = match op.encode(out, max, true) {
                 Encoded::Record(stored, result) => (stored, result),
                 Encoded::Release(err) | Encoded::Unknown(err) => {
-                    if let Err(e) = conn.undo_body().await {
+                    if let Err(e) = conn.undo_body(&savepoints.body).await {
                         return Err(conn.lost(&name, e).await.into());
                     }
                     return Err(err);
                 }
                 // Unlike the leased path, nothing escaped: roll the body back with the claim.
                 Encoded::Unrecordable(why) => {
-                    if let Err(e) = conn.undo_body().await {
+                    if let Err(e) = conn.undo_body(&savepoints.body).await {
                         return Err(conn.lost(&name, e).await.into());
                     }
                     let then = "the body's writes were rolled back";
@@ -419,7 +468,7 @@ impl<P, U> TxGuard<P, U> {
                     // Never hide the body's error behind idem's.
                     Err(err) => {
                         tracing::debug!(error = %e, "record failed; recording again without the body's writes");
-                        let again = match conn.exec(ROLLBACK_RUN).await {
+                        let again = match conn.rollback_to(&savepoints.run).await {
                             Ok(()) => conn
                                 .record(op.id(), epoch, &stored, op.retain_for())
                                 .await
@@ -428,12 +477,13 @@ impl<P, U> TxGuard<P, U> {
                         };
                         if again != Some(Fence::Held) {
                             // Nothing recorded: release the claim with the body's writes.
-                            if conn.undo_body().await.is_err() && conn.rolled_back().await {
+                            let undone = conn.undo_body(&savepoints.body).await;
+                            if undone.is_err() && conn.rolled_back().await {
                                 return Err(rolled_back(&name).into());
                             }
                             return Err(err);
                         }
-                        if let Err(e) = conn.exec(RELEASE_SAVEPOINT).await {
+                        if let Err(e) = conn.release(&savepoints.body).await {
                             let e = IdemError::store("savepoint", e);
                             return Err(conn.lost(&name, e).await.into());
                         }
@@ -450,14 +500,15 @@ impl<P, U> TxGuard<P, U> {
                         message: format!(
                             "the transactional claim on `{name}` vanished before its record, so \
                              nothing was recorded: roll the transaction back rather than commit \
-                             the body's writes unprotected; was the savepoint `idem_body` \
-                             released or rolled back by the body?"
+                             the body's writes unprotected; was the savepoint `{}` \
+                             released or rolled back by the body?",
+                            savepoints.body
                         ),
                     };
                     return Err(conn.lost(&name, vanished).await.into());
                 }
             }
-            if let Err(e) = conn.exec(RELEASE_SAVEPOINT).await {
+            if let Err(e) = conn.release(&savepoints.body).await {
                 let e = IdemError::store("savepoint", e);
                 return Err(conn.lost(&name, e).await.into());
             }

@@ -60,12 +60,18 @@
 //! The row lock is the claim and rollback is the release. idem adds five statements to
 //! the transaction and no round trip outside it:
 //!
-//! 1. a savepoint, taken before the claim;
+//! 1. a savepoint, `idem_body_<n>`, taken before the claim;
 //! 2. the claim: a fresh claim, or a replay of an outcome an earlier transaction
 //!    committed, or a mismatch;
-//! 3. a second savepoint, after the claim, before the body;
+//! 3. a second savepoint, `idem_run_<n>`, after the claim, before the body;
 //! 4. the body's own statements, then the record of its outcome;
 //! 5. the release of the first savepoint.
+//!
+//! `n` is a number no other operation in the process takes, so each operation's
+//! savepoints have names of their own: operations nested in one transaction (an
+//! idempotent function calling another with the same `tx`) each roll back to and
+//! release only their own, on every database, MySQL included, where a second savepoint
+//! of one name would replace the first.
 //!
 //! A released `Err` (the default `errors = release`) rolls back to the first savepoint,
 //! so a caller who commits after an `Err` keeps neither the body's writes nor the claim.
@@ -109,8 +115,9 @@
 //!   Redis `MULTI` can neither join nor roll back. Use a SQL store for it.
 //!
 //! A claim that vanished from the transaction for another reason (the body rolled back
-//! to, or released, idem's savepoint) is an [`IdemError::Config`] on every database:
-//! nothing was recorded, so roll the transaction back.
+//! to, or released, its operation's savepoint `idem_body_<n>`) is an
+//! [`IdemError::Config`] on every database: nothing was recorded, so roll the
+//! transaction back.
 //!
 //! The workspace's `examples/orders_tx.rs` places an order and decrements stock in one
 //! PostgreSQL transaction; `examples/agent_tools.rs` and `examples/queue_consumer.rs`

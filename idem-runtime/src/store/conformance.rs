@@ -1042,9 +1042,9 @@ pub mod tx {
         tx.rollback().await.unwrap();
     }
 
-    /// A body that rolls back to idem's savepoint takes the claim with it: its `Ok` is
-    /// refused with a `Config` error, never answered as if recorded (a commit and a retry
-    /// would then run the body twice).
+    /// A body that rolls back to its operation's savepoint (`idem_body_<n>`) takes the
+    /// claim with it: its `Ok` is refused with a `Config` error naming that savepoint,
+    /// never answered as if recorded (a commit and a retry would then run the body twice).
     pub async fn a_claim_the_body_rolled_back_is_refused<DB>(t: &TxTarget<DB>)
     where
         DB: TxDatabase,
@@ -1054,13 +1054,16 @@ pub mod tx {
         let TxStep::Run(guard) = claim(t, &mut tx, &order, 1).await.unwrap() else {
             panic!("a fresh key replayed");
         };
-        DB::execute(&mut *tx, "ROLLBACK TO SAVEPOINT idem_body".into())
+        let savepoint = guard.savepoint().to_owned();
+        DB::execute(&mut *tx, format!("ROLLBACK TO SAVEPOINT {savepoint}"))
             .await
             .unwrap();
         t.insert(&mut tx, &order, 1).await.unwrap();
         let r = guard.finish(DB::tx(&mut tx), Ok::<_, Failure>(7)).await;
+        let named = format!("savepoint `{savepoint}`");
         assert!(
-            matches!(&r, Err(Failure::Idem(IdemError::Config { message })) if message.contains("vanished")),
+            matches!(&r, Err(Failure::Idem(IdemError::Config { message }))
+                if message.contains("vanished") && message.contains(&named)),
             "{r:?}"
         );
         tx.rollback().await.unwrap();
@@ -1118,15 +1121,15 @@ pub mod tx {
         tx.rollback().await.unwrap();
     }
 
-    /// A transaction claiming a key it already holds is told the operation is running;
-    /// the rollback releases both.
+    /// A transaction claiming a key it already holds is told the operation is running,
+    /// and the claim it holds still records; the rollback releases both.
     pub async fn a_second_claim_in_the_same_transaction_is_in_flight<DB>(t: &TxTarget<DB>)
     where
         DB: TxDatabase,
     {
         let order = fresh("twice");
         let mut tx = t.begin().await;
-        let TxStep::Run(_guard) = claim(t, &mut tx, &order, 1).await.unwrap() else {
+        let TxStep::Run(guard) = claim(t, &mut tx, &order, 1).await.unwrap() else {
             panic!("a fresh key replayed");
         };
         let again = claim(t, &mut tx, &order, 1).await;
@@ -1134,6 +1137,11 @@ pub mod tx {
             matches!(again, Err(IdemError::InFlight { .. })),
             "{:?}",
             again.err()
+        );
+        let r = guard.finish(DB::tx(&mut tx), Ok::<_, Failure>(1)).await;
+        assert!(
+            matches!(r, Ok(1)),
+            "the claim held did not record after a refused second claim: {r:?}"
         );
         tx.rollback().await.unwrap();
         let mut tx = t.begin().await;
@@ -1145,38 +1153,56 @@ pub mod tx {
     }
 
     /// Operations nested in one transaction (an idempotent function calling another
-    /// with the same transaction) each record; so does an operation after a second
-    /// claim of its own key was refused in its transaction.
+    /// with the same transaction) each record, and an inner released error rolls back
+    /// only the inner body's writes; an operation also records after a second claim of
+    /// its own key was refused in its transaction.
     pub async fn nested_operations_in_one_transaction_each_record<DB>(t: &TxTarget<DB>)
     where
         DB: TxDatabase,
     {
-        let (outer, inner) = (fresh("outer"), fresh("inner"));
+        let (outer, inner, failed) = (fresh("outer"), fresh("inner"), fresh("failed"));
         let mut tx = t.begin().await;
         let TxStep::Run(outer_guard) = claim(t, &mut tx, &outer, 1).await.unwrap() else {
             panic!("a fresh key replayed");
         };
+        t.insert(&mut tx, &outer, 1).await.unwrap();
         assert_eq!(place(t, &mut tx, &inner, 2, false).await.unwrap(), 200);
+        let r = place(t, &mut tx, &failed, 3, true).await;
+        assert!(matches!(r, Err(Failure::Timeout)), "{r:?}");
         let again = claim(t, &mut tx, &outer, 1).await;
         assert!(
             matches!(again, Err(IdemError::InFlight { .. })),
             "{:?}",
             again.err()
         );
-        t.insert(&mut tx, &outer, 1).await.unwrap();
         let r = outer_guard
             .finish(DB::tx(&mut tx), Ok::<_, Failure>(100))
             .await;
         match r {
             Ok(v) => assert_eq!(v, 100),
-            Err(e) => panic!("the outer operation did not record after an inner one: {e:?}"),
+            Err(e) => panic!("the outer operation did not record after inner ones: {e:?}"),
         }
         tx.commit().await.unwrap();
+        assert_eq!(
+            t.rows(&outer).await,
+            [(outer.clone(), 1)],
+            "the outer body's write"
+        );
+        assert_eq!(
+            t.rows(&inner).await,
+            [(inner.clone(), 2)],
+            "the inner body's write"
+        );
+        assert_eq!(t.rows(&failed).await, [], "the failed inner body's write");
         let mut tx = t.begin().await;
         assert_eq!(place(t, &mut tx, &outer, 1, false).await.unwrap(), 100);
         assert_eq!(place(t, &mut tx, &inner, 2, false).await.unwrap(), 200);
+        assert_eq!(
+            place(t, &mut tx, &failed, 3, false).await.unwrap(),
+            300,
+            "the failed inner operation's claim was released"
+        );
         tx.rollback().await.unwrap();
-        assert_eq!(t.rows(&outer).await.len() + t.rows(&inner).await.len(), 2);
     }
 
     // The attribute in transactional mode, generic over the transaction type.
@@ -1612,10 +1638,11 @@ pub mod tx {
                                     TxStep::Replay(out) => return out,
                                     TxStep::Run(g) => g,
                                 };
+                            let undo = format!("ROLLBACK TO SAVEPOINT {}", guard.savepoint());
                             let body = async {
                                 if (60..70).contains(&behavior) {
                                     // The body undoes idem's claim along with its own work.
-                                    DB::execute(&mut *tx, "ROLLBACK TO SAVEPOINT idem_body".into())
+                                    DB::execute(&mut *tx, undo)
                                         .await
                                         .map_err(|e| Failure::Declined(e.to_string()))?;
                                 }

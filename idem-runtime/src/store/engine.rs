@@ -130,14 +130,6 @@ pub(crate) struct Stmt {
 }
 
 impl Stmt {
-    /// A statement without parameters or names to fill in, as written.
-    pub(crate) fn plain(sql: &str) -> Stmt {
-        Stmt {
-            sql: sql.to_owned(),
-            params: Vec::new(),
-        }
-    }
-
     /// Renders `template`: fragments and names (`{table}`, `{now}`, ...) filled in, each
     /// `:name` parameter replaced by the dialect's placeholder for its position.
     pub(crate) fn render<D: Dialect>(template: &str, table: &TableName) -> Stmt {
@@ -369,13 +361,13 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
         opts: &SqlOptions,
     ) -> Result<SqlStore<Self>, IdemError>;
 
-    /// Runs one of transactional mode's savepoint statements (`SAVEPOINT idem_body`,
-    /// `ROLLBACK TO SAVEPOINT idem_body`, ...) on the caller's connection.
-    async fn savepoint(&self, conn: &mut Self::Conn, sql: &'static str) -> Result<(), sqlx::Error> {
-        let stmt = Stmt::plain(sql);
-        self.fetch(On::Conn(conn), &stmt, Vec::new())
-            .await
-            .map(drop)
+    /// Runs one of transactional mode's savepoint statements (`SAVEPOINT idem_body_<n>`,
+    /// `ROLLBACK TO SAVEPOINT idem_body_<n>`, ...) on the caller's connection.
+    async fn savepoint(&self, conn: &mut Self::Conn, sql: &str) -> Result<(), sqlx::Error> {
+        // As a script, unprepared where the driver allows (PostgreSQL's simple protocol):
+        // each operation's savepoint names are new, so preparing them would cost a round
+        // trip each and crowd the caller's statement cache.
+        self.run_script(conn, sql).await
     }
     /// Whether the server rolled the caller's whole transaction back on its own, idem's
     /// savepoints and claim with it, after a statement on `conn` failed: asked before

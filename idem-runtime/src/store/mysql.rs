@@ -189,11 +189,7 @@ impl Dialect for MySql {
     }
 
     /// Over the text protocol: MySQL does not prepare savepoint statements.
-    async fn savepoint(
-        &self,
-        conn: &mut MySqlConnection,
-        sql: &'static str,
-    ) -> Result<(), sqlx::Error> {
+    async fn savepoint(&self, conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
         conn.execute(sqlx::raw_sql(sql)).await.map(drop)
     }
 
