@@ -257,7 +257,7 @@ async fn slow_body_beside_a_duplicate(
 /// own is: its claims are renewed from the handle's schedule. (`Idem::memory` pins its
 /// claims instead, with nothing to renew.)
 fn renewed_memory() -> idem_runtime::Idem {
-    idem_runtime::Idem::builder().store(idem_runtime::store::MemoryStore::default())
+    idem_runtime::Idem::builder().store(memory_through_trait())
 }
 
 /// One handle renews many live claims of different leases from its one schedule: no

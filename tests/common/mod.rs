@@ -763,3 +763,19 @@ where
         .unwrap()
         .unwrap()
 }
+
+/// A store reached only through the `Store` trait, as one of the application's own is:
+/// nothing is taken at once in this process, so the replay cache and lease renewals
+/// apply to it as to a remote store.
+pub struct ThroughTrait<S>(pub S);
+
+impl<S: idem_runtime::store::Store> idem_runtime::store::Delegate for ThroughTrait<S> {
+    fn inner(&self) -> &dyn idem_runtime::store::Store {
+        &self.0
+    }
+}
+
+/// The memory store behind [`ThroughTrait`], for `IdemBuilder::store`.
+pub fn memory_through_trait() -> Arc<dyn idem_runtime::store::Delegate> {
+    Arc::new(ThroughTrait(idem_runtime::store::MemoryStore::default()))
+}
