@@ -77,7 +77,19 @@ async fn a_full_postgres_refuses_at_once_and_says_why() {
 
     // One slot free: the open runs on it (its statements one at a time on one
     // connection), and leaves it.
-    drop(held.pop());
+    held.pop().unwrap().close().await.unwrap();
+    // The server frees the slot when the backend has exited, a moment after the close.
+    while {
+        let clients: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+        )
+        .fetch_one(&mut held[0])
+        .await
+        .unwrap();
+        clients > held.len() as i64
+    } {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let idem_url = format!("{url}?application_name=idem-under-test");
     let idem = tokio::time::timeout(Duration::from_secs(60), Idem::postgres(&idem_url))
         .await
