@@ -911,6 +911,22 @@ pub mod tx {
         guard.finish(DB::tx(tx), out).await
     }
 
+    /// Places `order` in a transaction of its own, committed if the body answered `Ok`
+    /// and rolled back otherwise: the answer.
+    async fn place_committed<DB>(t: &TxTarget<DB>, order: &str, qty: i64) -> Result<i64, Failure>
+    where
+        DB: TxDatabase,
+    {
+        let mut tx = t.begin().await;
+        let out = place(t, &mut tx, order, qty, false).await;
+        if out.is_ok() {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+        out
+    }
+
     /// Claims `order` (payload `qty`) in `tx` for a body the check runs by hand.
     async fn claim<DB>(
         t: &TxTarget<DB>,
@@ -988,13 +1004,11 @@ pub mod tx {
         assert!(matches!(r, Err(Failure::Timeout)), "{r:?}");
         tx.commit().await.unwrap();
         assert_eq!(t.rows(&order).await, [], "the body's write was rolled back");
-        let mut tx = t.begin().await;
         assert_eq!(
-            place(t, &mut tx, &order, 1, false).await.unwrap(),
+            place_committed(t, &order, 1).await.unwrap(),
             100,
             "the claim was released"
         );
-        tx.commit().await.unwrap();
         assert_eq!(t.rows(&order).await.len(), 1);
     }
 
@@ -1014,13 +1028,11 @@ pub mod tx {
             None,
             "a rolled back claim left a record"
         );
-        let mut tx = t.begin().await;
         assert_eq!(
-            place(t, &mut tx, &order, 5, false).await.unwrap(),
+            place_committed(t, &order, 5).await.unwrap(),
             500,
             "the key is free again"
         );
-        tx.commit().await.unwrap();
         assert_eq!(t.rows(&order).await, [(order, 5)]);
     }
 
@@ -1030,9 +1042,7 @@ pub mod tx {
         DB: TxDatabase,
     {
         let order = fresh("mismatch");
-        let mut tx = t.begin().await;
-        place(t, &mut tx, &order, 2, false).await.unwrap();
-        tx.commit().await.unwrap();
+        place_committed(t, &order, 2).await.unwrap();
         let mut tx = t.begin().await;
         let r = place(t, &mut tx, &order, 9, false).await;
         assert!(
@@ -1356,9 +1366,7 @@ pub mod tx {
             Ok(v) => assert_eq!(v, 100),
             Err(e) => assert!(e.is_retryable(), "not retryable: {e}"),
         }
-        let mut tx = t.begin().await;
-        assert_eq!(place(t, &mut tx, &order, 1, false).await.unwrap(), 100);
-        tx.commit().await.unwrap();
+        assert_eq!(place_committed(t, &order, 1).await.unwrap(), 100);
         assert_eq!(t.rows(&order).await.len(), 1);
     }
 
@@ -1444,9 +1452,7 @@ pub mod tx {
         tx.rollback().await.unwrap();
         // Past the lease the short claim is taken over (any later, all the more).
         tokio::time::sleep(past_lease).await;
-        let mut tx = t.begin().await;
-        assert_eq!(place(t, &mut tx, &short, 1, false).await.unwrap(), 100);
-        tx.commit().await.unwrap();
+        assert_eq!(place_committed(t, &short, 1).await.unwrap(), 100);
         assert_eq!(t.rows(&short).await.len(), 1);
 
         let leased = fresh("abandonr");
@@ -1528,13 +1534,11 @@ pub mod tx {
             .await;
         assert_eq!(recorded.unwrap(), 100);
         tokio::time::sleep(Duration::from_millis(60)).await;
-        let mut tx = t.begin().await;
         assert_eq!(
-            place(t, &mut tx, &order, 2, false).await.unwrap(),
+            place_committed(t, &order, 2).await.unwrap(),
             200,
             "an expired outcome was answered"
         );
-        tx.commit().await.unwrap();
         assert_eq!(t.rows(&order).await, [(order, 2)]);
     }
 
