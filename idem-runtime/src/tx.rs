@@ -141,9 +141,13 @@ impl<'a, D: Dialect> InTx<'a, D> {
         Ok(InTx { store, conn })
     }
 
+    /// Runs a savepoint statement as a script: unprepared (PostgreSQL's simple protocol,
+    /// MySQL's text protocol, which is all MySQL takes savepoints over), since each
+    /// operation's savepoint names are new and preparing them would cost a round trip
+    /// each and crowd the caller's statement cache.
     async fn exec(&mut self, sql: &str) -> Result<(), StoreError> {
         let dialect = &self.store.dialect;
-        dialect.savepoint(self.conn, sql).await.map_err(D::map_err)
+        dialect.run_script(self.conn, sql).await.map_err(D::map_err)
     }
 
     /// Takes the savepoint `name`.

@@ -2,12 +2,12 @@
 //!
 //! [`SqlStore`] implements [`Store`] over a [`Dialect`], which says only what differs
 //! between databases: how to run a statement and read its rows, the clock and epoch
-//! expressions, error classes, transactional mode's savepoints, and hooks (PostgreSQL's
-//! snapshot re-issue, wake-ups, its own connections). [`SqlDb`] ties sqlx's type for the
-//! database to its dialect, which is how transactional mode and `Idem::from_pool` find
-//! the dialect from a transaction or a pool. Statements live in `sql/<dialect>/<name>.sql` with named
-//! parameters (`:scope`, `:epoch`, ...); rendering turns them into the dialect's
-//! positional placeholders once per store.
+//! expressions, error classes, whether the server rolled a caller's transaction back,
+//! and hooks (PostgreSQL's snapshot re-issue, wake-ups, its own connections). [`SqlDb`]
+//! ties sqlx's type for the database to its dialect, which is how transactional mode and
+//! `Idem::from_pool` find the dialect from a transaction or a pool. Statements live in
+//! `sql/<dialect>/<name>.sql` with named parameters (`:scope`, `:epoch`, ...); rendering
+//! turns them into the dialect's positional placeholders once per store.
 
 use std::time::Duration;
 
@@ -361,14 +361,6 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + Sized + 'static {
         opts: &SqlOptions,
     ) -> Result<SqlStore<Self>, IdemError>;
 
-    /// Runs one of transactional mode's savepoint statements (`SAVEPOINT idem_body_<n>`,
-    /// `ROLLBACK TO SAVEPOINT idem_body_<n>`, ...) on the caller's connection.
-    async fn savepoint(&self, conn: &mut Self::Conn, sql: &str) -> Result<(), sqlx::Error> {
-        // As a script, unprepared where the driver allows (PostgreSQL's simple protocol):
-        // each operation's savepoint names are new, so preparing them would cost a round
-        // trip each and crowd the caller's statement cache.
-        self.run_script(conn, sql).await
-    }
     /// Whether the server rolled the caller's whole transaction back on its own, idem's
     /// savepoints and claim with it, after a statement on `conn` failed: asked before
     /// telling the caller what to retry. No by default: PostgreSQL keeps a failed

@@ -74,9 +74,9 @@
 //!    `CLAIM_ATTEMPTS` and `is_conflict` (a claim a concurrent commit can void),
 //!    `is_lock_wait` (the purge), `NUMBERED_PLACEHOLDERS`, `PEEK_WHILE_REPLAYING`,
 //!    `PEEK_ON_HOT`, `claim_token`, `attach_wakers` (wake-ups from other processes),
-//!    `gathers` and `gathered` (group commit), and for transactional mode `savepoint`
-//!    (how a savepoint statement runs) and `transaction_gone` (whether the server
-//!    rolled the caller's transaction back on its own). Then
+//!    `gathers` and `gathered` (group commit), and for transactional mode
+//!    `transaction_gone` (whether the server rolled the caller's transaction back on its
+//!    own; transactional mode runs its savepoints through `run_script`). Then
 //!    `impl SqlDb for sqlx::<Db> { type Dialect = <the dialect>; }`: with it the
 //!    database's `sqlx::Transaction` is a [`TxConnection`](crate::TxConnection) and its
 //!    `sqlx::Pool` an [`IntoStore`](crate::IntoStore), with nothing else to write. And

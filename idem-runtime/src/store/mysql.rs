@@ -188,11 +188,6 @@ impl Dialect for MySql {
         from_pool(pool, opts).await
     }
 
-    /// Over the text protocol: MySQL does not prepare savepoint statements.
-    async fn savepoint(&self, conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
-        conn.execute(sqlx::raw_sql(sql)).await.map(drop)
-    }
-
     /// Whether `conn` is outside any transaction: so it is once the server rolled the
     /// caller's transaction back whole (InnoDB does on a deadlock, and on a lock-wait
     /// timeout under `innodb_rollback_on_timeout`). Outside a transaction MySQL accepts
