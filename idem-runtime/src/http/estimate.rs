@@ -85,11 +85,20 @@ impl Durations {
 }
 
 /// The route a handler-style request is estimated under: its method and axum's
-/// `MatchedPath` (a template, one per route); `None` outside a matched route.
-pub(crate) fn route_of(method: &Method, extensions: &http::Extensions) -> Option<String> {
-    extensions
-        .get::<MatchedPath>()
-        .map(|path| format!("{method} {}", path.as_str()))
+/// `MatchedPath` (a template, one per route), kept unformatted until needed.
+pub(crate) struct Route(Method, MatchedPath);
+
+impl Route {
+    /// The request's route; `None` outside a matched route.
+    pub(crate) fn of(method: &Method, extensions: &http::Extensions) -> Option<Route> {
+        let path = extensions.get::<MatchedPath>()?;
+        Some(Route(method.clone(), path.clone()))
+    }
+
+    /// `POST /payments`.
+    pub(crate) fn name(&self) -> String {
+        format!("{} {}", self.0, self.1.as_str())
+    }
 }
 
 #[cfg(test)]

@@ -11,8 +11,9 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request};
 use tower::{Layer, Service};
 
-use super::estimate::{Durations, route_of};
+use super::estimate::{Durations, Route};
 use super::key::IDEMPOTENT_REPLAYED;
+use super::problem::InFlightFor;
 use crate::context::observe;
 
 /// A tower layer for routes whose handlers are `#[idempotent]` functions.
@@ -106,7 +107,8 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let spawn = self.spawn;
         let durations = self.durations.clone();
-        let route = route_of(req.method(), req.extensions());
+        // The route's parts, formatted only for a handler that ran or a 409.
+        let route = Route::of(req.method(), req.extensions());
         Box::pin(async move {
             let call = async move {
                 let started = std::time::Instant::now();
@@ -119,11 +121,13 @@ where
             } else {
                 call.await
             };
-            if let Some(route) = &route {
+            if let Some(route) = route {
                 if info.epoch().is_some() && !info.replayed() {
-                    durations.observe(route, took);
+                    durations.observe(&route.name(), took);
                 }
-                res = durations.hint_response(route, res).await;
+                if res.extensions().get::<InFlightFor>().is_some() {
+                    res = durations.hint_response(&route.name(), res).await;
+                }
             }
             if info.replayed() {
                 res.headers_mut()

@@ -26,7 +26,7 @@ use super::handler::run_spawned;
 use super::key::{IDEMPOTENT_REPLAYED, IdempotencyKey};
 use super::limits::{Budget, Buffered, ClaimLimiter, read_body};
 use super::principal::Principal;
-use super::problem::Problem;
+use super::problem::{Problem, in_flight_for};
 use super::rejection::KeyRejection;
 use crate::context::observe;
 use crate::error::IdemError;
@@ -690,7 +690,8 @@ where
         .extensions
         .get::<OriginalUri>()
         .map_or(&parts.uri, |original| &original.0);
-    let name = operation_name(&cfg, &parts.method, &parts.extensions, uri.path());
+    // Shared by the record's upgrade, the body's timing and the 409's hint.
+    let name: Arc<str> = operation_name(&cfg, &parts.method, &parts.extensions, uri.path()).into();
     let op = cfg
         .idem
         .operation(&name, &key)
@@ -709,7 +710,7 @@ where
         Some(json) => op.fingerprint_part("body_json", &json),
         None => op.fingerprint_part("body_sha256", &Sha256::digest(&buffered.bytes)[..]),
     };
-    let route = name.clone();
+    let (route, timed) = (name.clone(), name.clone());
     let op = op
         .version(RECORD_VERSION)
         .upgrade(move |from: u32, value: serde_json::Value| upgrade(&name, from, value))
@@ -717,7 +718,6 @@ where
     let Buffered { bytes, permit } = buffered;
     let req = Request::from_parts(parts, Body::from(bytes));
     let limits = cfg.clone();
-    let timed = route.clone();
     let call = async move {
         let body = || async move {
             // Only a fresh claim gets here: replays and in-flight answers take no token.
@@ -753,7 +753,12 @@ where
         }
         Err(NotRecorded::Released(res)) => res,
         Err(NotRecorded::Unrecordable) => Problem::outcome_unknown().into_response(),
-        Err(NotRecorded::Idem(e)) => cfg.durations.hint_response(&route, e.into_response()).await,
+        Err(NotRecorded::Idem(e)) => match in_flight_for(&e) {
+            Some(remaining) => Problem::from(&e)
+                .retry_after(cfg.durations.hint(&route, remaining))
+                .into_response(),
+            None => e.into_response(),
+        },
     }
 }
 

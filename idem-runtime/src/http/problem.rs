@@ -107,6 +107,16 @@ pub(super) fn retry_secs(after: Duration) -> u64 {
     (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
 }
 
+/// How long the call holding `e`'s key has left, where `e` says the key is in flight.
+pub(super) fn in_flight_for(e: &IdemError) -> Option<Duration> {
+    match e {
+        IdemError::InFlight { retry_after, .. } | IdemError::TooManyWaiters { retry_after, .. } => {
+            Some(*retry_after)
+        }
+        _ => None,
+    }
+}
+
 /// On a response for a call that found its key in flight: how long the lease of the
 /// call holding it has left, the most a retry could need to wait.
 #[derive(Clone, Copy, Debug)]
@@ -389,11 +399,9 @@ impl IntoResponse for IdemError {
             tracing::error!(error = %self, "idempotent request failed");
         }
         let mut res = problem.into_response();
-        if let IdemError::InFlight { retry_after, .. }
-        | IdemError::TooManyWaiters { retry_after, .. } = self
-        {
-            // For the layers, which answer a hint from the route's durations instead.
-            res.extensions_mut().insert(InFlightFor(retry_after));
+        if let Some(remaining) = in_flight_for(&self) {
+            // For the handler layer, which answers a hint from the route's durations.
+            res.extensions_mut().insert(InFlightFor(remaining));
         }
         res
     }

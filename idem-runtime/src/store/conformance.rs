@@ -760,9 +760,9 @@ pub mod tx {
         }
 
         /// How a transaction whose call may be cancelled mid-statement begins, and how
-        /// it is abandoned once its call was. On MySQL the connection must be closed, not
-        /// rolled back on: sqlx's MySQL driver cannot resume a connection whose statement
-        /// was dropped unanswered, and the server rolls back a closed session's
+        /// it is abandoned after a cancellation. On MySQL the connection must be closed,
+        /// not rolled back on: sqlx's MySQL driver cannot resume a connection with an
+        /// unanswered statement, and the server rolls back a closed session's
         /// transaction.
         pub fn cancellable_with<F, Fut, A, AFut>(mut self, begin: F, abandon: A) -> Self
         where
