@@ -255,36 +255,20 @@ impl MemoryStore {
     }
 
     /// Claims at once, on this thread: a completed outcome comes back shared rather than
-    /// copied, with the store's clock reading that the lease runs from. What
-    /// [`Idem::memory`](crate::Idem::memory) calls in place of the boxed trait method.
+    /// copied, with the store's clock reading that the lease runs from. Behind
+    /// `AtOnce::claim_at_once`, in place of the boxed trait method.
     ///
     /// With `pin`, a claim acquired is held for as long as its call lives rather than
     /// renewed: the call and the store share a process, so nothing but the call's end
     /// can leave the claim orphaned, and a renewal could only lapse it falsely (a stalled
-    /// runtime). The caller must [`unpin`](Self::unpin) it when the call ends unsettled.
-    pub(crate) fn claim_now(&self, req: &ClaimRequest<'_>, pin: bool) -> (Claimed, Instant) {
+    /// runtime). The caller must `AtOnce::unpin` it when the call ends unsettled.
+    fn claim_now(&self, req: &ClaimRequest<'_>, pin: bool) -> (Claimed, Instant) {
         let at = Instant::now();
         (self.decide(req, self.tick(at), pin), at)
     }
 
-    /// A pinned claim's call ended without settling it (cancelled, or its body
-    /// panicked): its lease runs from now, as a renewed one would from its last renewal,
-    /// and a duplicate takes over once it lapses.
-    pub(crate) fn unpin(&self, id: &OperationId, epoch: u64) {
-        let now = self.now();
-        let mut map = self.lock();
-        if let Some(r) = map.get_mut(id)
-            && r.epoch == epoch
-            && r.state == State::InProgress
-            && r.pinned
-        {
-            r.pinned = false;
-            r.lease_until = now.after(r.lease_until.since(r.claimed_at));
-        }
-    }
-
     /// Records at once, keeping `outcome` itself (the trait method must copy it).
-    pub(crate) fn record_now(
+    fn record_now(
         &self,
         id: &OperationId,
         epoch: u64,
@@ -408,8 +392,20 @@ impl AtOnce for MemoryStore {
         self.record_now(id, epoch, outcome, retain)
     }
 
+    /// A pinned claim's call ended without settling it (cancelled, or its body
+    /// panicked): its lease runs from now, as a renewed one would from its last renewal,
+    /// and a duplicate takes over once it lapses.
     fn unpin(&self, id: &OperationId, epoch: u64) {
-        MemoryStore::unpin(self, id, epoch)
+        let now = self.now();
+        let mut map = self.lock();
+        if let Some(r) = map.get_mut(id)
+            && r.epoch == epoch
+            && r.state == State::InProgress
+            && r.pinned
+        {
+            r.pinned = false;
+            r.lease_until = now.after(r.lease_until.since(r.claimed_at));
+        }
     }
 }
 
