@@ -268,13 +268,7 @@ impl MemoryStore {
     }
 
     /// Records at once, keeping `outcome` itself (the trait method must copy it).
-    fn record_now(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        outcome: Kept,
-        retain: Duration,
-    ) -> Fence {
+    fn record_now(&self, id: &OperationId, epoch: u64, outcome: Kept, retain: Duration) -> Fence {
         let mut map = self.lock();
         match map.get_mut(id) {
             Some(r) if r.epoch == epoch && r.state == State::InProgress => {
