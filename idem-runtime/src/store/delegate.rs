@@ -12,7 +12,9 @@ use super::{
 /// overrides only the methods it changes: every method has the signature of the
 /// [`Store`] method of the same name and by default forwards to that method of
 /// [`inner`](Delegate::inner), defaults included (`peeks`, `get`, `forget`,
-/// `attach_wakers`, ...), so the wrapper keeps whatever the inner store can do.
+/// `attach_wakers`, ...), so the wrapper keeps whatever the inner store can do. The
+/// one thing not forwarded is the memory store's in-process shortcut: through a
+/// wrapper, every claim and record goes through the wrapper's methods.
 ///
 /// A `dyn Delegate` is a [`Store`]: pass an `Arc<dyn Delegate>` or `Box<dyn Delegate>`
 /// to [`IdemBuilder::store`](crate::IdemBuilder::store), or return one, in an `Arc`,
