@@ -267,7 +267,11 @@ async fn bench() -> Res<()> {
         .collect();
     let result = measure_all(&knobs, &subjects).await;
     for table in [&idem_table, &sqlx_table] {
-        for t in [table.clone(), format!("{table}_epoch_seq")] {
+        for t in [
+            format!("{table}_steps"),
+            table.clone(),
+            format!("{table}_epoch_seq"),
+        ] {
             sqlx::query(&format!("DROP TABLE IF EXISTS `{t}`"))
                 .execute(&sqlx_pool)
                 .await?;

@@ -51,6 +51,8 @@ section "PostgreSQL: idem's own connections against sqlx's pools, group commit o
 section "The same at 64 callers" env IDEM_BENCH_CALLERS=64 cargo bench --quiet -p idem-tests --bench pg_pools
 section "MariaDB: idem and the same statements via sqlx" \
     env IDEM_BENCH_NO_PING=1 cargo bench --quiet -p idem-tests --bench mysql
+section "Steps: one operation of two steps against two operations" \
+    cargo bench --quiet -p idem-tests --bench steps
 section "PostgreSQL purge" cargo bench --quiet -p idem-tests --bench purge
 section "PostgreSQL: throughput as the table grows" cargo bench --quiet -p idem-tests --bench growth
 section "Beside the idempotent crate and redis-benchmark; SQLite group commit" \

@@ -6,6 +6,11 @@
 //! claim, renew, record and release. A model of every body execution and every
 //! answer is checked against the contract's invariants after each run.
 //!
+//! Each body runs two steps, one before its behaviour and one after, so crashes, stalls,
+//! cancellations and released errors fall between them. A step's closure must run at
+//! most once per operation, except after an attempt that ran it was cut off before the
+//! step returned (a crash inside the step).
+//!
 //! `IDEM_MODEL_SEED=N` replays one seed; `IDEM_MODEL_RUNS=N` runs more seeds (the
 //! long run); a failure prints the seed that reproduces it.
 
@@ -18,6 +23,7 @@ use std::time::{Duration, Instant};
 use idem_runtime::store::{Claim, ClaimRequest, Delegate, Fence, Store, StoreError, StoredOutcome};
 use idem_runtime::{
     Disposition, Idem, IdemError, InFlight, ListFilter, OperationId, Resolution, State, current,
+    step,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -141,6 +147,8 @@ struct Model {
     /// their body ran: their claim lapsed before they heard of it.
     fenced_unrun: Vec<(usize, u64, u64)>,
     unrecorded: Vec<(usize, String)>,
+    /// Every run of a step's closure: (key, label, exec, whether its `step` returned it).
+    step_runs: Vec<(usize, &'static str, usize, bool)>,
     violations: Vec<String>,
 }
 
@@ -189,6 +197,48 @@ impl Model {
     }
 }
 
+impl Model {
+    /// A step's closure starts: a violation if a run of the same step of the key by an
+    /// older or the same claim was recorded (its `step` returned), since a later claim
+    /// must replay it. A superseded claim's body may still run its closure (a stalled
+    /// process runs on; its record is then fenced), so older claims are not checked.
+    fn step_starts(&mut self, key: usize, label: &'static str, exec: usize) -> usize {
+        let epoch = self.execs[exec].epoch;
+        let execs = &self.execs;
+        if let Some(&(_, _, first, _)) = self.step_runs.iter().find(|&&(k, l, x, returned)| {
+            k == key && l == label && returned && execs[x].epoch <= epoch
+        }) {
+            self.violations.push(format!(
+                "step {label} of key {key} ran again in exec {exec} (epoch {epoch}) after exec \
+                 {first} (epoch {}) recorded it",
+                self.execs[first].epoch
+            ));
+        }
+        self.step_runs.push((key, label, exec, false));
+        self.step_runs.len() - 1
+    }
+}
+
+/// Runs step `label` of the body `exec`, noting when its closure runs and when `step`
+/// returns a value the closure made (so it was recorded).
+async fn model_step(
+    model: &Arc<Mutex<Model>>,
+    key: usize,
+    exec: usize,
+    label: &'static str,
+) -> Result<(), ModelErr> {
+    let ran = std::sync::OnceLock::new();
+    step(label, || async {
+        let _ = ran.set(model.lock().unwrap().step_starts(key, label, exec));
+        Ok::<_, ModelErr>(exec)
+    })
+    .await?;
+    if let Some(&run) = ran.get() {
+        model.lock().unwrap().step_runs[run].3 = true;
+    }
+    Ok(())
+}
+
 /// Marks a body inactive however it ends, cancellation included.
 struct Active(Arc<Mutex<Model>>, usize);
 
@@ -209,6 +259,7 @@ struct Faulty {
     /// Claims whose last renewal or record failed: the next one goes through.
     renew_failed: Mutex<HashSet<(OperationId, u64)>>,
     record_failed: Mutex<HashSet<(OperationId, u64)>>,
+    step_failed: Mutex<HashSet<(OperationId, u64)>>,
     /// When each claim's lease was last extended: the send time of its claim or of its
     /// latest successful renewal.
     leases: Mutex<Leases>,
@@ -319,6 +370,22 @@ impl Delegate for Faulty {
         }
         Ok(f)
     }
+    async fn record_step(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        label: &str,
+        o: &StoredOutcome,
+    ) -> Result<Fence, StoreError> {
+        if self.transient(&self.step_failed, id, epoch, 0.1) {
+            return Err(fault("record step"));
+        }
+        let f = self.inner.record_step(id, epoch, label, o).await?;
+        if self.transient(&self.step_failed, id, epoch, 0.05) {
+            return Err(fault("record step reply lost"));
+        }
+        Ok(f)
+    }
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         if self.roll(0.05) {
             let claimed = (id.clone(), epoch);
@@ -406,6 +473,7 @@ async fn world(backend: Backend, seed: u64) -> World {
                 stalled: Mutex::default(),
                 renew_failed: Mutex::default(),
                 record_failed: Mutex::default(),
+                step_failed: Mutex::default(),
                 leases: Mutex::default(),
             });
             *s.lock().unwrap() = Some(f.clone());
@@ -508,6 +576,7 @@ async fn call(
                 .start(key, payload, id.clone(), cur.epoch(), stall, &leases)
         };
         let _active = Active(model.clone(), exec);
+        model_step(&model, key, exec, "debit").await?;
         let nap = match behavior {
             Behavior::Slow => LEASE * 2,
             Behavior::Stall => {
@@ -519,6 +588,7 @@ async fn call(
             _ => Duration::from_millis(5),
         };
         tokio::time::sleep(nap).await;
+        model_step(&model, key, exec, "credit").await?;
         let out = match behavior {
             Behavior::Released => Err(ModelErr::Released),
             Behavior::Effect => Err(ModelErr::Effect),

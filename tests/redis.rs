@@ -526,3 +526,156 @@ async fn a_prefix_keeps_its_key_mode() {
     }
     common::Cleanup::for_redis_prefix(&prefix).run().await;
 }
+
+/// The steps key on the server: none for an operation without steps; no expiry while
+/// its record is in progress; gone with the record's completion and with `forget`;
+/// kept by a release, which leaves the record released (`st` 2) with a lapsed lease;
+/// and a key left from an earlier life is neither listed nor added to, but replaced by
+/// the first step of the new one.
+#[tokio::test]
+async fn the_steps_key_lives_and_goes_with_its_record() {
+    use idem_runtime::store::redis::RedisStore;
+    use idem_runtime::store::{Claim, ClaimRequest, Fence, Store, StoredOutcome};
+    use idem_runtime::{OperationId, Takeover};
+
+    let test = "the_steps_key_lives_and_goes_with_its_record";
+    if common::redis_skip(test).is_some() {
+        return;
+    }
+    let prefix = common::unique_prefix(test);
+    let store = RedisStore::connect(&common::redis_url(), &prefix)
+        .await
+        .expect("connect");
+    let client = redis::Client::open(common::redis_url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let id = |key: &str| OperationId {
+        scope: String::new(),
+        name: "op".into(),
+        key: key.into(),
+    };
+    let value = |body: &str| StoredOutcome {
+        is_err: false,
+        version: 1,
+        body: body.as_bytes().to_vec(),
+    };
+    let claim = async |id: &OperationId| {
+        let req = ClaimRequest {
+            id,
+            fingerprint: [1; 32],
+            lease: Duration::from_secs(60),
+            on_takeover: Takeover::Rerun,
+        };
+        match store.claim(&req).await.unwrap() {
+            Claim::Acquired { epoch, .. } => epoch,
+            other => panic!("{id}: {other:?}"),
+        }
+    };
+    // The keys of the record the store keeps for `key`: its record and its steps.
+    let keys_of = async |key: &str| {
+        let (mut c, recs) = common::redis_record_keys(&prefix).await;
+        for rec in recs {
+            let k: Option<String> = redis::cmd("HGET")
+                .arg(&rec)
+                .arg("k")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            if k.as_deref() == Some(key) {
+                let steps = rec.replacen(":r:{", ":s:{", 1);
+                return (rec, steps);
+            }
+        }
+        panic!("no record for {key}");
+    };
+    let conn = c.clone();
+    let exists = async |key: &str| -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query_async::<i64>(&mut conn.clone())
+            .await
+            .unwrap()
+            == 1
+    };
+    let all_steps_keys = async || {
+        let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(0)
+            .arg("MATCH")
+            .arg(format!("{prefix}:s:*"))
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        keys
+    };
+    let hour = Duration::from_secs(3600);
+
+    // No steps: no steps key, before or after the record.
+    let plain = id("plain");
+    let epoch = claim(&plain).await;
+    let rec = store.record(&plain, epoch, &value("1"), hour).await;
+    assert_eq!(rec.unwrap(), Fence::Held);
+    assert!(
+        all_steps_keys().await.is_empty(),
+        "an operation without steps"
+    );
+
+    // Steps: a key without expiry while in progress, gone with the completion.
+    let done = id("done");
+    let epoch = claim(&done).await;
+    for label in ["a", "b"] {
+        let put = store.record_step(&done, epoch, label, &value("2")).await;
+        assert_eq!(put.unwrap(), Fence::Held);
+    }
+    let (rec, steps) = keys_of("done").await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&steps)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(pttl, -1, "steps of a claim in progress never expire");
+    let put = store.record(&done, epoch, &value("3"), hour).await;
+    assert_eq!(put.unwrap(), Fence::Held);
+    assert!(exists(&rec).await);
+    assert!(!exists(&steps).await, "a completion drops the steps");
+
+    // A release keeps record and steps; `forget` drops both.
+    let kept = id("kept");
+    let epoch = claim(&kept).await;
+    let put = store.record_step(&kept, epoch, "a", &value("4")).await;
+    assert_eq!(put.unwrap(), Fence::Held);
+    assert_eq!(store.release(&kept, epoch).await.unwrap(), Fence::Held);
+    let (rec, steps) = keys_of("kept").await;
+    let st: Option<String> = redis::cmd("HGET")
+        .arg(&rec)
+        .arg("st")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(st.as_deref(), Some("2"), "released with its steps");
+    assert!(exists(&steps).await);
+    let detail = store.get(&kept).await.unwrap().expect("kept");
+    assert_eq!(detail.lease_remaining, Some(Duration::ZERO));
+    assert_eq!(store.forget(&kept, epoch).await.unwrap(), Fence::Held);
+    assert!(!exists(&rec).await && !exists(&steps).await, "forgotten");
+
+    // A steps key left from an earlier life: not listed, replaced by the first step.
+    let stale = id("stale");
+    let epoch = claim(&stale).await;
+    let (_, steps) = keys_of("stale").await;
+    let _: () = redis::cmd("HSET")
+        .arg(&steps)
+        .arg("old")
+        .arg("1:1:0:0:1:5")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(store.steps(&stale).await.unwrap().is_empty());
+    let put = store.record_step(&stale, epoch, "new", &value("6")).await;
+    assert_eq!(put.unwrap(), Fence::Held);
+    let listed = store.steps(&stale).await.unwrap();
+    let labels: Vec<_> = listed.iter().map(|s| s.label.as_str()).collect();
+    assert_eq!(labels, ["new"]);
+    assert_eq!((listed[0].epoch, &listed[0].outcome), (epoch, &value("6")));
+    common::Cleanup::for_redis_prefix(&prefix).run().await;
+}

@@ -39,7 +39,11 @@ pub async fn drop_idem_table(
     pool: &sqlx::PgPool,
     table: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    for t in [table.to_owned(), format!("{table}_meta")] {
+    for t in [
+        format!("{table}_steps"),
+        table.to_owned(),
+        format!("{table}_meta"),
+    ] {
         sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
             .execute(pool)
             .await?;

@@ -86,7 +86,8 @@ enum Command {
     Stats,
     /// Records, oldest first.
     List(ListArgs),
-    /// One record in full: state, epoch, ages, lease, outcome.
+    /// One record in full: state, epoch, ages, lease, outcome, and the completed steps of
+    /// an operation not yet completed (what happened before it stopped).
     Show(Target),
     /// Settle an UNKNOWN or stuck IN_PROGRESS operation, fenced by the epoch read.
     Resolve(ResolveArgs),
@@ -648,6 +649,12 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
                 "lease_remaining_ms": millis(d.lease_remaining),
                 "expires_in_ms": millis(d.expires_in),
                 "outcome": d.outcome.as_ref().map(outcome_json),
+                "steps": d.steps.iter().map(|s| json!({
+                    "label": s.label,
+                    "epoch": s.epoch,
+                    "age_ms": s.age.as_millis() as u64,
+                    "value": outcome_json(&s.outcome)["body"],
+                })).collect::<Vec<_>>(),
             })
         );
     } else {
@@ -666,6 +673,19 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
         if let Some(outcome) = &d.outcome {
             let kind = if outcome.is_err { "error" } else { "outcome" };
             println!("{kind:<10} {}", outcome_json(outcome)["body"]);
+        }
+        if !d.steps.is_empty() {
+            println!("steps      {} completed, oldest first:", d.steps.len());
+        }
+        for s in &d.steps {
+            let value = outcome_json(&s.outcome)["body"].to_string();
+            println!(
+                "  {:<20} epoch {:<6} {} ago  {}",
+                shown(&s.label),
+                s.epoch,
+                age(Some(s.age)),
+                shown(&value)
+            );
         }
     }
     Ok(())

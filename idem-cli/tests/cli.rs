@@ -90,10 +90,13 @@ async fn charge(idem: &Idem, order: &str, unknown: bool) -> Result<Receipt, PayE
         .retain(std::time::Duration::from_secs(86_400))
         .fingerprint_none()
         .run(|| async move {
+            // A step before the call that times out: UNKNOWN lists it for the operator.
+            let hold: u64 =
+                idem_runtime::step("authorize", || async { Ok::<_, PayError>(7) }).await?;
             if unknown {
                 Err(PayError::Timeout)
             } else {
-                Ok(Receipt { id: 1 })
+                Ok(Receipt { id: hold - 6 })
             }
         })
         .await
@@ -218,6 +221,27 @@ async fn operator_flow(store: &[String], idem: &Idem) {
         0,
     );
     assert_eq!(encoded["state"], "unknown");
+    // An UNKNOWN operation lists the steps it completed; a completed one does not.
+    let steps = encoded["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{encoded}");
+    assert_eq!(
+        (steps[0]["label"].as_str(), steps[0]["value"].as_u64()),
+        (Some("authorize"), Some(7))
+    );
+    assert_eq!(steps[0]["epoch"].as_u64(), Some(unknown_epoch));
+    let (card, _) = text(&["show", "acme", "charge", "order-2"], 0);
+    assert!(
+        line_with(&card, &["steps"]).contains("1 completed"),
+        "{card}"
+    );
+    assert!(
+        line_with(&card, &["authorize"]).contains(&format!("epoch {unknown_epoch}")),
+        "{card}"
+    );
+    assert_eq!(
+        json(&["show", "acme", "charge", "order-1"], 0)["steps"],
+        serde_json::json!([])
+    );
 
     // No such record: exit 3.
     json(&["show", "acme", "charge", "order-404"], 3);
@@ -454,10 +478,12 @@ async fn every_subcommand_on_postgres() {
     };
     operator_flow(&sql_store(&url, &table), &idem).await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::query(&format!("DROP TABLE {table}, {table}_meta CASCADE"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(&format!(
+        "DROP TABLE {table}_steps, {table}, {table}_meta CASCADE"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
     sqlx::query(&format!("DROP SEQUENCE IF EXISTS {table}_epoch_seq"))
         .execute(&pool)
         .await
@@ -482,7 +508,7 @@ async fn every_subcommand_on_mysql() {
     operator_flow(&sql_store(&url, &table), &idem).await;
     let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
     sqlx::query(&format!(
-        "DROP TABLE `{table}`, `{table}_meta`, `{table}_epoch_seq`"
+        "DROP TABLE `{table}_steps`, `{table}`, `{table}_meta`, `{table}_epoch_seq`"
     ))
     .execute(&pool)
     .await

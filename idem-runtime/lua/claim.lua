@@ -1,37 +1,52 @@
 -- ARGV: fingerprint, lease ms, on_takeover ('rerun' | 'unknown'), scope, name, key.
--- One decision: fresh, replay, in flight, mismatch, takeover or unknown.
+-- One decision: fresh, replay, in flight, mismatch, takeover, resume or unknown.
+-- Acquired: {'acquired', epoch, takeover (0/1), resume (0/1)}.
 local fp, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local now = now_ms()
 
--- `replace`: an expired record is there to be replaced.
-local function acquire(takeover, replace)
-  -- The counter outlives the record, so this epoch is above every earlier one. A
-  -- counter INCR just made has no expiry to remove.
+-- The counter outlives the record, so this epoch is above every earlier one. A counter
+-- INCR just made has no expiry to remove.
+local function next_epoch()
   local epoch = redis.call('INCR', CTR)
   if epoch > 1 then
     redis.call('PERSIST', CTR)
   end
+  return epoch
+end
+
+-- A new record, a new life without steps; `replace`: an expired record is there to be
+-- replaced (with the hash, its steps flag goes).
+local function create(replace)
+  local epoch = next_epoch()
   if replace then
     redis.call('DEL', REC)
   end
-  if takeover == 0 then
-    redis.call('HSET', REC, 's', 0, 'e', epoch, 'fp', fp, 'lu', now + lease, 'ca', now,
-      'sc', ARGV[4], 'nm', ARGV[5], 'k', ARGV[6])
+  redis.call('HSET', REC, 's', 0, 'e', epoch, 'fp', fp, 'lu', now + lease, 'ca', now,
+    'sc', ARGV[4], 'nm', ARGV[5], 'k', ARGV[6])
+  return {'acquired', epoch, 0, 0}
+end
+
+-- The record claimed again at a new epoch: a lapsed claim taken over (`takeover` 1) or
+-- a released one resumed; `resume` 1 when it has steps, which are then live again.
+local function reclaim(takeover, resume)
+  local epoch = next_epoch()
+  if resume == 1 then
+    redis.call('HSET', REC, 'e', epoch, 'lu', now + lease, 'ca', now, 'st', 1)
   else
     redis.call('HSET', REC, 'e', epoch, 'lu', now + lease, 'ca', now)
   end
-  return {'acquired', epoch, takeover}
+  return {'acquired', epoch, takeover, resume}
 end
 
 -- One read serves every answer, the replay's outcome included.
-local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'err', 'v', 'body')
+local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'err', 'v', 'body', 'st')
 if not r[1] then
-  return acquire(0, false)
+  return create(false)
 end
 local state, epoch = r[1], tonumber(r[2])
 if state == '1' and tonumber(r[5]) <= now then
   -- Past retention: absent, whatever fingerprint it had.
-  return acquire(0, true)
+  return create(true)
 end
 if r[3] ~= fp then
   return {'mismatch'}
@@ -42,6 +57,11 @@ end
 if state == '2' then
   return {'unknown', epoch, 0}
 end
+if r[9] == '2' then
+  -- Released with its steps: its last attempt ended knowing what it had done, so it
+  -- resumes at once, whatever `on_takeover` says.
+  return reclaim(0, 1)
+end
 local lease_until = tonumber(r[4])
 if lease_until > now then
   return {'inflight', lease_until - now}
@@ -51,4 +71,7 @@ if mode == 'unknown' then
   redis.call('HSET', REC, 's', 2)
   return {'unknown', epoch, 1}
 end
-return acquire(1, false)
+if r[9] == '1' then
+  return reclaim(1, 1)
+end
+return reclaim(1, 0)

@@ -1,7 +1,13 @@
 -- Shared by every idem script; the store prepends it. KEYS[1] is the record (a hash),
--- KEYS[2] the operation's epoch counter; both carry the same hash tag, so one script
--- touches one slot in Redis Cluster. Times are the server's, in milliseconds.
-local REC, CTR = KEYS[1], KEYS[2]
+-- KEYS[2] the operation's epoch counter, KEYS[3] its steps (a hash: label -> packed
+-- step); all carry the same hash tag, so one script touches one slot in Redis Cluster.
+-- Times are the server's, in milliseconds.
+--
+-- The record's field `st` says what the steps key holds for this life of the record:
+-- absent, no steps (whatever is there is left from an earlier life); '1', steps;
+-- '2', steps, and the claim was released for the next claim to resume. Only records
+-- with steps pay for them: every other path reads the field and does nothing more.
+local REC, CTR, STEPS = KEYS[1], KEYS[2], KEYS[3]
 -- How long Redis keeps a completed record past its retention: claims treat it as
 -- absent from the retention on, purge_expired deletes it early, Redis drops it here.
 local GRACE_MS = 300000
@@ -14,12 +20,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The record's state ('0' in progress, '1' completed, '2' unknown) if it exists and is
--- held at `epoch` (compared as the decimal string), else nil; and the fields `wake`
--- reads, so a write that wakes reads the record once.
+-- The record's state ('0' in progress, '1' completed, '2' unknown, 'released' for a
+-- claim released with its steps, which its epoch no longer holds) if it exists and is
+-- at `epoch` (compared as the decimal string), else nil; and the fields `wake` reads
+-- with the steps flag (r[7]), so a write reads the record once.
 local function held_state(epoch)
-  local r = redis.call('HMGET', REC, 's', 'e', 'w', 'sc', 'nm', 'k')
+  local r = redis.call('HMGET', REC, 's', 'e', 'w', 'sc', 'nm', 'k', 'st')
   if r[1] and r[2] == epoch then
+    if r[7] == '2' then
+      return 'released', r
+    end
     return r[1], r
   end
   return nil, r
@@ -35,17 +45,37 @@ local function wake(r)
   end
 end
 
--- Completes the record with an outcome kept for `retain` ms.
+-- Completes the record with an outcome kept for `retain` ms. Its steps go: a completed
+-- operation replays its outcome, and they must not outlive the record.
 local function complete(r, now, is_err, version, body, retain)
   wake(r)
+  if r[7] then
+    redis.call('DEL', STEPS)
+    redis.call('HDEL', REC, 'st')
+  end
   redis.call('HSET', REC, 's', 1, 'err', is_err, 'v', version, 'body', body, 'xa', now + retain)
   redis.call('PEXPIRE', REC, retain + GRACE_MS)
   redis.call('PEXPIRE', CTR, retain + GRACE_MS + KEEP_MS)
 end
 
--- Removes the record; its counter stays KEEP_MS longer.
+-- Removes the record and its steps; its counter stays KEEP_MS longer.
 local function remove(r)
   wake(r)
   redis.call('DEL', REC)
+  if r[7] then
+    redis.call('DEL', STEPS)
+  end
   redis.call('PEXPIRE', CTR, KEEP_MS)
+end
+
+-- Gives the claim up: a record without steps goes; one with steps stays IN_PROGRESS
+-- with its fingerprint and steps, released with its lease lapsed, for the next claim
+-- with the same fingerprint to resume at once.
+local function give_up(r)
+  if r[7] then
+    wake(r)
+    redis.call('HSET', REC, 's', 0, 'st', 2, 'lu', now_ms())
+  else
+    remove(r)
+  end
 end

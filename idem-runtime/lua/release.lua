@@ -1,7 +1,8 @@
--- ARGV: epoch. Removes an IN_PROGRESS record held at epoch.
+-- ARGV: epoch. Gives up an IN_PROGRESS claim held at epoch: the record goes, or stays
+-- released if it has steps.
 local state, r = held_state(ARGV[1])
 if state == '0' then
-  remove(r)
+  give_up(r)
   return 1
 end
 return 0

@@ -1,15 +1,29 @@
 //! What a running body can learn about its operation, and what a caller can learn
 //! about a finished call.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::step::{StepsMode, StepsRun};
 use crate::store::OperationId;
 
 tokio::task_local! {
-    static CURRENT: Current;
+    static BODY: Body;
     static OBSERVED: Cell<Option<CallInfo>>;
+}
+
+/// What a running body sees: its operation, and the state of its steps.
+pub(crate) struct Body {
+    pub(crate) current: Current,
+    pub(crate) steps: StepsMode,
+    /// Made at the first step: a body without steps carries one pointer for it.
+    pub(crate) run: RefCell<Option<Box<StepsRun>>>,
+}
+
+/// Runs `f` on the running body's context, or returns `None` outside a body.
+pub(crate) fn with_body<R>(f: impl FnOnce(&Body) -> R) -> Option<R> {
+    BODY.try_with(f).ok()
 }
 
 /// The operation whose body is running, as [`current`] returns it.
@@ -59,6 +73,10 @@ impl Current {
     pub fn downstream_key(&self, label: &str) -> String {
         self.id.downstream_key(label)
     }
+
+    pub(crate) fn shared_id(&self) -> Arc<OperationId> {
+        self.id.clone()
+    }
 }
 
 /// The running operation.
@@ -76,16 +94,33 @@ pub fn current() -> Current {
 
 /// The running operation, or `None` outside an idempotent body.
 pub fn try_current() -> Option<Current> {
-    CURRENT.try_with(Current::clone).ok()
+    with_body(|b| b.current.clone())
 }
 
-pub(crate) async fn scope_body<F: Future>(id: Arc<OperationId>, epoch: u64, fut: F) -> F::Output {
-    let cur = Current { id, epoch };
+/// Runs a body with its context, and tells whether one of its steps ran without being
+/// recorded (so releasing the claim would run that effect again).
+pub(crate) async fn scope_body<F: Future>(
+    id: Arc<OperationId>,
+    epoch: u64,
+    steps: StepsMode,
+    fut: F,
+) -> (F::Output, bool) {
+    let body = Body {
+        current: Current { id, epoch },
+        steps,
+        run: RefCell::default(),
+    };
     // A fresh observe slot: idempotent calls nested in the body must not report
     // themselves as the outer call.
-    CURRENT
-        .scope(cur, OBSERVED.scope(Cell::new(None), fut))
-        .await
+    BODY.scope(
+        body,
+        OBSERVED.scope(Cell::new(None), async move {
+            let out = fut.await;
+            let doubt = BODY.with(|b| b.run.borrow().as_ref().is_some_and(|r| r.unrecorded()));
+            (out, doubt)
+        }),
+    )
+    .await
 }
 
 /// How an idempotent call was answered, as [`observe`] reports it.

@@ -213,17 +213,24 @@ impl Idem {
             .map_err(|e| IdemError::store("list", e))
     }
 
-    /// One record in full (state, epoch, ages, lease, outcome), or `None` when the store
+    /// One record in full (state, epoch, ages, lease, outcome, and the completed
+    /// [steps](crate::step) of an operation not yet completed), or `None` when the store
     /// holds nothing for `id`. For operators; `id` as [`Idem::list`] or
     /// [`Operation::id`](crate::Operation::id) give it.
     pub async fn get(
         &self,
         id: &OperationId,
     ) -> Result<Option<crate::store::RecordDetail>, IdemError> {
-        self.store()
-            .get(id)
-            .await
-            .map_err(|e| IdemError::store("get", e))
+        let detail = self.store().get(id).await;
+        let Some(mut detail) = detail.map_err(|e| IdemError::store("get", e))? else {
+            return Ok(None);
+        };
+        // A completed operation replays its final outcome: its steps no longer count.
+        if detail.info.state != crate::State::Completed {
+            let steps = self.store().steps(id).await;
+            detail.steps = steps.map_err(|e| IdemError::store("get", e))?;
+        }
+        Ok(Some(detail))
     }
 
     /// Settles an UNKNOWN (or stuck IN_PROGRESS) operation at `epoch` (from

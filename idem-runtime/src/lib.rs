@@ -88,7 +88,8 @@
 //!   flight.
 //! - A completed outcome is replayed for `retain`; the same key with another payload is
 //!   [`IdemError::Mismatch`], never a run and never the old outcome.
-//! - A body that errors (with the default `errors = release`) runs again on retry.
+//! - A body that errors (with the default `errors = release`) runs again on retry; its
+//!   completed [steps](step) replay rather than run again.
 //! - A body that crashes, panics or is cancelled holds its claim until its lease lapses
 //!   (the lease is renewed while the call's future is alive); then the next caller
 //!   runs it again at a higher epoch, and the late finisher's outcome is refused
@@ -125,6 +126,7 @@ pub mod metrics;
 mod names;
 mod op;
 pub mod queue;
+mod step;
 pub mod store;
 mod tx;
 
@@ -145,6 +147,7 @@ pub use op::{
     MAX_LEASE_OR_WAIT, NewOperation, NoUpgrade, OnStoreError, Operation, RecordErrors,
     ReleaseErrors, RetentionStated, Stated, Unstated, Upgrade, UpgradeWith,
 };
+pub use step::{MAX_STEP_LABEL, step};
 pub use store::{
     ListFilter, OperationId, RecordDetail, RecordInfo, Resolution, State, Stats, Takeover,
 };

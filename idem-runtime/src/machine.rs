@@ -16,6 +16,7 @@ use crate::idem::Idem;
 use crate::lease::Lease;
 use crate::metrics;
 use crate::op::{Encoded, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
+use crate::step::StepsMode;
 use crate::store::{Claim, ClaimRequest, Claimed, Fence, Kept, OutcomeRef, StoredOutcome};
 
 impl<P, U, FP, R> Operation<P, U, FP, R> {
@@ -66,12 +67,14 @@ enum Attempt {
     Answered(Result<Claim, StoreError>, At),
 }
 
-/// When a claim was sent (or, on the memory store, made), and whether it was made on
-/// this thread just now, so it needs no confirming before the body runs.
+/// When a claim was sent (or, on the memory store, made), whether it was made on
+/// this thread just now, so it needs no confirming before the body runs, and whether
+/// it resumes recorded steps.
 #[derive(Clone, Copy)]
 struct At {
     sent: Instant,
     at_once: bool,
+    resume: bool,
 }
 
 /// What a claim's answer leaves to do.
@@ -154,11 +157,11 @@ where
                         tracing::warn!(
                             "store unreachable; running the body unprotected (fail_open)"
                         );
-                        context::scope_body(self.op.id.shared(), 0, body()).await
+                        let steps = StepsMode::Unprotected;
+                        let run = context::scope_body(self.op.id.shared(), 0, steps, body());
+                        run.await.0
                     }
-                    Decided::Execute(epoch, at) => {
-                        self.execute(epoch, at.sent, at.at_once, body, &span).await
-                    }
+                    Decided::Execute(epoch, at) => self.execute(epoch, at, body, &span).await,
                 }
             };
             // A span no subscriber wants records nothing: no wrapper to enter it on each poll.
@@ -223,6 +226,7 @@ where
                     At {
                         sent: Instant::from_std(made),
                         at_once: true,
+                        resume: false,
                     },
                 ),
             },
@@ -237,6 +241,7 @@ where
                     At {
                         sent,
                         at_once: false,
+                        resume: false,
                     },
                 )
             }
@@ -247,7 +252,11 @@ where
     fn settle(&self, claim: Claim, at: At) -> Result<Settled, IdemError> {
         let id = &self.op.id;
         Ok(Settled::Decided(match claim {
-            Claim::Acquired { epoch, takeover } => {
+            Claim::Acquired {
+                epoch,
+                takeover,
+                resume,
+            } => {
                 metrics::count(metrics::CLAIMS, self.name());
                 if takeover {
                     metrics::count(metrics::TAKEOVERS, self.name());
@@ -255,7 +264,7 @@ where
                 } else {
                     tracing::debug!(epoch, "claimed");
                 }
-                Decided::Execute(epoch, at)
+                Decided::Execute(epoch, At { resume, ..at })
             }
             Claim::Completed(outcome) => Decided::Replay(Replayed::Read(outcome)),
             Claim::Mismatch => return Err(self.mismatch()),
@@ -393,8 +402,7 @@ where
     fn execute<'s, F, Fut, E>(
         self,
         epoch: u64,
-        claimed_at: Instant,
-        at_once: bool,
+        at: At,
         body: F,
         span: &'s tracing::Span,
     ) -> impl Future<Output = Result<T, E>> + use<'s, 'a, F, Fut, E, P, U, T>
@@ -405,6 +413,7 @@ where
         P: ErrorPolicy<E>,
     {
         async move {
+            let (claimed_at, at_once) = (at.sent, at.at_once);
             let id = &self.op.id;
             // Released if the caller goes away before the body starts: nothing ran.
             let unstarted = Unstarted::arm(&self.idem, &self.op.id, epoch, self.op.lease, at_once);
@@ -453,7 +462,12 @@ where
             // Timed only where the histogram exists: two clock reads per call otherwise.
             #[cfg(feature = "metrics")]
             let started = Instant::now();
-            let out = context::scope_body(shared, epoch, body()).await;
+            let steps = if at.resume {
+                StepsMode::Resumed(self.idem.clone())
+            } else {
+                StepsMode::Leased(self.idem.clone())
+            };
+            let (out, unrecorded_step) = context::scope_body(shared, epoch, steps, body()).await;
             #[cfg(feature = "metrics")]
             metrics::body_time(self.name(), started.elapsed());
             let lease_end = &lease;
@@ -461,6 +475,13 @@ where
             let max = self.idem.max_outcome_bytes();
             let (outcome, result) = match self.op.encode(out, max, false) {
                 Encoded::Record(outcome, result) => (outcome, result),
+                // A step's effect happened unrecorded: a release would run it again.
+                Encoded::Release(err) if unrecorded_step => {
+                    tracing::warn!(parent: span, epoch, "a step ran unrecorded; not releasing");
+                    Box::pin(self.settle_unknown(epoch, lease_end)).await;
+                    context::report_unknown(epoch);
+                    return Err(err);
+                }
                 Encoded::Release(err) => {
                     let release = self.idem.store().release(id, epoch);
                     match Box::pin(bounded(self.op.lease, "release", release)).await {
@@ -843,8 +864,9 @@ mod tests {
     /// holds the operation once, an invalid configuration's error boxed, and the rare
     /// paths' timers (waiting on a duplicate, record retries, settling UNKNOWN) in boxes
     /// of their own; `go` and `execute` are blocks, since as `async fn`s they would hold
-    /// their arguments twice. The bound is for this toolchain, this call, every feature
-    /// on.
+    /// their arguments twice; the body's context holds its steps' store handle and one
+    /// pointer for their state, made at the first step. The bound is for this toolchain,
+    /// this call, every feature on.
     #[test]
     fn a_calls_future_stays_small() {
         let idem = crate::Idem::memory();
@@ -854,6 +876,6 @@ mod tests {
             .retain(std::time::Duration::from_secs(86_400))
             .run(|| async { Ok::<_, crate::IdemError>(5u64) });
         let size = std::mem::size_of_val(&call);
-        assert!(size <= 928, "a call's future grew to {size} bytes");
+        assert!(size <= 952, "a call's future grew to {size} bytes");
     }
 }

@@ -86,6 +86,11 @@ pub const UNKNOWN: &str = "idem_unknown_total";
 pub const STORE_ERRORS: &str = "idem_store_errors_total";
 /// Expired records deleted by a purge (no `name` label).
 pub const PURGED: &str = "idem_purged_total";
+/// [Steps](crate::step) run and recorded.
+pub const STEPS: &str = "idem_steps_total";
+/// [Steps](crate::step) replayed from their record instead of running, in a resumed
+/// body.
+pub const STEP_REPLAYS: &str = "idem_step_replays_total";
 /// How long bodies ran, in seconds (a histogram).
 pub const BODY_SECONDS: &str = "idem_body_duration_seconds";
 

@@ -301,7 +301,10 @@ impl<P, U> TxGuard<P, U> {
     /// Runs the body with [`current`](crate::current) set to this operation, as a leased
     /// body has it.
     pub async fn body<F: std::future::Future>(&self, body: F) -> F::Output {
-        crate::context::scope_body(self.op.id.shared(), self.epoch, body).await
+        let steps = crate::step::StepsMode::Transactional;
+        crate::context::scope_body(self.op.id.shared(), self.epoch, steps, body)
+            .await
+            .0
     }
 
     /// The savepoint this operation took before its claim, `idem_body_<n>`: rolling back

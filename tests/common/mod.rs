@@ -261,6 +261,7 @@ pub async fn drop_mysql_table(url: &str, table: &str) {
         return;
     };
     for t in [
+        format!("{table}_steps"),
         table.to_owned(),
         format!("{table}_meta"),
         format!("{table}_epoch_seq"),
@@ -490,8 +491,8 @@ impl Cleanup {
             && let Ok(pool) = sqlx::PgPool::connect(&url).await
         {
             let _ = sqlx::query(&format!(
-                "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_meta; \
-                 DROP SEQUENCE IF EXISTS {table}_epoch_seq"
+                "DROP TABLE IF EXISTS {table}_steps; DROP TABLE IF EXISTS {table}; \
+                 DROP TABLE IF EXISTS {table}_meta; DROP SEQUENCE IF EXISTS {table}_epoch_seq"
             ))
             .execute(&pool)
             .await;

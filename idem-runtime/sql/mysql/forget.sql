@@ -1,3 +1,5 @@
-DELETE FROM {table}
-    WHERE scope = :scope AND name = :name AND `key` = :key AND epoch = :epoch
-        AND (state IN (1, 2) OR (state = 0 AND lease_until_ms <= {now}))
+DELETE t, s FROM {table} AS t
+    LEFT JOIN {steps} AS s
+        ON t.steps <> 0 AND s.scope = t.scope AND s.name = t.name AND s.`key` = t.`key`
+    WHERE t.scope = :scope AND t.name = :name AND t.`key` = :key AND t.epoch = :epoch
+        AND (t.state IN (1, 2) OR (t.state = 0 AND t.lease_until_ms <= {now}))

@@ -8,7 +8,8 @@ WITH input AS (
         :lease_mss::bigint[]) WITH ORDINALITY AS i(scope, name, key, fp, lease_ms, ord)
 ), seen AS (
     SELECT i.ord, i.fp, t.state, t.epoch, t.fingerprint, t.taken_over, t.lease_until,
-        t.expires_at, t.outcome, t.outcome_is_err, t.outcome_version, clock_timestamp() AS now
+        t.expires_at, t.outcome, t.outcome_is_err, t.outcome_version, t.steps,
+        clock_timestamp() AS now
     FROM input AS i
     JOIN {table} AS t ON t.scope = i.scope AND t.name = i.name AND t.key = i.key
 ), ins AS (
@@ -21,27 +22,29 @@ WITH input AS (
     WHERE NOT EXISTS (
         SELECT 1 FROM seen AS s
         WHERE s.ord = i.ord
-          AND NOT ((s.state = 0 AND s.lease_until <= s.now AND s.fingerprint = i.fp)
+          AND NOT ((s.state = 0 AND (s.lease_until <= s.now OR s.steps = 2)
+                    AND s.fingerprint = i.fp)
                    OR (s.state = 1 AND s.expires_at <= s.now)))
     ORDER BY i.scope, i.name, i.key
-    -- claim_conflict.sql: an existing row is taken only if its record expired or its
-    -- lease lapsed under the same fingerprint.
+    -- claim_conflict.sql: an existing row is taken only if its record expired, or its
+    -- lease lapsed or was released under the same fingerprint.
     {claim_conflict}
-    RETURNING cur.scope, cur.name, cur.key, cur.state, cur.epoch, cur.taken_over, cur.outcome,
-        cur.outcome_is_err, cur.outcome_version
+    RETURNING cur.scope, cur.name, cur.key, cur.state, cur.epoch, cur.taken_over,
+        cur.steps = 1 AS resume, cur.outcome, cur.outcome_is_err, cur.outcome_version
 ), won AS (
-    SELECT i.ord, ins.state, ins.epoch, ins.taken_over, ins.outcome, ins.outcome_is_err,
-        ins.outcome_version
+    SELECT i.ord, ins.state, ins.epoch, ins.taken_over, ins.resume, ins.outcome,
+        ins.outcome_is_err, ins.outcome_version
     FROM input AS i
     JOIN ins ON ins.scope = i.scope AND ins.name = i.name AND ins.key = i.key
 )
 SELECT ord, true AS mine, false AS stale, state, epoch, true AS same_fingerprint, taken_over,
-    0::bigint AS retry_after_ms, outcome, outcome_is_err, outcome_version
+    resume, 0::bigint AS retry_after_ms, outcome, outcome_is_err, outcome_version
 FROM won
 UNION ALL
-SELECT s.ord, false, (s.state = 0 AND s.lease_until <= s.now AND s.fingerprint = s.fp)
+SELECT s.ord, false,
+    (s.state = 0 AND (s.lease_until <= s.now OR s.steps = 2) AND s.fingerprint = s.fp)
         OR (s.state = 1 AND s.expires_at <= s.now),
-    s.state, s.epoch, s.fingerprint = s.fp, s.taken_over,
+    s.state, s.epoch, s.fingerprint = s.fp, s.taken_over, false,
     greatest(0, (EXTRACT(EPOCH FROM s.lease_until - s.now) * 1000)::bigint),
     CASE WHEN s.fingerprint = s.fp THEN s.outcome END, s.outcome_is_err, s.outcome_version
 FROM seen AS s

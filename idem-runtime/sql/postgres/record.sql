@@ -6,6 +6,7 @@ SET state = 1, outcome = :outcome, outcome_is_err = :is_err, outcome_version = :
                       THEN clock_timestamp() + :retain_ms::bigint * interval '1 millisecond'
                       ELSE expires_at END
 WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch
-  AND (state = 0 OR (state = 1 AND outcome = :outcome AND outcome_is_err = :is_err
-                     AND outcome_version = :version))
+  AND ((state = 0 AND steps <> 2)
+       OR (state = 1 AND outcome = :outcome AND outcome_is_err = :is_err
+           AND outcome_version = :version))
 RETURNING 1::bigint AS held, waiters

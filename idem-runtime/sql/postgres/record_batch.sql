@@ -15,8 +15,9 @@ WITH input AS (
                           ELSE t.expires_at END
     FROM input AS i
     WHERE t.scope = i.scope AND t.name = i.name AND t.key = i.key AND t.epoch = i.epoch
-      AND (t.state = 0 OR (t.state = 1 AND t.outcome = i.outcome
-                           AND t.outcome_is_err = i.is_err AND t.outcome_version = i.version))
+      AND ((t.state = 0 AND t.steps <> 2)
+           OR (t.state = 1 AND t.outcome = i.outcome AND t.outcome_is_err = i.is_err
+               AND t.outcome_version = i.version))
     RETURNING i.ord, t.waiters, i.payload
 ), woke AS (
     SELECT pg_notify('idem_wake', payload) FROM upd WHERE waiters

@@ -1,7 +1,20 @@
-WITH upd AS (
+-- A record with steps stays, released (no lease); one without goes, with any steps an
+-- earlier life left. The two arms exclude each other, so at most one changes the row.
+WITH kept AS (
+    UPDATE {table} SET steps = 2, lease_until = clock_timestamp()
+    WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch AND state = 0
+      AND steps = 1
+    RETURNING waiters
+), gone AS (
     DELETE FROM {table}
     WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch AND state = 0
-    RETURNING waiters
+      AND steps IN (0, 3)
+    RETURNING scope, name, key, steps, waiters
+), earlier AS (
+    DELETE FROM {steps} AS s USING gone AS g
+    WHERE g.steps = 3 AND s.scope = g.scope AND s.name = g.name AND s.key = g.key
+), upd AS (
+    SELECT waiters FROM kept UNION ALL SELECT waiters FROM gone
 ), woke AS (
     SELECT pg_notify('idem_wake', :payload) FROM upd WHERE waiters
 )

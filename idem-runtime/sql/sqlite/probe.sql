@@ -1,4 +1,6 @@
 SELECT scope, name, key, state, epoch, fingerprint, token, taken_over,
     lease_until_ms, created_ms, claimed_ms, expires_ms, outcome, outcome_is_err, outcome_version,
-    (SELECT last_epoch FROM {meta} WHERE id = 0) AS last_epoch
+    steps, (SELECT last_epoch FROM {meta} WHERE id = 0) AS last_epoch,
+    EXISTS (SELECT seq, scope, name, key, label, epoch, recorded_ms, outcome, outcome_is_err,
+            outcome_version FROM {steps} WHERE 0) AS steps_table
     FROM {table} LIMIT 0

@@ -1,3 +1,8 @@
+UPDATE {table} SET state = 0, steps = 2, lease_until_ms = {now}
+    WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch AND state IN (0, 2)
+      AND steps IN (1, 2)
+    RETURNING 1 AS held;
 DELETE FROM {table}
     WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch AND state IN (0, 2)
+      AND steps IN (0, 3)
     RETURNING 1 AS held

@@ -60,7 +60,10 @@
 //! # Errors
 //!
 //! By default (`errors = release`) an `Err` releases the claim: the record is removed
-//! and a retry runs the body again, with any payload. `errors = record` records the
+//! and a retry runs the body again, with any payload. An operation that recorded
+//! [steps](crate::step) keeps them, and its payload stays bound: the retry replays the
+//! completed steps and runs the rest, and another payload is
+//! [`IdemError::Mismatch`](crate::IdemError::Mismatch). `errors = record` records the
 //! error and replays it like a success. `classify = path` decides per error:
 //! [`Disposition::Release`](crate::Disposition::Release),
 //! [`Record`](crate::Disposition::Record) or [`Unknown`](crate::Disposition::Unknown),
@@ -77,6 +80,8 @@
 //! [`current()`](crate::current)`.`[`downstream_key("label")`](crate::Current::downstream_key)
 //! (the same across retries and takeovers) to the downstream system as its idempotency
 //! key, or use `on_takeover = unknown` to stop and reconcile instead of running again.
+//! A body of several effects makes each a [`step`](crate::step): a crash then repeats
+//! at most the step it crashed in, not the steps recorded before it.
 //!
 //! # Crashes, leases and epochs
 //!

@@ -48,8 +48,11 @@
 //! at open. A deadlock between claims on one key (InnoDB's gap locks when a key is
 //! deleted and inserted at once) rolls the claim's transaction back whole, and the claim
 //! is issued again, up to 8 times with a short backoff. Fenced writes (record, release,
-//! renew, UNKNOWN, resolve) are single `UPDATE` or `DELETE` statements on `epoch = ?`,
-//! held when they matched a row. A fresh call is eight round trips (the claim's
+//! renew, UNKNOWN, resolve) are `UPDATE` or `DELETE` statements on `epoch = ?`, held
+//! when they matched a row: one statement each, except that a release (or a retry's
+//! resolve) tries the delete of a record without steps first and, only when the record
+//! has [steps](crate::step), keeps it released, and that a step's record locks the
+//! operation's row, then writes the step, in one transaction. A fresh call is eight round trips (the claim's
 //! `BEGIN`, five statements and `COMMIT`, then the record) and two commits.
 //!
 //! # Replays read first, once replays come in

@@ -53,9 +53,11 @@
 //!   ([`unknown()`](crate::ListFilter::unknown), [`stuck(age)`](crate::ListFilter::stuck)):
 //!   records oldest first.
 //! - [`Idem::get`](crate::Idem::get): one record in full (state, epoch, lease, expiry,
-//!   outcome).
+//!   outcome, and the [steps](crate::step) an unfinished operation completed, with their
+//!   values, epochs and ages: what happened before it stopped).
 //! - [`Idem::resolve`](crate::Idem::resolve) with a [`Resolution`](crate::Resolution):
-//!   `Retry` (the effect did not happen: the next call runs the body), `Completed` (it
+//!   `Retry` (the effect did not happen: the next call runs the body, replaying the
+//!   steps it recorded), `Completed` (it
 //!   happened: later calls replay this outcome) or `Rejected` (record this error). A
 //!   resolve is fenced by the epoch it names: if another attempt claimed the operation
 //!   meanwhile, it is refused with [`IdemError::Fenced`](crate::IdemError::Fenced) and

@@ -22,8 +22,9 @@
 //! # Schema and migrations
 //!
 //! One table (`idem_operations` unless [`table`](crate::IdemBuilder::table) says
-//! otherwise, schema-qualified if given), a sequence for epochs (`<table>_epoch_seq`)
-//! and a one-row `<table>_meta` holding the key mode:
+//! otherwise, schema-qualified if given), a sequence for epochs (`<table>_epoch_seq`),
+//! a one-row `<table>_meta` holding the key mode, and `<table>_steps`, the
+//! [steps](crate::step) of unfinished operations, one row per (operation, label):
 //!
 //! ```sql
 //! CREATE TABLE idem_operations (
@@ -35,7 +36,15 @@
 //!     lease_until TIMESTAMPTZ, created_at TIMESTAMPTZ, claimed_at TIMESTAMPTZ,
 //!     expires_at TIMESTAMPTZ,                   -- COMPLETED only: now + retain
 //!     outcome BYTEA, outcome_is_err BOOLEAN, outcome_version INTEGER,
-//!     waiters BOOLEAN                           -- someone waits: finishing sends NOTIFY
+//!     waiters BOOLEAN,                          -- someone waits: finishing sends NOTIFY
+//!     steps SMALLINT                            -- 0 none, 1 recorded, 2 released with them,
+//!                                               -- 3 none yet in this life
+//! );
+//! CREATE TABLE idem_operations_steps (
+//!     scope TEXT, name TEXT, key TEXT, label TEXT,  -- PRIMARY KEY (scope, name, key, label)
+//!     seq BIGINT,                               -- the order steps were first recorded in
+//!     epoch BIGINT, recorded_at TIMESTAMPTZ,
+//!     outcome BYTEA, outcome_is_err BOOLEAN, outcome_version INTEGER
 //! );
 //! -- partial indexes: (expires_at) WHERE state = 1 for purge,
 //! --                  (claimed_at) WHERE state IN (0, 2) for stuck-claim queries

@@ -81,6 +81,7 @@ async fn acquire(store: &dyn Store, id: &OperationId, fp: [u8; 32], lease: Durat
         Claim::Acquired {
             epoch,
             takeover: false,
+            resume: false,
         } => epoch,
         other => panic!("{id}: expected a fresh claim, got {other:?}"),
     }
@@ -99,6 +100,330 @@ pub async fn run_all(store: &dyn Store) {
     epochs_never_repeat(store).await;
     purge_removes_only_expired_completed(store).await;
     stats_and_list(store).await;
+    steps_are_recorded_fenced_and_replaced(store).await;
+    a_takeover_resumes_the_steps(store).await;
+    a_release_keeps_steps_and_fingerprint(store).await;
+    an_operator_settles_a_released_operation(store).await;
+    unknown_keeps_steps_and_retry_resumes(store).await;
+    a_new_life_starts_without_steps(store).await;
+    steps_go_with_their_operation(store).await;
+}
+
+/// The labels of `id`'s recorded steps, oldest first, with their epochs and values.
+async fn step_list(store: &dyn Store, id: &OperationId) -> Vec<(String, u64, String)> {
+    store
+        .steps(id)
+        .await
+        .expect("steps")
+        .into_iter()
+        .map(|s| {
+            assert!(
+                s.age < DAY,
+                "a step's age is by the store's clock: {:?}",
+                s.age
+            );
+            let body = String::from_utf8(s.outcome.body).expect("utf-8 value");
+            (s.label, s.epoch, body)
+        })
+        .collect()
+}
+
+async fn put_step(store: &dyn Store, id: &OperationId, epoch: u64, label: &str, v: &str) -> Fence {
+    store
+        .record_step(id, epoch, label, &outcome(v))
+        .await
+        .expect("record_step")
+}
+
+fn step(label: &str, epoch: u64, v: &str) -> (String, u64, String) {
+    (label.to_owned(), epoch, v.to_owned())
+}
+
+/// Claims `id` with `fp`, expecting an acquisition that resumes recorded steps.
+async fn resume(store: &dyn Store, id: &OperationId, fp: [u8; 32], on: Takeover) -> (u64, bool) {
+    match claim_with(store, id, fp, LEASE, on).await {
+        Claim::Acquired {
+            epoch,
+            takeover,
+            resume: true,
+        } => (epoch, takeover),
+        other => panic!("{id}: expected a claim that resumes its steps, got {other:?}"),
+    }
+}
+
+/// A step is recorded under its claim's epoch, oldest first; recording a label again
+/// replaces it (a retry whose reply was lost); a step of an epoch that does not hold
+/// the claim, or of a completed operation, is fenced.
+pub async fn steps_are_recorded_fenced_and_replaced(store: &dyn Store) {
+    let id = fresh_id("steps");
+    assert!(
+        step_list(store, &id).await.is_empty(),
+        "no record, no steps"
+    );
+    let epoch = acquire(store, &id, FP, LEASE).await;
+    assert!(step_list(store, &id).await.is_empty());
+    assert_eq!(
+        put_step(store, &id, epoch, "reserve", "\"hold-1\"").await,
+        Fence::Held
+    );
+    assert_eq!(
+        put_step(store, &id, epoch, "charge", "42").await,
+        Fence::Held
+    );
+    assert_eq!(
+        put_step(store, &id, epoch, "charge", "42").await,
+        Fence::Held
+    );
+    assert_eq!(
+        step_list(store, &id).await,
+        [
+            step("reserve", epoch, "\"hold-1\""),
+            step("charge", epoch, "42")
+        ],
+        "steps are listed oldest first, a label once"
+    );
+    assert_eq!(
+        put_step(store, &id, epoch + 1_000_000, "x", "1").await,
+        Fence::Lost,
+        "a step of another epoch must be fenced"
+    );
+    let other = fresh_id("steps");
+    assert_eq!(
+        put_step(store, &other, epoch, "x", "1").await,
+        Fence::Lost,
+        "no record"
+    );
+    store.record(&id, epoch, &outcome("7"), DAY).await.unwrap();
+    assert_eq!(
+        put_step(store, &id, epoch, "late", "1").await,
+        Fence::Lost,
+        "a step of a completed operation must be fenced"
+    );
+    assert_eq!(
+        claim(store, &id, FP, LEASE).await,
+        Claim::Completed(outcome("7"))
+    );
+}
+
+/// A lapsed claim with steps is taken over with `resume`; the old epoch can no longer
+/// record a step, the new one adds to the steps the old one made.
+pub async fn a_takeover_resumes_the_steps(store: &dyn Store) {
+    let id = fresh_id("steps-takeover");
+    let old = acquire(store, &id, FP, TINY).await;
+    assert_eq!(put_step(store, &id, old, "charge", "1").await, Fence::Held);
+    tokio::time::sleep(PAST_TINY).await;
+    let (new, takeover) = resume(store, &id, FP, Takeover::Rerun).await;
+    assert!(
+        takeover && new > old,
+        "a takeover at a higher epoch: {new} over {old}"
+    );
+    assert_eq!(put_step(store, &id, old, "receipt", "2").await, Fence::Lost);
+    assert_eq!(put_step(store, &id, new, "receipt", "3").await, Fence::Held);
+    assert_eq!(
+        step_list(store, &id).await,
+        [step("charge", old, "1"), step("receipt", new, "3")]
+    );
+
+    // Without steps, a takeover has nothing to resume.
+    let bare = fresh_id("steps-takeover");
+    acquire(store, &bare, FP, TINY).await;
+    tokio::time::sleep(PAST_TINY).await;
+    match claim(store, &bare, FP, LEASE).await {
+        Claim::Acquired {
+            takeover: true,
+            resume: false,
+            ..
+        } => {}
+        other => panic!("a takeover without steps resumes nothing, got {other:?}"),
+    }
+}
+
+/// A release with steps keeps the record, its fingerprint and its steps: another
+/// request is a mismatch, and the same one resumes at once at a higher epoch, even
+/// under `on_takeover = unknown` (the release was no crash). The released epoch can no
+/// longer record.
+pub async fn a_release_keeps_steps_and_fingerprint(store: &dyn Store) {
+    let id = fresh_id("steps-release");
+    let first = acquire(store, &id, FP, LEASE).await;
+    assert_eq!(
+        put_step(store, &id, first, "charge", "1").await,
+        Fence::Held
+    );
+    assert_eq!(store.release(&id, first).await.unwrap(), Fence::Held);
+    assert_eq!(
+        claim(store, &id, OTHER_FP, LEASE).await,
+        Claim::Mismatch,
+        "released steps keep the request bound"
+    );
+    if let Ok(Some(detail)) = store.get(&id).await {
+        assert_eq!(detail.info.state, State::InProgress);
+        assert_eq!(
+            detail.lease_remaining,
+            Some(Duration::ZERO),
+            "released: no lease"
+        );
+    }
+    assert_eq!(put_step(store, &id, first, "late", "1").await, Fence::Lost);
+    let (second, takeover) = resume(store, &id, FP, Takeover::Unknown).await;
+    assert!(
+        !takeover && second > first,
+        "{second} over {first}, not a takeover"
+    );
+    assert!(
+        matches!(claim(store, &id, FP, LEASE).await, Claim::InFlight { .. }),
+        "the resumed claim holds a lease"
+    );
+    assert_eq!(step_list(store, &id).await, [step("charge", first, "1")]);
+    assert_eq!(store.release(&id, first).await.unwrap(), Fence::Lost);
+    assert_eq!(
+        store.record(&id, second, &outcome("9"), DAY).await.unwrap(),
+        Fence::Held
+    );
+    assert_eq!(
+        claim(store, &id, FP, LEASE).await,
+        Claim::Completed(outcome("9"))
+    );
+}
+
+/// A released operation's epoch no longer holds its claim: its record, renewal and move
+/// to UNKNOWN are fenced. An operator may still settle it at that epoch: a retry keeps
+/// it released, a completion records the outcome, and `forget` drops it.
+pub async fn an_operator_settles_a_released_operation(store: &dyn Store) {
+    let id = fresh_id("steps-settle");
+    let epoch = acquire(store, &id, FP, LEASE).await;
+    assert_eq!(
+        put_step(store, &id, epoch, "charge", "1").await,
+        Fence::Held
+    );
+    assert_eq!(store.release(&id, epoch).await.unwrap(), Fence::Held);
+    assert_eq!(
+        store.record(&id, epoch, &outcome("2"), DAY).await.unwrap(),
+        Fence::Lost
+    );
+    assert_eq!(store.renew(&id, epoch, LEASE).await.unwrap(), Fence::Lost);
+    assert_eq!(store.mark_unknown(&id, epoch).await.unwrap(), Fence::Lost);
+    assert_eq!(store.resolve(&id, epoch, None).await.unwrap(), Fence::Held);
+    assert_eq!(
+        claim(store, &id, OTHER_FP, LEASE).await,
+        Claim::Mismatch,
+        "still bound"
+    );
+    assert_eq!(step_list(store, &id).await, [step("charge", epoch, "1")]);
+    let done = Some((&outcome("3"), DAY));
+    assert_eq!(store.resolve(&id, epoch, done).await.unwrap(), Fence::Held);
+    assert_eq!(
+        claim(store, &id, FP, LEASE).await,
+        Claim::Completed(outcome("3"))
+    );
+
+    let dropped = fresh_id("steps-settle");
+    let epoch = acquire(store, &dropped, FP, LEASE).await;
+    assert_eq!(
+        put_step(store, &dropped, epoch, "charge", "1").await,
+        Fence::Held
+    );
+    assert_eq!(store.release(&dropped, epoch).await.unwrap(), Fence::Held);
+    if let Ok(fence) = store.forget(&dropped, epoch).await {
+        assert_eq!(fence, Fence::Held, "a released operation can be forgotten");
+        assert!(step_list(store, &dropped).await.is_empty());
+        acquire(store, &dropped, OTHER_FP, LEASE).await;
+    }
+}
+
+/// A lapsed claim with steps moved to UNKNOWN keeps them for the operator;
+/// `resolve(.., None)` (retry) keeps them and the fingerprint, and the next claim
+/// resumes.
+pub async fn unknown_keeps_steps_and_retry_resumes(store: &dyn Store) {
+    let id = fresh_id("steps-unknown");
+    let epoch = acquire(store, &id, FP, TINY).await;
+    assert_eq!(
+        put_step(store, &id, epoch, "charge", "1").await,
+        Fence::Held
+    );
+    tokio::time::sleep(PAST_TINY).await;
+    assert_eq!(
+        claim_with(store, &id, FP, LEASE, Takeover::Unknown).await,
+        Claim::Unknown { epoch, now: true }
+    );
+    assert_eq!(step_list(store, &id).await, [step("charge", epoch, "1")]);
+    assert_eq!(put_step(store, &id, epoch, "late", "1").await, Fence::Lost);
+    assert_eq!(store.resolve(&id, epoch, None).await.unwrap(), Fence::Held);
+    assert_eq!(claim(store, &id, OTHER_FP, LEASE).await, Claim::Mismatch);
+    let (next, _) = resume(store, &id, FP, Takeover::Unknown).await;
+    assert!(next > epoch);
+    assert_eq!(step_list(store, &id).await, [step("charge", epoch, "1")]);
+}
+
+/// A record that completed and expired is claimed afresh without its old steps: they
+/// are not listed, not resumed, and a new step starts a list of its own.
+pub async fn a_new_life_starts_without_steps(store: &dyn Store) {
+    let id = fresh_id("steps-life");
+    let first = acquire(store, &id, FP, LEASE).await;
+    assert_eq!(
+        put_step(store, &id, first, "charge", "1").await,
+        Fence::Held
+    );
+    assert_eq!(
+        put_step(store, &id, first, "receipt", "2").await,
+        Fence::Held
+    );
+    store.record(&id, first, &outcome("3"), TINY).await.unwrap();
+    tokio::time::sleep(PAST_TINY).await;
+    let second = acquire(store, &id, OTHER_FP, LEASE).await;
+    assert!(
+        step_list(store, &id).await.is_empty(),
+        "a new life has no steps"
+    );
+    assert_eq!(
+        put_step(store, &id, second, "charge", "4").await,
+        Fence::Held
+    );
+    assert_eq!(step_list(store, &id).await, [step("charge", second, "4")]);
+}
+
+/// Steps go with their operation: when it is forgotten, and when a resolve completes
+/// it and it is purged.
+pub async fn steps_go_with_their_operation(store: &dyn Store) {
+    let id = fresh_id("steps-gone");
+    let epoch = acquire(store, &id, FP, TINY).await;
+    assert_eq!(
+        put_step(store, &id, epoch, "charge", "1").await,
+        Fence::Held
+    );
+    tokio::time::sleep(PAST_TINY).await;
+    claim_with(store, &id, FP, LEASE, Takeover::Unknown).await;
+    if let Ok(fence) = store.forget(&id, epoch).await {
+        assert_eq!(fence, Fence::Held, "UNKNOWN can be forgotten");
+        assert!(
+            step_list(store, &id).await.is_empty(),
+            "forgotten with its record"
+        );
+        acquire(store, &id, FP, LEASE).await;
+        assert!(step_list(store, &id).await.is_empty());
+    }
+
+    let resolved = fresh_id("steps-gone");
+    let epoch = acquire(store, &resolved, FP, LEASE).await;
+    assert_eq!(
+        put_step(store, &resolved, epoch, "charge", "1").await,
+        Fence::Held
+    );
+    assert_eq!(
+        store.mark_unknown(&resolved, epoch).await.unwrap(),
+        Fence::Held
+    );
+    let done = Some((&outcome("5"), TINY));
+    assert_eq!(
+        store.resolve(&resolved, epoch, done).await.unwrap(),
+        Fence::Held
+    );
+    tokio::time::sleep(PAST_TINY).await;
+    assert!(store.purge_expired().await.unwrap() >= 1);
+    assert!(store.get(&resolved).await.map_or(true, |d| d.is_none()));
+    assert!(
+        step_list(store, &resolved).await.is_empty(),
+        "purged with its record"
+    );
 }
 
 /// ABSENT → IN_PROGRESS → COMPLETED; duplicates see in-flight, then the outcome; a
@@ -190,6 +515,7 @@ pub async fn lapsed_lease_is_taken_over_and_fenced(store: &dyn Store) {
         Claim::Acquired {
             epoch,
             takeover: true,
+            ..
         } => epoch,
         other => panic!("a lapsed lease must be taken over, got {other:?}"),
     };

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    Stats, Store, StoreError, StoredOutcome, WakeHub,
+    Stats, StepRecord, Store, StoreError, StoredOutcome, WakeHub,
 };
 
 /// A wrapper around another [`Store`] (metrics, tracing, fault injection) that
@@ -128,6 +128,22 @@ pub trait Delegate: Send + Sync + 'static {
         self.inner().resolve(id, epoch, completed).await
     }
 
+    /// [`Store::record_step`], forwarded by default.
+    async fn record_step(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        label: &str,
+        outcome: &StoredOutcome,
+    ) -> Result<Fence, StoreError> {
+        self.inner().record_step(id, epoch, label, outcome).await
+    }
+
+    /// [`Store::steps`], forwarded by default.
+    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
+        self.inner().steps(id).await
+    }
+
     /// [`Store::forget`], forwarded by default.
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         self.inner().forget(id, epoch).await
@@ -219,6 +235,20 @@ impl Store for dyn Delegate {
         completed: Option<(&StoredOutcome, Duration)>,
     ) -> Result<Fence, StoreError> {
         Delegate::resolve(self, id, epoch, completed).await
+    }
+
+    async fn record_step(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        label: &str,
+        outcome: &StoredOutcome,
+    ) -> Result<Fence, StoreError> {
+        Delegate::record_step(self, id, epoch, label, outcome).await
+    }
+
+    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
+        Delegate::steps(self, id).await
     }
 
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {

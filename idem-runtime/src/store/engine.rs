@@ -17,7 +17,7 @@ use super::sql_common::{
 };
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    ReplayGate, State, Stats, Store, StoredOutcome, Takeover,
+    ReplayGate, State, Stats, StepRecord, Store, StoredOutcome, Takeover,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -119,6 +119,7 @@ const PARAM_ORDER: &[&str] = &[
     "mode",
     "table_name",
     "schema",
+    "label",
 ];
 
 /// A rendered statement: its text with positional placeholders, and which named
@@ -136,9 +137,15 @@ impl Stmt {
         let expanded = template
             // A shared fragment first: it holds the names below.
             .replace("{claim_conflict}", D::sql("claim_conflict").trim())
-            .replace("{rerun}", "({lapsed} AND NOT :to_unknown)")
-            .replace("{to_unknown}", "({lapsed} AND :to_unknown)")
+            // A released record resumes whatever `on_takeover` says: its last attempt
+            // ended knowing what it had done.
+            .replace("{rerun}", "(({lapsed} AND NOT :to_unknown) OR {released})")
+            .replace(
+                "{to_unknown}",
+                "({lapsed} AND :to_unknown AND NOT {released})",
+            )
             .replace("{lapsed}", D::sql("lapsed").trim())
+            .replace("{released}", D::sql("released").trim())
             .replace("{expired}", D::sql("expired").trim())
             .replace("{next_epoch}", D::NEXT_EPOCH);
         let text = table.render(&expanded, D::NOW);
@@ -501,8 +508,11 @@ macro_rules! statements {
                 "tx_reclaim" => file!("tx_reclaim"),
                 "tx_takeover" => file!("tx_takeover"),
                 "tx_record" => file!("tx_record"),
+                "record_step" => file!("record_step"),
+                "steps" => file!("steps"),
                 "expired" => file!("expired"),
                 "lapsed" => file!("lapsed"),
+                "released" => file!("released"),
                 "migrations_bookkeeping" => file!("migrations_bookkeeping"),
                 "table_exists" => file!("table_exists"),
                 "forget_migrations" => file!("forget_migrations"),
@@ -529,6 +539,8 @@ struct Statements {
     resolve_record: Stmt,
     resolve_delete: Stmt,
     forget: Stmt,
+    record_step: Stmt,
+    steps: Stmt,
     announce_wait: Option<Stmt>,
     /// Sent after a fenced write whose row says a caller waits, where the write does
     /// not wake them itself.
@@ -560,6 +572,8 @@ impl Statements {
             resolve_record: r("resolve_record"),
             resolve_delete: r("resolve_delete"),
             forget: r("forget"),
+            record_step: r("record_step"),
+            steps: r("steps"),
             announce_wait: optional("announce_wait"),
             wake: optional("wake"),
             purge: r("purge"),
@@ -936,6 +950,7 @@ fn claim_row(row: &Row) -> Result<ClaimRow, StoreError> {
         epoch: row.int("epoch")?,
         same_fingerprint: row.flag("same_fingerprint")?,
         taken_over: row.flag("taken_over")?,
+        resume: row.flag("resume")?,
         retry_after_ms: row.int("retry_after_ms")?,
         outcome: row.opt_bytes("outcome")?,
         outcome_is_err: row.flag("outcome_is_err")?,
@@ -967,6 +982,7 @@ impl<D: Dialect> Store for SqlStore<D> {
             Some(epoch) => Claim::Acquired {
                 epoch,
                 takeover: false,
+                resume: false,
             },
             None => self.claim_full(req, named).await?,
         };
@@ -1070,6 +1086,42 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         self.fenced(&self.sql.forget, id, epoch, &[]).await
+    }
+
+    async fn record_step(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        label: &str,
+        outcome: &StoredOutcome,
+    ) -> Result<Fence, StoreError> {
+        let step = [
+            ("label", Arg::Text(label)),
+            ("outcome", Arg::Bytes(&outcome.body)),
+            ("is_err", Arg::Bool(outcome.is_err)),
+            ("version", Arg::Int(i64::from(outcome.version))),
+        ];
+        self.fenced(&self.sql.record_step, id, epoch, &step).await
+    }
+
+    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
+        // Read once by a claim that resumes, on the way to its body, like the replay read.
+        let on = if D::PEEK_ON_HOT { On::Hot } else { On::Pool };
+        let rows = self.rows(on, &self.sql.steps, &id_args(id)).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(StepRecord {
+                    label: row.text("label")?,
+                    epoch: epoch_from_sql(row.int("epoch")?)?,
+                    age: duration_ms(row.int("age_ms")?),
+                    outcome: outcome_from_sql(
+                        row.opt_bytes("outcome")?,
+                        row.flag("outcome_is_err")?,
+                        row.int("outcome_version")?,
+                    )?,
+                })
+            })
+            .collect()
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
@@ -1281,5 +1333,143 @@ impl<D: Dialect> SqlStore<D> {
         // Held only when the update changed a row: PostgreSQL and SQLite return one row
         // per changed record, MySQL one row with the count of rows the update matched.
         fence(&rows)
+    }
+}
+
+/// Checks of the engine's steps on a dialect's store, which each dialect's tests run.
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use super::{Arg, Dialect, On, SqlStore, Stmt, TableName};
+    use crate::store::{Claim, ClaimRequest, Fence, OperationId, Store, StoredOutcome, Takeover};
+
+    const FP: [u8; 32] = [1; 32];
+    const LEASE: Duration = Duration::from_secs(60);
+    const TINY: Duration = Duration::from_millis(5);
+    const PAST_TINY: Duration = Duration::from_millis(60);
+
+    fn outcome(body: &str) -> StoredOutcome {
+        StoredOutcome {
+            is_err: false,
+            version: 1,
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    /// The step rows `name` has in the steps table, whatever their record shows.
+    async fn step_rows<D: Dialect>(store: &SqlStore<D>, table: &TableName, name: &str) -> i64 {
+        let count = Stmt::render::<D>(
+            "SELECT COUNT(*) AS n FROM {steps} WHERE scope = :scope AND name = :name",
+            table,
+        );
+        let args = count
+            .args(&[("scope", Arg::Text("leftovers")), ("name", Arg::Text(name))])
+            .unwrap();
+        let rows = store.dialect.fetch(On::Pool, &count, args).await.unwrap();
+        rows[0].int("n").unwrap()
+    }
+
+    fn id(name: &str) -> OperationId {
+        OperationId {
+            scope: "leftovers".into(),
+            name: name.into(),
+            key: format!("{}-{:?}", std::process::id(), std::time::SystemTime::now()),
+        }
+    }
+
+    /// Claims `id` afresh after its record with steps completed and expired: the new
+    /// life starts with the earlier one's step rows left, unseen.
+    async fn a_second_life<D: Dialect>(store: &SqlStore<D>, id: &OperationId) -> u64 {
+        let claim = |lease| {
+            let req = ClaimRequest {
+                id,
+                fingerprint: FP,
+                lease,
+                on_takeover: Takeover::Rerun,
+            };
+            async move { store.claim(&req).await.unwrap() }
+        };
+        let Claim::Acquired { epoch: first, .. } = claim(LEASE).await else {
+            panic!("a fresh key is claimed");
+        };
+        for label in ["a", "b"] {
+            let fence = store.record_step(id, first, label, &outcome("1")).await;
+            assert_eq!(fence.unwrap(), Fence::Held);
+        }
+        let fence = store.record(id, first, &outcome("2"), TINY).await;
+        assert_eq!(fence.unwrap(), Fence::Held);
+        tokio::time::sleep(PAST_TINY).await;
+        match claim(LEASE).await {
+            Claim::Acquired {
+                epoch,
+                takeover: false,
+                resume: false,
+            } => epoch,
+            other => panic!("an expired record is claimed afresh, got {other:?}"),
+        }
+    }
+
+    /// Step rows an earlier life left are deleted by the first step of the next life
+    /// and with the record however it goes (release, retry, purge): none outlive it.
+    pub(crate) async fn earlier_lives_leave_no_steps<D: Dialect>(
+        store: &SqlStore<D>,
+        table: &TableName,
+    ) {
+        let stepped = id("stepped");
+        let epoch = a_second_life(store, &stepped).await;
+        assert_eq!(step_rows(store, table, "stepped").await, 2);
+        assert!(store.steps(&stepped).await.unwrap().is_empty());
+        let fence = store.record_step(&stepped, epoch, "a", &outcome("3")).await;
+        assert_eq!(fence.unwrap(), Fence::Held);
+        assert_eq!(step_rows(store, table, "stepped").await, 1);
+        let steps = store.steps(&stepped).await.unwrap();
+        assert_eq!((steps.len(), steps[0].epoch), (1, epoch));
+
+        let released = id("released");
+        let epoch = a_second_life(store, &released).await;
+        assert_eq!(store.release(&released, epoch).await.unwrap(), Fence::Held);
+        assert!(store.get(&released).await.unwrap().is_none());
+        assert_eq!(step_rows(store, table, "released").await, 0);
+
+        let retried = id("retried");
+        let epoch = a_second_life(store, &retried).await;
+        let fence = store.resolve(&retried, epoch, None).await;
+        assert_eq!(fence.unwrap(), Fence::Held);
+        assert!(store.get(&retried).await.unwrap().is_none());
+        assert_eq!(step_rows(store, table, "retried").await, 0);
+
+        let purged = id("purged");
+        let epoch = a_second_life(store, &purged).await;
+        let fence = store.record(&purged, epoch, &outcome("4"), TINY).await;
+        assert_eq!(fence.unwrap(), Fence::Held);
+        tokio::time::sleep(PAST_TINY).await;
+        assert!(store.purge_expired().await.unwrap() >= 1);
+        assert!(store.get(&purged).await.unwrap().is_none());
+        assert_eq!(step_rows(store, table, "purged").await, 0);
+    }
+
+    /// Steps of one operation recorded at once (a body that joins them) all hold: their
+    /// writes queue on the record's lock rather than deadlock.
+    pub(crate) async fn steps_of_one_operation_record_at_once<D: Dialect>(store: &SqlStore<D>) {
+        for _ in 0..10 {
+            let id = id("at-once");
+            let req = ClaimRequest {
+                id: &id,
+                fingerprint: FP,
+                lease: LEASE,
+                on_takeover: Takeover::Rerun,
+            };
+            let Claim::Acquired { epoch, .. } = store.claim(&req).await.unwrap() else {
+                panic!("a fresh key is claimed");
+            };
+            let value = outcome("1");
+            let write = |label| store.record_step(&id, epoch, label, &value);
+            let fences = tokio::join!(write("a"), write("b"), write("c"), write("d"));
+            for fence in [fences.0, fences.1, fences.2, fences.3] {
+                assert_eq!(fence.expect("a step written beside others"), Fence::Held);
+            }
+            assert_eq!(store.steps(&id).await.unwrap().len(), 4);
+        }
     }
 }

@@ -11,7 +11,7 @@ use hashbrown::HashTable;
 use super::at_once::{AtOnce, Claimed, Kept};
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
-    Store, StoredOutcome, Takeover,
+    StepRecord, Store, StoredOutcome, Takeover,
 };
 use crate::error::StoreError;
 
@@ -188,6 +188,26 @@ struct Record {
     /// When a completed record expires ([`Tick::NEVER`] before it completes).
     expires_at: Tick,
     outcome: Option<Kept>,
+    /// The steps of this life of the record, boxed: most records have none, and every
+    /// record pays for the field.
+    steps: Option<Box<Steps>>,
+}
+
+/// An operation's recorded steps.
+#[derive(Debug, Default)]
+struct Steps {
+    done: Vec<Step>,
+    /// Released with its steps kept: no lease, and the next claim with the same
+    /// fingerprint resumes it.
+    released: bool,
+}
+
+#[derive(Debug)]
+struct Step {
+    label: Box<str>,
+    epoch: u64,
+    at: Tick,
+    outcome: StoredOutcome,
 }
 
 impl Record {
@@ -198,18 +218,44 @@ impl Record {
     /// How long the lease still runs: a pinned claim's whole lease, since it is held
     /// as long as its call lives.
     fn lease_left(&self, now: Tick) -> Duration {
-        if self.pinned {
+        if self.released() {
+            Duration::ZERO
+        } else if self.pinned {
             self.lease_until.since(self.claimed_at)
         } else {
             self.lease_until.since(now)
         }
     }
 
-    /// Completes the record with `outcome`, kept until `expires_at`.
+    /// Completes the record with `outcome`, kept until `expires_at`. Its steps go: the
+    /// final outcome is what a completed operation replays.
     fn complete(&mut self, outcome: Kept, expires_at: Tick) {
+        self.steps = None;
         self.state = State::Completed;
         self.outcome = Some(outcome);
         self.expires_at = expires_at;
+    }
+
+    fn has_steps(&self) -> bool {
+        self.steps.as_ref().is_some_and(|s| !s.done.is_empty())
+    }
+
+    fn released(&self) -> bool {
+        self.steps.as_ref().is_some_and(|s| s.released)
+    }
+
+    /// Gives the claim up: `true` when the record must go (it has no steps), else it
+    /// stays IN_PROGRESS, released, for the next claim to resume.
+    fn release(&mut self) -> bool {
+        match &mut self.steps {
+            Some(steps) if !steps.done.is_empty() => {
+                steps.released = true;
+                self.state = State::InProgress;
+                self.pinned = false;
+                false
+            }
+            _ => true,
+        }
     }
 }
 
@@ -271,7 +317,7 @@ impl MemoryStore {
     fn record_now(&self, id: &OperationId, epoch: u64, outcome: Kept, retain: Duration) -> Fence {
         let mut map = self.lock();
         match map.get_mut(id) {
-            Some(r) if r.epoch == epoch && r.state == State::InProgress => {
+            Some(r) if r.epoch == epoch && r.state == State::InProgress && !r.released() => {
                 r.complete(outcome, self.now().after(retain));
                 Fence::Held
             }
@@ -298,12 +344,14 @@ impl MemoryStore {
             claimed_at: now,
             expires_at: Tick::NEVER,
             outcome: None,
+            steps: None,
         };
         let (rec, new) = map.get_or_insert(req.id, || fresh(self.next_epoch()));
         if new {
             return Claimed::Decided(Claim::Acquired {
                 epoch: rec.epoch,
                 takeover: false,
+                resume: false,
             });
         }
         if rec.expired(now) {
@@ -311,10 +359,27 @@ impl MemoryStore {
             return Claimed::Decided(Claim::Acquired {
                 epoch: rec.epoch,
                 takeover: false,
+                resume: false,
             });
         }
         if rec.fingerprint != req.fingerprint {
             return Claimed::Decided(Claim::Mismatch);
+        }
+        // Released with its steps: resumed at once, whatever `on_takeover` says, since
+        // its last attempt ended knowing what it had done.
+        if rec.state == State::InProgress && rec.released() {
+            rec.epoch = self.next_epoch();
+            rec.pinned = pin;
+            rec.lease_until = now.after(req.lease);
+            rec.claimed_at = now;
+            if let Some(steps) = &mut rec.steps {
+                steps.released = false;
+            }
+            return Claimed::Decided(Claim::Acquired {
+                epoch: rec.epoch,
+                takeover: false,
+                resume: true,
+            });
         }
         Claimed::Decided(match rec.state {
             State::Completed => {
@@ -340,6 +405,7 @@ impl MemoryStore {
                     Claim::Acquired {
                         epoch: rec.epoch,
                         takeover: true,
+                        resume: rec.has_steps(),
                     }
                 }
                 Takeover::Unknown => {
@@ -362,7 +428,13 @@ impl MemoryStore {
     ) -> Fence {
         let mut map = self.lock();
         match map.get(id) {
-            Some(r) if r.epoch == epoch && states.contains(&r.state) => {
+            // A released claim's epoch no longer holds it; an operator may still settle
+            // it (`resolve`, whose states include UNKNOWN).
+            Some(r)
+                if r.epoch == epoch
+                    && states.contains(&r.state)
+                    && (!r.released() || states.contains(&State::Unknown)) =>
+            {
                 f(&mut map);
                 Fence::Held
             }
@@ -433,7 +505,9 @@ impl Store for MemoryStore {
 
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
-            map.remove(id);
+            if map.get_mut(id).expect("checked").release() {
+                map.remove(id);
+            }
         }))
     }
 
@@ -471,7 +545,9 @@ impl Store for MemoryStore {
             &[State::InProgress, State::Unknown],
             |map| match completed {
                 None => {
-                    map.remove(id);
+                    if map.get_mut(id).expect("checked").release() {
+                        map.remove(id);
+                    }
                 }
                 Some((outcome, retain)) => {
                     let expires_at = self.now().after(retain);
@@ -483,13 +559,58 @@ impl Store for MemoryStore {
         ))
     }
 
+    async fn record_step(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        label: &str,
+        outcome: &StoredOutcome,
+    ) -> Result<Fence, StoreError> {
+        let at = self.now();
+        let mut map = self.lock();
+        let rec = match map.get_mut(id) {
+            Some(r) if r.epoch == epoch && r.state == State::InProgress && !r.released() => r,
+            _ => return Ok(Fence::Lost),
+        };
+        let steps = rec.steps.get_or_insert_with(Box::default);
+        let step = Step {
+            label: label.into(),
+            epoch,
+            at,
+            outcome: outcome.clone(),
+        };
+        match steps.done.iter_mut().find(|s| &*s.label == label) {
+            Some(old) => *old = step,
+            None => steps.done.push(step),
+        }
+        Ok(Fence::Held)
+    }
+
+    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
+        let now = self.now();
+        let map = self.lock();
+        let Some(steps) = map.get(id).and_then(|r| r.steps.as_ref()) else {
+            return Ok(Vec::new());
+        };
+        Ok(steps
+            .done
+            .iter()
+            .map(|s| StepRecord {
+                label: s.label.to_string(),
+                epoch: s.epoch,
+                age: now.since(s.at),
+                outcome: s.outcome.clone(),
+            })
+            .collect())
+    }
+
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         let now = self.now();
         let mut map = self.lock();
         let settled = |r: &Record| match r.state {
             State::Completed | State::Unknown => true,
             // A pinned claim's call is alive in this process: its lease holds.
-            State::InProgress => !r.pinned && r.lease_until <= now,
+            State::InProgress => r.released() || (!r.pinned && r.lease_until <= now),
         };
         match map.get(id) {
             Some(r) if r.epoch == epoch && settled(r) => {
@@ -538,6 +659,7 @@ impl Store for MemoryStore {
                 }
             }),
             outcome: r.outcome.as_ref().map(Kept::stored),
+            steps: Vec::new(),
         }))
     }
 

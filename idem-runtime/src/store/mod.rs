@@ -63,7 +63,10 @@
 //! 1. `sql/<db>/`: one file per statement the engine issues (the names in `engine.rs`'s
 //!    `statements!`, the `tx_*` ones for transactional mode among them), written with
 //!    named parameters (`:scope`, `:epoch`, ...) and the engine's names (`{table}`,
-//!    `{now}`, `{lapsed}`, `{expired}`, `{next_epoch}`); optional statements (`peek`,
+//!    `{steps}`, `{now}`, `{lapsed}`, `{expired}`, `{released}`, `{next_epoch}`); the
+//!    fragments `lapsed`, `expired` and `released` are files too, and `record_step` and
+//!    `steps` keep an operation's [steps](crate::step) (the operations table's `steps`
+//!    column says whether its current life has any); optional statements (`peek`,
 //!    `claim_fresh`, `wake`, ...) are named in the dialect's own `statements!` call.
 //! 2. `migrations/<db>/`: the DDL in order, which the module lists as its `MIGRATIONS`
 //!    and publishes as `<DB>_SCHEMA_SQL`.
@@ -293,6 +296,11 @@ pub enum Claim {
         epoch: u64,
         /// Whether a lapsed claim was taken over.
         takeover: bool,
+        /// Whether the operation has recorded [steps](crate::step) that this run resumes
+        /// (after a takeover, a released error or `resolve(.., Retry)`): the caller reads
+        /// them once with [`Store::steps`]. `false` for a claim that starts the
+        /// operation afresh, which then costs no read.
+        resume: bool,
     },
     /// The operation completed; here is its outcome.
     Completed(StoredOutcome),
@@ -329,7 +337,9 @@ pub enum Claim {
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resolution {
-    /// The effect did not happen: remove the record so the next call runs the body.
+    /// The effect did not happen: remove the record so the next call runs the body. An
+    /// operation with recorded [steps](crate::step) keeps them and its fingerprint, and
+    /// the next call with the same request resumes it: its steps replay.
     Retry,
     /// The effect happened: record this outcome (the JSON of the function's `Ok` value)
     /// so later calls replay it.
@@ -410,6 +420,24 @@ pub struct RecordDetail {
     pub expires_in: Option<Duration>,
     /// For COMPLETED: the recorded outcome.
     pub outcome: Option<StoredOutcome>,
+    /// The operation's completed [steps](crate::step), oldest first: what an
+    /// operator reconciling an UNKNOWN operation needs to know. Empty for an operation
+    /// without steps, and for a completed one (its final outcome is what counts).
+    /// [`Idem::get`](crate::Idem::get) fills it; a store's `get` leaves it empty.
+    pub steps: Vec<StepRecord>,
+}
+
+/// One completed [step](crate::step) of an operation, as the store keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepRecord {
+    /// The step's label, unique within its operation.
+    pub label: String,
+    /// The epoch of the attempt that ran and recorded it.
+    pub epoch: u64,
+    /// How long ago it was recorded, by the store's clock.
+    pub age: Duration,
+    /// The step's `Ok` value, encoded like an operation's outcome.
+    pub outcome: StoredOutcome,
 }
 
 /// Which records [`Idem::list`](crate::Idem::list) returns.
@@ -592,6 +620,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Fence, StoreError>;
 
     /// Releases the claim of `epoch`: the record goes away and a retry runs the body.
+    /// An operation with recorded [steps](Store::record_step) keeps its record, its
+    /// fingerprint and its steps instead, with no lease: the next claim with the same
+    /// fingerprint acquires it at once (whatever `on_takeover` says) with `resume`
+    /// set, and another fingerprint is a [`Claim::Mismatch`].
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError>;
 
     /// Moves the claim of `epoch` to UNKNOWN.
@@ -606,7 +638,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Fence, StoreError>;
 
     /// Settles an UNKNOWN or IN_PROGRESS record held at `epoch`: `None` removes it (the
-    /// next call runs the body), `Some` records that outcome for `retain`.
+    /// next call runs the body), `Some` records that outcome for `retain`. With `None`,
+    /// an operation with recorded steps is released as [`release`](Store::release)
+    /// does, so that the next call resumes it.
     async fn resolve(
         &self,
         id: &OperationId,
@@ -626,6 +660,34 @@ pub trait Store: Send + Sync + 'static {
             false,
             "this store cannot forget a record; implement `Store::forget` for it",
         ))
+    }
+
+    /// Records the `Ok` outcome of step `label` of the operation, under the claim of
+    /// `epoch`: one atomic step, fenced like [`record`](Store::record), so
+    /// [`Fence::Lost`] unless the record is IN_PROGRESS at `epoch`. Recording a label
+    /// again replaces its outcome (a retry whose reply was lost writes the same one).
+    /// Steps belong to one life of the record: the first step recorded after a claim
+    /// that did not `resume` discards any steps left from an earlier life (a record that
+    /// completed, expired and was claimed afresh). Steps expire and are purged, released,
+    /// resolved and forgotten with their operation. The default says the store keeps no
+    /// steps.
+    async fn record_step(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        label: &str,
+        outcome: &StoredOutcome,
+    ) -> Result<Fence, StoreError> {
+        let _ = (id, epoch, label, outcome);
+        Err(no_steps())
+    }
+
+    /// The steps recorded in the operation's current life, oldest first; none for an
+    /// operation that has no record or has not recorded a step since it was claimed
+    /// afresh. The default finds none, as a store that cannot record them has none.
+    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
+        let _ = id;
+        Ok(Vec::new())
     }
 
     /// Deletes COMPLETED records past their retention; returns how many.
@@ -669,6 +731,14 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+fn no_steps() -> StoreError {
+    StoreError::new(
+        false,
+        "this store does not keep steps; implement `Store::record_step` and `Store::steps` \
+         for it, or use one of idem's stores",
+    )
+}
+
 /// A completed record exists but is bound to another fingerprint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mismatched;
@@ -704,6 +774,12 @@ macro_rules! forward_store {
             }
             async fn resolve(&self, id: &OperationId, epoch: u64, completed: Option<(&StoredOutcome, Duration)>) -> Result<Fence, StoreError> {
                 (**self).resolve(id, epoch, completed).await
+            }
+            async fn record_step(&self, id: &OperationId, epoch: u64, label: &str, outcome: &StoredOutcome) -> Result<Fence, StoreError> {
+                (**self).record_step(id, epoch, label, outcome).await
+            }
+            async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
+                (**self).steps(id).await
             }
             async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
                 (**self).forget(id, epoch).await

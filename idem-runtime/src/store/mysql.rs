@@ -6,9 +6,13 @@
 //! MySQL has no `RETURNING` on an upsert, so a statement file may hold several
 //! statements, one per line-ending `;`, run in order on one connection: inside their
 //! own transaction on the store's pool, or inside the caller's transaction in
-//! transactional mode. The last one is the result: its rows if it is a `SELECT`, else a
-//! row `held` with the number of rows it matched (sqlx sets `CLIENT_FOUND_ROWS`, so an
-//! update that rewrites a value with itself still counts).
+//! transactional mode. The result is the last one's rows if it is a `SELECT`, else a row
+//! `held` with the number of rows all of them matched (sqlx sets `CLIENT_FOUND_ROWS`, so
+//! an update that rewrites a value with itself still counts): a fenced write of several
+//! statements (a release that keeps a record with steps, or deletes one without) guards
+//! each by the fence, and holds if any matched. The purge, run for its count, is the
+//! exception: each of its statements stands alone, and the last one's count is what it
+//! deleted.
 //!
 //! The claim (an upsert that decides, then a locking read of what it decided), the
 //! replay read, epochs, the clock and the errors are described for users in
@@ -52,11 +56,20 @@ use crate::error::{IdemError, StoreError};
 /// MySQL or MariaDB, with the default table name.
 ///
 /// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
-pub const MYSQL_SCHEMA_SQL: &str =
-    include_str!("../../migrations/mysql/0001_create_operations.sql");
+pub const MYSQL_SCHEMA_SQL: &str = concat!(
+    include_str!("../../migrations/mysql/0001_create_operations.sql"),
+    "\n",
+    include_str!("../../migrations/mysql/0002_steps.sql"),
+);
 
 /// The migrations, in order: (version, DDL in the default table name).
-const MIGRATIONS: &[(i64, &str)] = &[(1, MYSQL_SCHEMA_SQL)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/mysql/0001_create_operations.sql"),
+    ),
+    (2, include_str!("../../migrations/mysql/0002_steps.sql")),
+];
 
 /// The store's clock in unix milliseconds, fixed for the whole statement.
 const NOW_MS: &str = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(3)) DIV 1000)";
@@ -118,6 +131,17 @@ impl Dialect for MySql {
         stmt: &Stmt,
         args: Vec<Arg<'_>>,
     ) -> Result<Vec<Row>, sqlx::Error> {
+        if let Some(alternatives) = alternatives(&stmt.sql) {
+            return match on {
+                On::Conn(conn) => first_match(conn, &alternatives, args).await,
+                On::Pool | On::Hot => {
+                    let mut conn = Answering::acquire(&self.pool).await?;
+                    let rows = first_match(conn.get(), &alternatives, args).await;
+                    conn.answered();
+                    rows
+                }
+            };
+        }
         let parts = split(&stmt.sql);
         match on {
             On::Conn(conn) => run(conn, &parts, args).await,
@@ -175,9 +199,18 @@ impl Dialect for MySql {
 
     async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error> {
         let mut conn = Answering::acquire(&self.pool).await?;
-        let done = bind(sqlx::query(&stmt.sql), args).execute(conn.get()).await;
+        let mut args = args.into_iter();
+        let mut done = Ok(0);
+        for part in split(&stmt.sql) {
+            let n = part.matches('?').count();
+            let query = bind(sqlx::query(part), args.by_ref().take(n).collect());
+            done = query.execute(conn.get()).await.map(|d| d.rows_affected());
+            if done.is_err() {
+                break;
+            }
+        }
         conn.answered();
-        Ok(done?.rows_affected())
+        done
     }
 
     fn claim_token(&self) -> Option<i64> {
@@ -273,8 +306,43 @@ fn split_script(sql: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The line between a statement file's alternatives: writes fenced on states that
+/// exclude one another, so at most one can match.
+const OR_ELSE: &str = "\n-- or else\n";
+
+/// A file's alternatives, if it is one: run outside any transaction, one round trip
+/// when the first matches (a release of a claim without steps, the common case).
+fn alternatives(sql: &str) -> Option<Vec<&str>> {
+    sql.contains(OR_ELSE).then(|| {
+        sql.split(OR_ELSE)
+            .map(|p| p.trim().trim_end_matches(';').trim_end())
+            .collect()
+    })
+}
+
+/// Runs `alternatives` in order on `conn` until one matches; how many rows it matched,
+/// as `held`. Each takes as many of `args` as it has `?`s.
+async fn first_match(
+    conn: &mut MySqlConnection,
+    alternatives: &[&str],
+    args: Vec<Arg<'_>>,
+) -> Result<Vec<Row>, sqlx::Error> {
+    let mut args = args.into_iter();
+    let mut held = 0;
+    for alternative in alternatives {
+        let n = alternative.matches('?').count();
+        let query = bind(sqlx::query(alternative), args.by_ref().take(n).collect());
+        let done = query.execute(&mut *conn).await?;
+        held = i64::try_from(done.rows_affected()).unwrap_or(i64::MAX);
+        if held > 0 {
+            break;
+        }
+    }
+    Ok(vec![Row(vec![("held".to_owned(), Val::Int(held))])])
+}
+
 /// Runs `parts` in order on `conn`, each taking as many of `args` as it has `?`s; the last
-/// one's rows, or its matched-row count as `held`.
+/// one's rows if it is a `SELECT`, else the rows they all matched, as `held`.
 async fn run(
     conn: &mut MySqlConnection,
     parts: &[&str],
@@ -282,6 +350,7 @@ async fn run(
 ) -> Result<Vec<Row>, sqlx::Error> {
     let mut args = args.into_iter();
     let mut out = Vec::new();
+    let mut held: i64 = 0;
     for part in parts {
         let n = part.matches('?').count();
         let query = bind(sqlx::query(part), args.by_ref().take(n).collect());
@@ -290,7 +359,8 @@ async fn run(
             rows.iter().map(decode).collect::<Result<_, _>>()?
         } else {
             let done = query.execute(&mut *conn).await?;
-            let held = i64::try_from(done.rows_affected()).unwrap_or(i64::MAX);
+            let matched = i64::try_from(done.rows_affected()).unwrap_or(i64::MAX);
+            held = held.saturating_add(matched);
             vec![Row(vec![("held".to_owned(), Val::Int(held))])]
         };
     }
@@ -525,6 +595,42 @@ mod tests {
         }
     }
 
+    /// The engine's checks of steps, on the server at `IDEM_MYSQL_URL` (a local one by
+    /// default); skipped when it cannot be reached, unless `IDEM_REQUIRE_DB=1`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn engine_steps() {
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let required = std::env::var("IDEM_REQUIRE_DB").as_deref() == Ok("1");
+        let table = format!("idem_t_leftovers_{}", std::process::id());
+        let opts = SqlOptions {
+            table: table.clone(),
+            ..SqlOptions::default()
+        };
+        let store = match open(&url, &opts).await {
+            Ok(store) => store,
+            Err(e) if !required => {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "skipping: no MySQL: {e}");
+                return;
+            }
+            Err(e) => panic!("MySQL not reachable and IDEM_REQUIRE_DB=1: {e}"),
+        };
+        let name = TableName::parse(&table, false).unwrap().backticked();
+        crate::store::engine::tests::earlier_lives_leave_no_steps(&store, &name).await;
+        crate::store::engine::tests::steps_of_one_operation_record_at_once(&store).await;
+        let pool = store.dialect.pool.clone();
+        for suffix in ["", "_meta", "_epoch_seq", "_steps"] {
+            let drop = format!("DROP TABLE IF EXISTS `{table}{suffix}`");
+            pool.execute(drop.as_str()).await.unwrap();
+        }
+        sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ?")
+            .bind(&table)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+
     #[test]
     fn statements_split_and_bind_by_occurrence() {
         let table = TableName::parse("ops", false).unwrap().backticked();
@@ -549,7 +655,12 @@ mod tests {
         let args = claim.args(&named).unwrap();
         assert_eq!(args.len(), claim.sql.matches('?').count());
         let ddl = table.render_ddl(MYSQL_SCHEMA_SQL);
-        assert_eq!(split_script(&ddl).len(), 4, "{ddl}");
+        assert_eq!(split_script(&ddl).len(), 9, "{ddl}");
         assert!(!ddl.contains("idem_operations"), "{ddl}");
+        assert!(ddl.contains("TRIM(BOTH '`' FROM '`ops`')"), "{ddl}");
+        assert!(
+            ddl.contains("CREATE TABLE IF NOT EXISTS `ops_steps`"),
+            "{ddl}"
+        );
     }
 }

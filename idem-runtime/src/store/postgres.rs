@@ -66,6 +66,8 @@ pub const POSTGRES_SCHEMA_SQL: &str = concat!(
     include_str!("../../migrations/postgres/0001_create_operations.sql"),
     "\n",
     include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
+    "\n",
+    include_str!("../../migrations/postgres/0003_steps.sql"),
 );
 
 /// The migrations, in order: (version, DDL in the default table name). Each is
@@ -79,6 +81,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
     ),
+    (3, include_str!("../../migrations/postgres/0003_steps.sql")),
 ];
 
 /// The advisory lock that serializes idem's migrations across processes ("idemmigr").
@@ -864,6 +867,7 @@ async fn listen(options: PgConnectOptions, hub: Arc<WakeHub>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::engine::Val;
     use crate::store::test_support::*;
     use crate::store::{Claim, Fence, OperationId, Store};
     use sqlx::Row as _;
@@ -959,10 +963,12 @@ mod tests {
     async fn drop_table(admin: &PgPool, table: &str) {
         let name = TableName::parse(table, true).unwrap();
         let drop = format!(
-            "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {}; DROP SEQUENCE IF EXISTS {}",
+            "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {}; DROP SEQUENCE IF EXISTS {}; \
+             DROP TABLE IF EXISTS {}",
             name.qualified(),
             name.companion("_meta"),
-            name.companion("_epoch_seq")
+            name.companion("_epoch_seq"),
+            name.companion("_steps")
         );
         admin.execute(drop.as_str()).await.expect("drop test table");
         let forget = format!(
@@ -983,6 +989,17 @@ mod tests {
             return;
         };
         crate::store::conformance::run_all(&db.store).await;
+        db.cleanup().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn engine_steps() {
+        let Some(db) = TestDb::new("leftovers").await else {
+            return;
+        };
+        let table = TableName::parse(&db.table, true).unwrap();
+        crate::store::engine::tests::earlier_lives_leave_no_steps(&db.store, &table).await;
+        crate::store::engine::tests::steps_of_one_operation_record_at_once(&db.store).await;
         db.cleanup().await;
     }
 
@@ -1326,6 +1343,83 @@ mod tests {
         for (_, e) in failed(answers).await {
             assert!(e.retryable && e.unreachable, "{e:?}");
         }
+    }
+
+    /// Runs the batch statement `name` over `ops` and returns its rows.
+    async fn batch_rows(db: &TestDb, name: &str, ops: &[Gathered]) -> Vec<Row> {
+        let table = TableName::parse(&db.table, true).unwrap();
+        let stmt = Stmt::render::<Pg>(Pg::sql(name), &table);
+        let calls: Vec<_> = ops.iter().map(Gathered::args).collect();
+        let query = bind_batch(&stmt, &calls).unwrap();
+        let rows = query
+            .fetch_all(&db.admin)
+            .await
+            .expect("the batch statement runs");
+        rows.iter().map(|r| decode_row(r).unwrap()).collect()
+    }
+
+    /// Batches decide released records as the lone statements do: a record at the
+    /// released epoch is fenced, and a claim acquires at once, resuming the steps, under
+    /// `on_takeover = unknown` too.
+    #[tokio::test]
+    async fn batches_resume_released_steps() {
+        let Some(db) = TestDb::new("batchsteps").await else {
+            return;
+        };
+        let ids = [op("r-1"), op("r-2")];
+        let mut released = Vec::new();
+        for id in &ids {
+            let epoch = epoch_of(claim(&db.store, id, FP, LEASE).await);
+            let step = outcome("1");
+            let fence = db.store.record_step(id, epoch, "charge", &step).await;
+            assert_eq!(fence.unwrap(), Fence::Held);
+            assert_eq!(db.store.release(id, epoch).await.unwrap(), Fence::Held);
+            released.push(epoch);
+        }
+        let col = |row: &Row, name: &str| {
+            row.0
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no `{name}` in {row:?}"))
+        };
+        let records: Vec<_> = ids
+            .iter()
+            .zip(&released)
+            .map(|(id, &epoch)| Gathered::Record {
+                id: id.clone(),
+                epoch: i64::try_from(epoch).unwrap(),
+                outcome: outcome("2"),
+                retain: DAY,
+                payload: String::new(),
+            })
+            .collect();
+        let rows = batch_rows(&db, "record_batch", &records).await;
+        assert_eq!(rows.len(), 2);
+        for row in &rows {
+            assert_eq!(col(row, "held"), Val::Int(0), "{row:?}");
+        }
+        let claims: Vec<_> = ids
+            .iter()
+            .map(|id| Gathered::Claim {
+                id: id.clone(),
+                fp: FP,
+                lease_ms: 60_000,
+                to_unknown: true,
+            })
+            .collect();
+        let rows = batch_rows(&db, "claim_batch", &claims).await;
+        assert_eq!(rows.len(), 2);
+        for row in &rows {
+            assert_eq!(col(row, "mine"), Val::Bool(true), "{row:?}");
+            assert_eq!(col(row, "state"), Val::Int(0), "{row:?}");
+            assert_eq!(col(row, "taken_over"), Val::Bool(false), "{row:?}");
+            assert_eq!(col(row, "resume"), Val::Bool(true), "{row:?}");
+        }
+        for id in &ids {
+            assert_eq!(db.store.steps(id).await.unwrap().len(), 1);
+        }
+        db.cleanup().await;
     }
 
     /// The same through a real batch: its statement ends its own session

@@ -20,9 +20,9 @@
 //!
 //! # Keys
 //!
-//! An operation `(scope, name, key)` lives in two keys sharing one hash tag, the first
-//! 128 bits of a SHA-256 of the three parts, so every script touches one slot in Redis
-//! Cluster:
+//! An operation `(scope, name, key)` lives in three keys sharing one hash tag, the
+//! first 128 bits of a SHA-256 of the three parts, so every script touches one slot in
+//! Redis Cluster:
 //!
 //! - `<prefix>:r:{<tag>}`, a hash: state, epoch, fingerprint, lease deadline, claim
 //!   time, and for a completed record its outcome and retention deadline. A completed
@@ -30,6 +30,21 @@
 //!   from its retention on, [`Store::purge_expired`] deletes (and counts) the ones it
 //!   finds early, and Redis drops the rest by itself, so nothing needs to run a purge.
 //! - `<prefix>:e:{<tag>}`, the operation's epoch counter (`INCR`).
+//! - `<prefix>:s:{<tag>}`, the operation's [steps](Store::record_step), a hash from
+//!   label to `seq:epoch:recorded-at:is_err:version:body` (`seq` numbers the labels
+//!   in the order first recorded, so [`Store::steps`] lists them oldest first; a label
+//!   recorded again keeps its `seq`). It has no expiry: it exists only while its record
+//!   is in progress or unknown, and goes in the script that completes, removes or
+//!   forgets the record.
+//!
+//! Steps belong to one life of the record, which the record's field `st` tracks:
+//! absent, no steps in this life (the steps key, if any, is an earlier life's, and the
+//! first step recorded deletes it); `1`, the steps key is this life's; `2`, the claim
+//! was released with its steps (a release, or an operator's retry): the record stays
+//! in progress with its fingerprint and a lapsed lease, its epoch no longer holds, and
+//! the next claim with the same fingerprint resumes it at once. A fresh claim, or a
+//! claim that replaces an expired record, writes a hash without `st`. An operation that
+//! records no steps pays for them with one more field read in its scripts.
 //!
 //! Beside them, `<prefix>:m:{key-mode}` records how the prefix stores keys and scopes
 //! (as given, or keyed-hashed under [`hash_keys`](crate::IdemBuilder::hash_keys) with
@@ -128,7 +143,7 @@ use std::sync::Arc;
 
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    ReplayGate, State, Stats, Store, StoredOutcome, Takeover, WakeHub,
+    ReplayGate, State, Stats, StepRecord, Store, StoredOutcome, Takeover, WakeHub,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -157,6 +172,8 @@ struct Scripts {
     renew: Script,
     resolve: Script,
     forget: Script,
+    record_step: Script,
+    steps: Script,
     read: Script,
     purge: Script,
     announce: Script,
@@ -173,6 +190,8 @@ impl Scripts {
             renew: s(include_str!("../../lua/renew.lua")),
             resolve: s(include_str!("../../lua/resolve.lua")),
             forget: s(include_str!("../../lua/forget.lua")),
+            record_step: s(include_str!("../../lua/record_step.lua")),
+            steps: s(include_str!("../../lua/steps.lua")),
             read: s(include_str!("../../lua/read.lua")),
             purge: s(include_str!("../../lua/purge.lua")),
             announce: s(include_str!("../../lua/announce.lua")),
@@ -494,8 +513,8 @@ impl RedisStore {
         )
     }
 
-    /// The record key and the epoch counter key of `id`.
-    fn keys(&self, id: &OperationId) -> (String, String) {
+    /// The record key, the epoch counter key and the steps key of `id`.
+    fn keys(&self, id: &OperationId) -> (String, String, String) {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         for part in [&id.scope, &id.name, &id.key] {
@@ -510,6 +529,7 @@ impl RedisStore {
         (
             format!("{}:r:{{{tag}}}", self.prefix),
             format!("{}:e:{{{tag}}}", self.prefix),
+            format!("{}:s:{{{tag}}}", self.prefix),
         )
     }
 
@@ -527,9 +547,9 @@ impl RedisStore {
         id: &OperationId,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
-        let (rec, ctr) = self.keys(id);
+        let (rec, ctr, steps) = self.keys(id);
         let mut inv = script.prepare_invoke();
-        inv.key(rec).key(ctr);
+        inv.key(rec).key(ctr).key(steps);
         for a in args {
             inv.arg(*a);
         }
@@ -666,6 +686,48 @@ fn parse_wakeup(mut b: &[u8]) -> Option<OperationId> {
         name,
         key: String::from_utf8(b.to_vec()).ok()?,
     })
+}
+
+/// A step as `record_step.lua` packs it: `seq:epoch:at:is_err:version:body`.
+struct PackedStep<'a> {
+    /// Its place among the operation's steps, from 1.
+    seq: u64,
+    epoch: u64,
+    /// When it was recorded, by the server's clock (ms).
+    at: i64,
+    is_err: bool,
+    version: u32,
+    body: &'a [u8],
+}
+
+impl<'a> PackedStep<'a> {
+    fn parse(packed: &'a [u8]) -> Option<PackedStep<'a>> {
+        let mut parts = packed.splitn(6, |&b| b == b':');
+        let mut num = || std::str::from_utf8(parts.next()?).ok();
+        let (seq, epoch, at, is_err, version) = (num()?, num()?, num()?, num()?, num()?);
+        Some(PackedStep {
+            seq: seq.parse().ok()?,
+            epoch: epoch.parse().ok()?,
+            at: at.parse().ok()?,
+            is_err: is_err == "1",
+            version: version.parse().ok()?,
+            body: parts.next()?,
+        })
+    }
+
+    /// The step as the store's contract gives it, its age by the server's `now`.
+    fn record(&self, label: String, now: i64) -> StepRecord {
+        StepRecord {
+            label,
+            epoch: self.epoch,
+            age: Duration::from_millis(now.saturating_sub(self.at).max(0) as u64),
+            outcome: StoredOutcome {
+                is_err: self.is_err,
+                version: self.version,
+                body: self.body.to_vec(),
+            },
+        }
+    }
 }
 
 /// A record as `SCAN` sees it.
@@ -875,7 +937,7 @@ impl Store for RedisStore {
         if !self.gate.open() {
             return Ok(None);
         }
-        let (rec, _) = self.keys(id);
+        let (rec, ..) = self.keys(id);
         let read = ["s", "xa", "e", "fp", "err", "v", "body"];
         let (fields, alive) = match &self.conn {
             Conn::Single(conn) => {
@@ -960,6 +1022,7 @@ impl Store for RedisStore {
             "acquired" => Claim::Acquired {
                 epoch: n(1)? as u64,
                 takeover: n(2)? == 1,
+                resume: n(3)? == 1,
             },
             "completed" => Claim::Completed(StoredOutcome {
                 is_err: n(1)? == 1,
@@ -1069,17 +1132,69 @@ impl Store for RedisStore {
             .await
     }
 
+    async fn record_step(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        label: &str,
+        outcome: &StoredOutcome,
+    ) -> Result<Fence, StoreError> {
+        let (epoch, version) = (epoch.to_string(), outcome.version.to_string());
+        let is_err: &[u8] = if outcome.is_err { b"1" } else { b"0" };
+        self.fenced(
+            &self.scripts.record_step,
+            id,
+            &[
+                epoch.as_bytes(),
+                label.as_bytes(),
+                is_err,
+                version.as_bytes(),
+                &outcome.body,
+            ],
+        )
+        .await
+    }
+
+    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
+        let v = self.run(&self.scripts.steps, id, &[]).await?;
+        let bad = || protocol(format!("steps answered {v:?}"));
+        let Value::Array(parts) = &v else {
+            return Err(bad());
+        };
+        let (Some(now), pairs) = (parts.first().and_then(int), parts.get(1..).unwrap_or(&[]))
+        else {
+            return Err(bad());
+        };
+        if pairs.len() % 2 != 0 {
+            return Err(bad());
+        }
+        let mut steps = Vec::with_capacity(pairs.len() / 2);
+        for pair in pairs.chunks_exact(2) {
+            let label = text(&pair[0]).ok_or_else(bad)?;
+            let packed = bytes(&pair[1]).ok_or_else(bad)?;
+            let step = PackedStep::parse(&packed)
+                .ok_or_else(|| protocol(format!("step {label:?} is stored as {packed:?}")))?;
+            steps.push((step.seq, step.record(label, now)));
+        }
+        steps.sort_by_key(|(seq, _)| *seq);
+        Ok(steps.into_iter().map(|(_, step)| step).collect())
+    }
+
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let mut purged = 0;
         for (now, row) in self.scan().await? {
             if row.state == State::Completed && row.expires_at.is_some_and(|xa| xa <= now) {
                 // The script checks again: the record may have been claimed afresh since.
-                // Its counter key shares the slot; the script does not touch it.
-                let head = format!("{}:r:", self.prefix);
-                let mut ctr = format!("{}:e:", self.prefix).into_bytes();
-                ctr.extend_from_slice(&row.key[head.len()..]);
+                // Its counter and steps keys share the slot; the script touches neither
+                // (a completed record's steps went when it completed).
+                let head = format!("{}:r:", self.prefix).len();
+                let beside = |kind: &str| {
+                    let mut key = format!("{}:{kind}:", self.prefix).into_bytes();
+                    key.extend_from_slice(&row.key[head..]);
+                    key
+                };
                 let mut inv = self.scripts.purge.prepare_invoke();
-                inv.key(&row.key[..]).key(ctr);
+                inv.key(&row.key[..]).key(beside("e")).key(beside("s"));
                 if int(&self.invoke(&inv).await?) == Some(1) {
                     purged += 1;
                 }
@@ -1142,6 +1257,7 @@ impl Store for RedisStore {
             } else {
                 None
             },
+            steps: Vec::new(),
         }))
     }
 

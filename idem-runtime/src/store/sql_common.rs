@@ -28,9 +28,9 @@ pub(crate) const DEFAULT_TABLE: &str = "idem_operations";
 
 /// Suffixes of the objects in the shipped DDL that live beside the table unqualified
 /// (indexes, triggers); every other `idem_operations_*` name (the meta table, the epoch
-/// sequence) is a relation in the table's schema. All are renamed with the table so two
-/// idem tables can share a schema.
-const DDL_UNQUALIFIED: [&str; 3] = ["_idx", "_ins", "_upd"];
+/// sequence, the steps table) is a relation in the table's schema. All are renamed with
+/// the table so two idem tables can share a schema.
+const DDL_UNQUALIFIED: [&str; 4] = ["_idx", "_ins", "_upd", "_del"];
 
 /// PostgreSQL's identifier limit (longer names are silently truncated, which could make
 /// two index names collide).
@@ -163,7 +163,8 @@ impl TableName {
         format!("{}{suffix}", &self.table[..keep])
     }
 
-    /// A relation of this table's own (`_meta`, `_epoch_seq`), as SQL, in its schema.
+    /// A relation of this table's own (`_meta`, `_epoch_seq`, `_steps`), as SQL, in its
+    /// schema.
     pub(crate) fn companion(&self, suffix: &str) -> String {
         self.sibling(&self.suffixed(suffix))
     }
@@ -200,12 +201,14 @@ impl TableName {
         out
     }
 
-    /// A statement template with `{table}`, `{meta}`, `{epoch_seq}` and `{now}` filled in.
+    /// A statement template with `{table}`, `{meta}`, `{epoch_seq}`, `{steps}` (the
+    /// steps table) and `{now}` filled in.
     pub(crate) fn render(&self, template: &str, now: &str) -> String {
         template
             .replace("{table}", &self.qualified())
             .replace("{meta}", &self.companion("_meta"))
             .replace("{epoch_seq}", &self.companion("_epoch_seq"))
+            .replace("{steps}", &self.companion("_steps"))
             .replace("{bookkeeping}", &self.sibling("idem_schema_migrations"))
             .replace("{now}", now)
     }
@@ -296,6 +299,7 @@ pub(crate) fn record_detail(
         } else {
             None
         },
+        steps: Vec::new(),
     })
 }
 
@@ -331,6 +335,8 @@ pub(crate) struct ClaimRow {
     pub(crate) same_fingerprint: bool,
     /// The current epoch was claimed by taking over a lapsed lease.
     pub(crate) taken_over: bool,
+    /// The record has steps of its current life: a claim that acquired it resumes them.
+    pub(crate) resume: bool,
     /// Remaining lease by the store's clock (meaningful for a live IN_PROGRESS row).
     pub(crate) retry_after_ms: i64,
     /// The outcome columns, read when the row is COMPLETED.
@@ -354,7 +360,7 @@ pub(crate) enum Decision {
 ///
 /// | mine | state       | fingerprint | result                                   |
 /// |------|-------------|-------------|------------------------------------------|
-/// | yes  | IN_PROGRESS | (is ours)   | `Acquired { epoch, takeover }`           |
+/// | yes  | IN_PROGRESS | (is ours)   | `Acquired { epoch, takeover, resume }`   |
 /// | yes  | UNKNOWN     | (is ours)   | `Unknown { now: true }` (lapse→UNKNOWN)  |
 /// | no   | (stale)     | —           | issue again                              |
 /// | no   | any         | differs     | `Mismatch`                               |
@@ -373,6 +379,7 @@ pub(crate) fn decide(row: ClaimRow) -> Result<Decision, StoreError> {
         (true, State::InProgress) => Claim::Acquired {
             epoch,
             takeover: row.taken_over,
+            resume: row.resume,
         },
         (true, State::Unknown) => Claim::Unknown { epoch, now: true },
         (true, State::Completed) => {
@@ -818,6 +825,10 @@ mod tests {
             "{sql}"
         );
         assert!(sql.contains("ON \"app\".\"jobs\" (expires_at)"), "{sql}");
+        assert!(
+            sql.contains("CREATE TABLE IF NOT EXISTS \"app\".\"jobs_steps\""),
+            "{sql}"
+        );
     }
 
     #[cfg(feature = "sqlite")]
@@ -827,6 +838,8 @@ mod tests {
         let sql = long.render_ddl(crate::schema::SQLITE_SCHEMA_SQL);
         let purge = format!("\"{}_purge_idx\"", "t".repeat(53));
         assert!(sql.contains(&purge), "{sql}");
+        let trigger = format!("\"{}_steps_del\"", "t".repeat(53));
+        assert!(sql.contains(&trigger), "{sql}");
         assert!(!sql.contains("idem_operations"), "{sql}");
     }
 
@@ -902,6 +915,7 @@ mod tests {
             epoch: 3,
             same_fingerprint: same,
             taken_over: false,
+            resume: false,
             retry_after_ms: 250,
             outcome: (state == 1).then(|| b"1".to_vec()),
             outcome_is_err: false,
@@ -919,7 +933,18 @@ mod tests {
             claim(row(true, 0, true)),
             Claim::Acquired {
                 epoch: 3,
-                takeover: false
+                takeover: false,
+                resume: false
+            }
+        );
+        let mut resumed = row(true, 0, true);
+        resumed.resume = true;
+        assert_eq!(
+            claim(resumed),
+            Claim::Acquired {
+                epoch: 3,
+                takeover: false,
+                resume: true
             }
         );
         assert_eq!(

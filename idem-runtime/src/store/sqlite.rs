@@ -1,7 +1,9 @@
 //! The embedded store's dialect: one SQLite table, a file in WAL mode or a pinned
 //! in-memory database.
 //!
-//! Every method is one statement. Times come from SQLite's clock inside the statement
+//! Every method is one statement, or a few in one transaction where steps are involved
+//! (recording a step, a release or retry that keeps a record with steps); a trigger
+//! deletes a record's steps with it. Times come from SQLite's clock inside the statement
 //! (`unixepoch('subsec')`, fixed for the whole statement), never from the application.
 //! SQLite has one writer, so the claim's upsert never races: it is issued once.
 //! Durability, group commit and the store across processes are described for users in
@@ -27,11 +29,15 @@ use crate::error::{IdemError, StoreError};
 
 /// The operations table as idem creates it on SQLite, with the default table name.
 ///
-/// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+/// For teams that run their own DDL (`migrate(false)`). The statements are idempotent
+/// but for one: SQLite cannot add a column only if it is missing, so the `ALTER TABLE`
+/// that adds `steps` fails on a table that has it (idem's own migrations skip it there).
 pub const SQLITE_SCHEMA_SQL: &str = concat!(
     include_str!("../../migrations/sqlite/0001_create_operations.sql"),
     "\n",
     include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
+    "\n",
+    include_str!("../../migrations/sqlite/0003_steps.sql"),
 );
 
 /// The migrations, in order: (version, DDL in the default table name).
@@ -44,6 +50,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
     ),
+    (3, include_str!("../../migrations/sqlite/0003_steps.sql")),
 ];
 
 /// The store's clock in unix milliseconds. SQLite fixes `'now'` for the duration of one
@@ -79,6 +86,9 @@ type GroupCommit = Gather<Pending>;
 #[derive(Debug)]
 struct Pending {
     sql: String,
+    /// Several statements ([`is_script`]): run alone, they take a transaction of their
+    /// own.
+    script: bool,
     args: Vec<OwnedArg>,
     reply: oneshot::Sender<Result<Vec<Row>, sqlx::Error>>,
 }
@@ -125,6 +135,24 @@ impl Pending {
     {
         rows(on, &self.sql, self.args.iter().map(OwnedArg::arg).collect()).await
     }
+
+    /// Runs the write on its own: in a transaction if it is a script, so that its
+    /// statements take effect together.
+    async fn run_alone(&self, pool: &SqlitePool) -> Result<Vec<Row>, sqlx::Error> {
+        if !self.script {
+            return self.run(pool).await;
+        }
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let rows = self.run(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+}
+
+/// Whether a statement file holds several statements, one per line-ending `;` (sqlx runs
+/// them in order, binding each its numbered parameters, and returns every one's rows).
+fn is_script(sql: &str) -> bool {
+    sql.contains(";\n")
 }
 
 /// Runs one statement on `on` and reads its rows.
@@ -146,6 +174,7 @@ async fn write(
     let (reply, answer) = oneshot::channel();
     let pending = Pending {
         sql: stmt.sql.clone(),
+        script: is_script(&stmt.sql),
         args: args.into_iter().map(OwnedArg::from).collect(),
         reply,
     };
@@ -186,7 +215,7 @@ async fn write_batch(pool: SqlitePool, batch: Vec<Pending>) {
     }
     // A lone write, or a failed batch's writes, each alone.
     for p in batch {
-        let r = p.run(&pool).await;
+        let r = p.run_alone(&pool).await;
         let _ = p.reply.send(r);
     }
 }
@@ -224,6 +253,12 @@ impl Dialect for Sqlite {
     ) -> Result<Vec<Row>, sqlx::Error> {
         match on {
             On::Hot => write(&self.writes, &self.pool, stmt, args).await,
+            On::Pool if is_script(&stmt.sql) => {
+                let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+                let rows = rows(&mut *tx, &stmt.sql, args).await?;
+                tx.commit().await?;
+                Ok(rows)
+            }
             On::Pool => rows(&self.pool, &stmt.sql, args).await,
             On::Conn(conn) => rows(conn, &stmt.sql, args).await,
         }
@@ -238,8 +273,29 @@ impl Dialect for Sqlite {
         self.pool.begin_with("BEGIN IMMEDIATE").await
     }
 
+    /// A migration's `ALTER TABLE ... ADD COLUMN` is left out where the table has the
+    /// column already: SQLite has no `IF NOT EXISTS` for columns, and a table created from
+    /// [`SQLITE_SCHEMA_SQL`] is adopted by applying every migration to it.
     async fn run_script(&self, conn: &mut SqliteConnection, sql: &str) -> Result<(), sqlx::Error> {
-        conn.execute(sql).await.map(drop)
+        if !sql.contains("ADD COLUMN") {
+            return conn.execute(sql).await.map(drop);
+        }
+        let mut script = String::with_capacity(sql.len());
+        for (text, added) in column_additions(sql) {
+            if let Some((table, column)) = added {
+                let has: Option<i64> =
+                    sqlx::query_scalar("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")
+                        .bind(table)
+                        .bind(column)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                if has.is_some() {
+                    continue;
+                }
+            }
+            script.push_str(text);
+        }
+        conn.execute(script.as_str()).await.map(drop)
     }
 
     async fn execute(&self, stmt: &Stmt, args: Vec<Arg<'_>>) -> Result<u64, sqlx::Error> {
@@ -256,6 +312,35 @@ impl Dialect for Sqlite {
     async fn from_pool(pool: SqlitePool, opts: &SqlOptions) -> Result<SqliteStore, IdemError> {
         from_pool(pool, opts).await
     }
+}
+
+/// `sql` cut into pieces that rejoin into it: each `ALTER TABLE <table> ADD COLUMN
+/// <column> ...;` (from its line to the line that ends it) with its table and column,
+/// unquoted, and the text between them.
+fn column_additions(sql: &str) -> Vec<(&str, Option<(&str, &str)>)> {
+    let mut out = Vec::new();
+    let (mut start, mut at, mut adding) = (0, 0, None);
+    for line in sql.split_inclusive('\n') {
+        if adding.is_none() {
+            let words: Vec<&str> = line.split_whitespace().take(6).collect();
+            if let ["ALTER", "TABLE", table, "ADD", "COLUMN", column] = words[..] {
+                if start < at {
+                    out.push((&sql[start..at], None));
+                }
+                start = at;
+                adding = Some((table.trim_matches('"'), column.trim_matches('"')));
+            }
+        }
+        at += line.len();
+        if adding.is_some() && line.trim_end().ends_with(';') {
+            out.push((&sql[start..at], adding.take()));
+            start = at;
+        }
+    }
+    if start < sql.len() {
+        out.push((&sql[start..], adding));
+    }
+    out
 }
 
 /// Opens (creating if missing) the database at `url` — `sqlite://path`, `sqlite:path`,
@@ -370,7 +455,7 @@ mod tests {
 
     use super::*;
     use crate::store::test_support::*;
-    use crate::store::{Claim, Store};
+    use crate::store::{Claim, Fence, Store};
 
     async fn memory() -> SqliteStore {
         open("sqlite::memory:", &SqlOptions::default())
@@ -421,7 +506,8 @@ mod tests {
             claim(&store, &id, FP, LEASE).await,
             Claim::Acquired {
                 epoch: 1,
-                takeover: false
+                takeover: false,
+                resume: false
             }
         );
     }
@@ -449,9 +535,100 @@ mod tests {
             claim(&store, &id, FP, LEASE).await,
             Claim::Acquired {
                 epoch: 1,
-                takeover: false
+                takeover: false,
+                resume: false
             }
         );
+    }
+
+    /// A pool on a private in-memory database, holding its one connection for good.
+    async fn memory_pool() -> SqlitePool {
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap()
+    }
+
+    /// Steps work on a table made from the shipped schema and adopted by `migrate`
+    /// (whose column is not added twice), and on a table from before steps, whose record
+    /// survives the upgrade.
+    #[tokio::test]
+    async fn steps_on_an_adopted_table_and_an_upgraded_one() {
+        let shipped = memory_pool().await;
+        sqlx::raw_sql(SQLITE_SCHEMA_SQL)
+            .execute(&shipped)
+            .await
+            .unwrap();
+        let older = memory_pool().await;
+        sqlx::raw_sql(concat!(
+            include_str!("../../migrations/sqlite/0001_create_operations.sql"),
+            include_str!("../../migrations/sqlite/0002_epochs_and_key_mode.sql"),
+        ))
+        .execute(&older)
+        .await
+        .unwrap();
+        let unmigrated = SqlOptions {
+            migrate: false,
+            ..SqlOptions::default()
+        };
+        match from_pool(older.clone(), &unmigrated).await {
+            Err(IdemError::Config { message }) => {
+                assert!(message.contains("SQLITE_SCHEMA_SQL"), "{message}")
+            }
+            other => panic!("an older table needs the migration, got {:?}", other.err()),
+        }
+        let old = op("o-old");
+        // The older table's own claim, which knows nothing of steps.
+        sqlx::query(
+            "INSERT INTO idem_operations (scope, name, key, state, epoch, fingerprint, token, \
+             lease_until_ms, created_ms, claimed_ms) VALUES (?1, ?2, ?3, 0, 7, ?4, 0, 0, 0, 0)",
+        )
+        .bind(&old.scope)
+        .bind(&old.name)
+        .bind(&old.key)
+        .bind(&FP[..])
+        .execute(&older)
+        .await
+        .unwrap();
+        for (pool, kept) in [(shipped, None), (older, Some(7))] {
+            let store = from_pool(pool, &SqlOptions::default()).await.unwrap();
+            let found = store.get(&old).await.unwrap().map(|r| r.info.epoch);
+            assert_eq!(found, kept, "the older record survives the upgrade");
+            let id = op("o-steps");
+            let epoch = epoch_of(claim(&store, &id, FP, LEASE).await);
+            let step = outcome("1");
+            let fence = store.record_step(&id, epoch, "charge", &step).await;
+            assert_eq!(fence.unwrap(), Fence::Held);
+            assert_eq!(store.release(&id, epoch).await.unwrap(), Fence::Held);
+            match claim(&store, &id, FP, LEASE).await {
+                Claim::Acquired { resume: true, .. } => {}
+                other => panic!("a released record with steps resumes, got {other:?}"),
+            }
+            assert_eq!(store.steps(&id).await.unwrap()[0].outcome, step);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn engine_steps() {
+        let store = memory().await;
+        let table = TableName::parse(sql_common::DEFAULT_TABLE, false).unwrap();
+        crate::store::engine::tests::earlier_lives_leave_no_steps(&store, &table).await;
+        crate::store::engine::tests::steps_of_one_operation_record_at_once(&store).await;
+    }
+
+    #[test]
+    fn column_additions_are_found_and_the_rest_kept() {
+        let sql = "-- ALTER TABLE in a comment\nALTER TABLE \"t\" ADD COLUMN steps INTEGER\n    \
+                   NOT NULL DEFAULT 0;\nCREATE TABLE x (a INTEGER);\n";
+        let parts = column_additions(sql);
+        let text: String = parts.iter().map(|(text, _)| *text).collect();
+        assert_eq!(text, sql);
+        let added: Vec<_> = parts.iter().filter_map(|(_, added)| *added).collect();
+        assert_eq!(added, [("t", "steps")]);
+        assert_eq!(parts.len(), 3, "{parts:?}");
     }
 
     /// A database file in the system temp dir, removed (with its WAL files) on drop.
@@ -518,6 +695,7 @@ mod tests {
                 Claim::Acquired {
                     epoch: 1,
                     takeover: false,
+                    resume: false,
                 } => acquired += 1,
                 Claim::InFlight { .. } => {}
                 other => panic!("unexpected {other:?}"),

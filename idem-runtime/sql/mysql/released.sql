@@ -1,0 +1,1 @@
+(state = 0 AND steps = 2 AND fingerprint = VALUES(fingerprint))

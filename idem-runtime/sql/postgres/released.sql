@@ -1,0 +1,1 @@
+(cur.state = 0 AND cur.steps = 2 AND cur.fingerprint = EXCLUDED.fingerprint)

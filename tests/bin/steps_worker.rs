@@ -1,0 +1,173 @@
+//! A process for `tests/steps_faults.rs` to kill and restart: per key it runs one
+//! operation `checkout` of two steps, each a call to the toy provider
+//! (`tests/common/provider.rs`) with the step's own downstream key: `charge` (1000
+//! cents) and `ship` (1 cent; the provider stands in for a shipping service too).
+//!
+//! Usage: `idem-steps-worker --url PG --table T --provider URL --keys a,b,c
+//! [--pause-at between-steps|in-second-step] [--lease-ms N]`.
+//!
+//! - `between-steps`: after the `charge` step returned (its value is recorded).
+//! - `in-second-step`: inside the `ship` step's closure, after the provider answered
+//!   (the shipment exists, the step is not recorded).
+//!
+//! At the pause point it prints `paused KEY epoch=E` and waits for a line `go` on stdin.
+//! Each step closure that actually runs (is not replayed) prints `ran KEY LABEL` first.
+//! Per key it ends with `done KEY epoch=E charge=ID ship=ID` or `error KEY KIND: MSG`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use idem_runtime::{Idem, IdemError, InFlight, current, observe, step};
+use serde::Deserialize;
+use tokio::sync::watch;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    table: String,
+    #[arg(long)]
+    provider: String,
+    #[arg(long, value_delimiter = ',')]
+    keys: Vec<String>,
+    #[arg(long)]
+    pause_at: Option<String>,
+    #[arg(long, default_value_t = 1000)]
+    lease_ms: u64,
+}
+
+#[derive(Deserialize)]
+struct Charge {
+    id: u64,
+}
+
+/// Prints `paused KEY epoch=E` and waits for `go` on stdin.
+#[derive(Clone)]
+struct Pause {
+    at: Option<String>,
+    go: watch::Receiver<bool>,
+}
+
+impl Pause {
+    async fn at(&self, point: &str, key: &str) {
+        if self.at.as_deref() != Some(point) {
+            return;
+        }
+        println!("paused {key} epoch={}", current().epoch());
+        let mut go = self.go.clone();
+        let _ = go.wait_for(|go| *go).await;
+    }
+}
+
+/// POSTs a charge of `amount_cents` under the downstream key of `label`; its id.
+async fn post(
+    http: &reqwest::Client,
+    provider: &str,
+    label: &str,
+    amount_cents: i64,
+) -> Result<u64, IdemError> {
+    let provider_error = |e: reqwest::Error| IdemError::Config {
+        message: format!("provider ({label}): {e}"),
+    };
+    let charge: Charge = http
+        .post(format!("{provider}/charges"))
+        .header("Idempotency-Key", current().downstream_key(label))
+        .json(&serde_json::json!({ "amount_cents": amount_cents }))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .map_err(provider_error)?
+        .json()
+        .await
+        .map_err(provider_error)?;
+    Ok(charge.id)
+}
+
+async fn checkout(
+    idem: &Idem,
+    http: &reqwest::Client,
+    args: &Args,
+    pause: &Pause,
+    key: &str,
+) -> Result<(u64, u64), IdemError> {
+    idem.operation("checkout", key)
+        .lease(Duration::from_millis(args.lease_ms))
+        .in_flight(InFlight::Wait(Duration::from_secs(60)))
+        .retain(Duration::from_secs(86_400))
+        .fingerprint_none()
+        .run(|| async {
+            let charge: u64 = step("charge", || async {
+                println!("ran {key} charge");
+                post(http, &args.provider, "charge", 1000).await
+            })
+            .await?;
+            pause.at("between-steps", key).await;
+            let ship: u64 = step("ship", || async {
+                println!("ran {key} ship");
+                let id = post(http, &args.provider, "ship", 1).await?;
+                pause.at("in-second-step", key).await;
+                Ok::<_, IdemError>(id)
+            })
+            .await?;
+            Ok((charge, ship))
+        })
+        .await
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Arc::new(Args::parse());
+    let (go_tx, go) = watch::channel(false);
+    // A plain thread: a runtime's blocking stdin read would keep the process from
+    // exiting while the test holds the pipe open.
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            match line {
+                Ok(line) if line.trim() == "go" => {
+                    let _ = go_tx.send(true);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    let pause = Pause {
+        at: args.pause_at.clone(),
+        go,
+    };
+    let idem = Idem::builder()
+        .table(args.table.clone())
+        .replay_cache_bytes(0)
+        .postgres(&args.url)
+        .await?;
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = args
+        .keys
+        .iter()
+        .cloned()
+        .map(|key| {
+            let (idem, http, args, pause) =
+                (idem.clone(), http.clone(), args.clone(), pause.clone());
+            tokio::spawn(async move {
+                let (result, info) = observe(checkout(&idem, &http, &args, &pause, &key)).await;
+                match result {
+                    Ok((charge, ship)) => println!(
+                        "done {key} epoch={} charge={charge} ship={ship}",
+                        info.epoch().unwrap_or(0),
+                    ),
+                    Err(e) => {
+                        let kind = format!("{e:?}");
+                        let kind = kind.split([' ', '{', '(']).next().unwrap_or("").to_owned();
+                        println!("error {key} {kind}: {e}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await?;
+    }
+    Ok(())
+}
