@@ -6,117 +6,16 @@
 mod common;
 #[path = "common/provider.rs"]
 mod provider;
-
-use std::collections::HashMap;
-use std::process::Stdio;
+#[path = "common/worker.rs"]
+mod worker;
 
 use common::*;
 use idem_runtime::{Idem, State};
-use provider::Provider;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
+use tokio::process::Command;
+use worker::{Worker, field, fixture, last_result_per_key};
 
-/// A worker process and its output lines.
-struct Worker {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::UnboundedReceiver<String>,
-}
-
-impl Worker {
-    fn spawn(table: &str, provider: &Provider, keys: &[String], extra: &[&str]) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem-fault-worker"))
-            .args(["--url", &postgres_url(), "--table", table])
-            .args(["--provider", &provider.url(), "--keys", &keys.join(",")])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start idem-fault-worker");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                let _ = tx.send(line);
-            }
-        });
-        Worker {
-            child,
-            stdin,
-            lines,
-        }
-    }
-
-    /// Waits until `n` lines start with `prefix`.
-    async fn until(&mut self, prefix: &str, n: usize) {
-        let mut seen = Vec::new();
-        while seen
-            .iter()
-            .filter(|l: &&String| l.starts_with(prefix))
-            .count()
-            < n
-        {
-            match self.lines.recv().await {
-                Some(line) => seen.push(line),
-                None => panic!("the worker exited before {n} `{prefix}` lines: {seen:#?}"),
-            }
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let pid = self.child.id().expect("running").to_string();
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    }
-
-    async fn kill9(mut self) {
-        self.signal("-KILL");
-        let status = self.child.wait().await.unwrap();
-        assert!(!status.success());
-    }
-
-    async fn go(&mut self) {
-        self.stdin.write_all(b"go\n").await.unwrap();
-        self.stdin.flush().await.unwrap();
-    }
-
-    /// Waits for the exit; returns the last line per key (`done …` or `error …`).
-    async fn results(mut self) -> HashMap<String, String> {
-        let status = self.child.wait().await.unwrap();
-        assert!(status.success(), "worker failed: {status}");
-        let mut out = HashMap::new();
-        while let Some(line) = self.lines.recv().await {
-            let mut words = line.split_whitespace();
-            if let (Some("done" | "error"), Some(key)) = (words.next(), words.next()) {
-                out.insert(key.to_owned(), line.clone());
-            }
-        }
-        out
-    }
-}
-
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {name}= in {line}"))
-}
-
-async fn open(table: &str) -> Idem {
-    Idem::builder()
-        .table(table)
-        .replay_cache_bytes(0)
-        .postgres(&postgres_url())
-        .await
-        .unwrap()
-}
+/// The worker the tests kill and freeze (`tests/bin/fault_worker.rs`).
+const WORKER: &str = env!("CARGO_BIN_EXE_idem-fault-worker");
 
 /// The provider's key for the worker's `charge` of `key`.
 fn downstream(idem: &Idem, key: &str) -> String {
@@ -127,18 +26,14 @@ fn downstream(idem: &Idem, key: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_operation_then_taken_over_one_effect_per_key() {
-    if postgres_skip("kill9").is_some() {
+    let Some((table, cleanup, idem, provider)) = fixture("kill9").await else {
         return;
-    }
-    let table = unique_table("kill9");
-    let cleanup = Cleanup::for_table(&table);
-    let idem = open(&table).await;
-    let provider = Provider::start().await;
+    };
     let points = ["before-call", "after-call", "before-record"];
     let mut all = Vec::new();
     for point in points {
         let keys: Vec<String> = (0..10).map(|i| format!("{point}-{i}")).collect();
-        let mut a = Worker::spawn(&table, &provider, &keys, &["--pause-at", point]);
+        let mut a = Worker::spawn(WORKER, &table, &provider, &keys, &["--pause-at", point]);
         // Every key's body is at the kill point (or, before-record, its outcome is).
         a.until("paused", keys.len()).await;
         a.kill9().await;
@@ -151,7 +46,11 @@ async fn killed_mid_operation_then_taken_over_one_effect_per_key() {
     );
 
     // B retries every key: each waits out A's lease and takes over.
-    let results = Worker::spawn(&table, &provider, &all, &[]).results().await;
+    let results = last_result_per_key(
+        &Worker::spawn(WORKER, &table, &provider, &all, &[])
+            .output()
+            .await,
+    );
     for key in &all {
         let line = results
             .get(key)
@@ -179,16 +78,13 @@ async fn killed_mid_operation_then_taken_over_one_effect_per_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_process_is_fenced_when_it_resumes() {
-    if postgres_skip("sigstop").is_some() {
+    let Some((table, cleanup, idem, provider)) = fixture("sigstop").await else {
         return;
-    }
-    let table = unique_table("sigstop");
-    let cleanup = Cleanup::for_table(&table);
-    let idem = open(&table).await;
-    let provider = Provider::start().await;
+    };
     let key = vec!["frozen".to_owned()];
 
     let mut a = Worker::spawn(
+        WORKER,
         &table,
         &provider,
         &key,
@@ -197,7 +93,11 @@ async fn a_frozen_process_is_fenced_when_it_resumes() {
     a.until("paused", 1).await;
     // Frozen: no renewals, its lease lapses.
     a.signal("-STOP");
-    let b = Worker::spawn(&table, &provider, &key, &[]).results().await;
+    let b = last_result_per_key(
+        &Worker::spawn(WORKER, &table, &provider, &key, &[])
+            .output()
+            .await,
+    );
     let b_line = &b["frozen"];
     assert!(b_line.starts_with("done"), "{b_line}");
     let b_epoch: u64 = field(b_line, "epoch").parse().unwrap();
@@ -205,7 +105,7 @@ async fn a_frozen_process_is_fenced_when_it_resumes() {
 
     a.signal("-CONT");
     a.go().await;
-    let a_result = a.results().await;
+    let a_result = last_result_per_key(&a.output().await);
     let a_line = &a_result["frozen"];
     assert!(a_line.starts_with("error frozen Fenced"), "{a_line}");
 
@@ -244,18 +144,15 @@ fn reconcile_binary() -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_takeover_is_reconciled_then_replayed() {
-    if postgres_skip("reconcile").is_some() {
+    let Some((table, cleanup, idem, provider)) = fixture("reconcile").await else {
         return;
-    }
-    let table = unique_table("reconcile");
-    let cleanup = Cleanup::for_table(&table);
-    let idem = open(&table).await;
-    let provider = Provider::start().await;
+    };
     let unknown = ["--on-takeover", "unknown", "--lease-ms", "500"];
     // "applied": killed after the provider charged; "never": killed before it did.
     for (key, point) in [("applied", "after-call"), ("never", "before-call")] {
         let keys = vec![key.to_owned()];
         let mut a = Worker::spawn(
+            WORKER,
             &table,
             &provider,
             &keys,
@@ -265,9 +162,11 @@ async fn an_unknown_takeover_is_reconciled_then_replayed() {
         a.kill9().await;
     }
     let keys = vec!["applied".to_owned(), "never".to_owned()];
-    let b = Worker::spawn(&table, &provider, &keys, &unknown)
-        .results()
-        .await;
+    let b = last_result_per_key(
+        &Worker::spawn(WORKER, &table, &provider, &keys, &unknown)
+            .output()
+            .await,
+    );
     for key in &keys {
         assert!(
             b[key].starts_with(&format!("error {key} Unknown")),
@@ -291,9 +190,11 @@ async fn an_unknown_takeover_is_reconciled_then_replayed() {
     );
     assert!(text.contains("pass: 1 completed, 1 retried"), "{text}");
 
-    let c = Worker::spawn(&table, &provider, &keys, &unknown)
-        .results()
-        .await;
+    let c = last_result_per_key(
+        &Worker::spawn(WORKER, &table, &provider, &keys, &unknown)
+            .output()
+            .await,
+    );
     let applied = provider.charge(&downstream(&idem, "applied")).unwrap();
     assert!(c["applied"].contains("replayed=true"), "{}", c["applied"]);
     assert_eq!(field(&c["applied"], "charge"), applied.id.to_string());

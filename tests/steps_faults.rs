@@ -6,123 +6,20 @@
 mod common;
 #[path = "common/provider.rs"]
 mod provider;
+#[path = "common/worker.rs"]
+mod worker;
 
 use std::collections::HashMap;
-use std::process::Stdio;
 
-use common::*;
 use idem_runtime::{Idem, State};
-use provider::Provider;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use worker::{Worker, field, fixture, last_result_per_key};
 
-/// A worker process and its output lines.
-struct Worker {
-    child: Child,
-    lines: mpsc::UnboundedReceiver<String>,
-}
-
-impl Worker {
-    fn spawn(table: &str, provider: &Provider, keys: &[String], extra: &[&str]) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem-steps-worker"))
-            .args(["--url", &postgres_url(), "--table", table])
-            .args(["--provider", &provider.url(), "--keys", &keys.join(",")])
-            .args(extra)
-            // Held open (and never written): the worker waits for `go` on it.
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start idem-steps-worker");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                let _ = tx.send(line);
-            }
-        });
-        Worker { child, lines }
-    }
-
-    /// Waits until `n` lines start with `prefix`; returns every line seen so far.
-    async fn until(&mut self, prefix: &str, n: usize) -> Vec<String> {
-        let mut seen = Vec::new();
-        while seen
-            .iter()
-            .filter(|l: &&String| l.starts_with(prefix))
-            .count()
-            < n
-        {
-            match self.lines.recv().await {
-                Some(line) => seen.push(line),
-                None => panic!("the worker exited before {n} `{prefix}` lines: {seen:#?}"),
-            }
-        }
-        seen
-    }
-
-    /// SIGKILLs the worker; returns the lines it printed after those already read.
-    async fn kill9(mut self) -> Vec<String> {
-        let pid = self.child.id().expect("running").to_string();
-        let ok = std::process::Command::new("kill")
-            .args(["-KILL", &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -KILL {pid}");
-        let status = self.child.wait().await.unwrap();
-        assert!(!status.success());
-        let mut rest = Vec::new();
-        while let Some(line) = self.lines.recv().await {
-            rest.push(line);
-        }
-        rest
-    }
-
-    /// Waits for a clean exit; returns every line.
-    async fn output(mut self) -> Vec<String> {
-        let status = self.child.wait().await.unwrap();
-        assert!(status.success(), "worker failed: {status}");
-        let mut out = Vec::new();
-        while let Some(line) = self.lines.recv().await {
-            out.push(line);
-        }
-        out
-    }
-}
-
-/// The last `done …`/`error …` line per key.
-fn results(lines: &[String]) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    for line in lines {
-        let mut words = line.split_whitespace();
-        if let (Some("done" | "error"), Some(key)) = (words.next(), words.next()) {
-            out.insert(key.to_owned(), line.clone());
-        }
-    }
-    out
-}
+/// The worker the test kills (`tests/bin/steps_worker.rs`).
+const WORKER: &str = env!("CARGO_BIN_EXE_idem-steps-worker");
 
 /// Whether a `ran KEY LABEL` line is among `lines`.
 fn ran(lines: &[String], key: &str, label: &str) -> bool {
     lines.iter().any(|l| *l == format!("ran {key} {label}"))
-}
-
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {name}= in {line}"))
-}
-
-async fn open(table: &str) -> Idem {
-    Idem::builder()
-        .table(table)
-        .replay_cache_bytes(0)
-        .postgres(&postgres_url())
-        .await
-        .unwrap()
 }
 
 /// The provider's key for the worker's step `label` of `key`.
@@ -132,20 +29,16 @@ fn downstream(idem: &Idem, key: &str, label: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_and_inside_steps_then_taken_over_one_effect_per_step() {
-    if postgres_skip("steps_kill9").is_some() {
+    let Some((table, cleanup, idem, provider)) = fixture("steps_kill9").await else {
         return;
-    }
-    let table = unique_table("steps_kill9");
-    let cleanup = Cleanup::for_table(&table);
-    let idem = open(&table).await;
-    let provider = Provider::start().await;
+    };
     let points = ["between-steps", "in-second-step"];
     let mut all = Vec::new();
     // A's epoch per key, from its `paused KEY epoch=E` lines.
     let mut a_epochs: HashMap<String, u64> = HashMap::new();
     for point in points {
         let keys: Vec<String> = (0..10).map(|i| format!("{point}-{i}")).collect();
-        let mut a = Worker::spawn(&table, &provider, &keys, &["--pause-at", point]);
+        let mut a = Worker::spawn(WORKER, &table, &provider, &keys, &["--pause-at", point]);
         // Every key's body is at the kill point.
         let mut lines = a.until("paused", keys.len()).await;
         lines.extend(a.kill9().await);
@@ -161,7 +54,7 @@ async fn killed_between_and_inside_steps_then_taken_over_one_effect_per_step() {
                 "A ships {key} only when killed inside the second step: {lines:#?}"
             );
             assert!(
-                !results(&lines).contains_key(key),
+                !last_result_per_key(&lines).contains_key(key),
                 "A never finished {key}: {lines:#?}"
             );
         }
@@ -185,8 +78,10 @@ async fn killed_between_and_inside_steps_then_taken_over_one_effect_per_step() {
     );
 
     // B runs every key: each waits out A's lease and takes over.
-    let lines = Worker::spawn(&table, &provider, &all, &[]).output().await;
-    let results = results(&lines);
+    let lines = Worker::spawn(WORKER, &table, &provider, &all, &[])
+        .output()
+        .await;
+    let results = last_result_per_key(&lines);
     for key in &all {
         let line = results
             .get(key)

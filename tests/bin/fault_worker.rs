@@ -9,6 +9,9 @@
 //! At the pause point it prints `paused KEY` and waits for a line `go` on stdin. Per
 //! key it ends with `done KEY epoch=E charge=ID replayed=BOOL` or `error KEY KIND: MSG`.
 
+#[path = "worker_support.rs"]
+mod worker_support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,22 +19,12 @@ use clap::Parser;
 use idem_runtime::store::{Delegate, Fence, OperationId, Store, StoreError, StoredOutcome};
 use idem_runtime::{Idem, IdemError, InFlight, Takeover, current, observe};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use worker_support::{Pause, WorkerArgs, run_keys};
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
-    url: String,
-    #[arg(long)]
-    table: String,
-    #[arg(long)]
-    provider: String,
-    #[arg(long, value_delimiter = ',')]
-    keys: Vec<String>,
-    #[arg(long)]
-    pause_at: Option<String>,
-    #[arg(long, default_value_t = 1000)]
-    lease_ms: u64,
+    #[command(flatten)]
+    worker: WorkerArgs,
     #[arg(long, default_value = "rerun")]
     on_takeover: String,
 }
@@ -47,24 +40,6 @@ struct Receipt {
 struct Charge {
     id: u64,
     amount_cents: i64,
-}
-
-/// Prints `paused KEY` and waits for `go` on stdin.
-#[derive(Clone)]
-struct Pause {
-    at: Option<String>,
-    go: watch::Receiver<bool>,
-}
-
-impl Pause {
-    async fn at(&self, point: &str, key: &str) {
-        if self.at.as_deref() != Some(point) {
-            return;
-        }
-        println!("paused {key}");
-        let mut go = self.go.clone();
-        let _ = go.wait_for(|go| *go).await;
-    }
 }
 
 /// Pauses before every record: the body has returned, its outcome is not yet stored.
@@ -102,7 +77,7 @@ async fn charge(
         _ => Takeover::Rerun,
     };
     idem.operation("charge", key)
-        .lease(Duration::from_millis(args.lease_ms))
+        .lease(Duration::from_millis(args.worker.lease_ms))
         .on_takeover(on_takeover)
         .in_flight(InFlight::Wait(Duration::from_secs(60)))
         .retain(std::time::Duration::from_secs(86_400))
@@ -111,7 +86,7 @@ async fn charge(
             pause.at("before-call", key).await;
             let downstream = current().downstream_key("provider");
             let charge: Charge = http
-                .post(format!("{}/charges", args.provider))
+                .post(format!("{}/charges", args.worker.provider))
                 .header("Idempotency-Key", downstream)
                 .json(&serde_json::json!({ "amount_cents": 1000 }))
                 .send()
@@ -137,27 +112,11 @@ async fn charge(
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Arc::new(Args::parse());
-    let (go_tx, go) = watch::channel(false);
-    // A plain thread: a runtime's blocking stdin read would keep the process from
-    // exiting while the test holds the pipe open.
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            match line {
-                Ok(line) if line.trim() == "go" => {
-                    let _ = go_tx.send(true);
-                }
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
-    });
-    let pause = Pause {
-        at: args.pause_at.clone(),
-        go,
-    };
+    // `paused KEY`.
+    let pause = Pause::new(args.worker.pause_at.clone(), String::new);
     let layer_pause = pause.clone();
     let idem = Idem::builder()
-        .table(args.table.clone())
+        .table(args.worker.table.clone())
         .replay_cache_bytes(0)
         .layer(move |inner| {
             let paused: Box<dyn Delegate> = Box::new(PauseBeforeRecord {
@@ -166,36 +125,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             });
             Arc::new(paused)
         })
-        .postgres(&args.url)
+        .postgres(&args.worker.url)
         .await?;
     let http = reqwest::Client::new();
-    let tasks: Vec<_> = args
-        .keys
-        .iter()
-        .cloned()
-        .map(|key| {
-            let (idem, http, args, pause) =
-                (idem.clone(), http.clone(), args.clone(), pause.clone());
-            tokio::spawn(async move {
-                let (result, info) = observe(charge(&idem, &http, &args, &pause, &key)).await;
-                match result {
-                    Ok(r) => println!(
-                        "done {key} epoch={} charge={} replayed={}",
-                        info.epoch().unwrap_or(0),
-                        r.charge_id,
-                        info.replayed()
-                    ),
-                    Err(e) => {
-                        let kind = format!("{e:?}");
-                        let kind = kind.split([' ', '{', '(']).next().unwrap_or("").to_owned();
-                        println!("error {key} {kind}: {e}");
-                    }
-                }
+    run_keys(&args.worker.keys, |key| {
+        let (idem, http, args, pause) = (idem.clone(), http.clone(), args.clone(), pause.clone());
+        async move {
+            let (result, info) = observe(charge(&idem, &http, &args, &pause, &key)).await;
+            result.map(|r| {
+                format!(
+                    "epoch={} charge={} replayed={}",
+                    info.epoch().unwrap_or(0),
+                    r.charge_id,
+                    info.replayed()
+                )
             })
-        })
-        .collect();
-    for t in tasks {
-        t.await?;
-    }
+        }
+    })
+    .await?;
     Ok(())
 }

@@ -14,51 +14,20 @@
 //! Each step closure that actually runs (is not replayed) prints `ran KEY LABEL` first.
 //! Per key it ends with `done KEY epoch=E charge=ID ship=ID` or `error KEY KIND: MSG`.
 
+#[path = "worker_support.rs"]
+mod worker_support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use idem_runtime::{Idem, IdemError, InFlight, current, observe, step};
 use serde::Deserialize;
-use tokio::sync::watch;
-
-#[derive(Parser)]
-struct Args {
-    #[arg(long)]
-    url: String,
-    #[arg(long)]
-    table: String,
-    #[arg(long)]
-    provider: String,
-    #[arg(long, value_delimiter = ',')]
-    keys: Vec<String>,
-    #[arg(long)]
-    pause_at: Option<String>,
-    #[arg(long, default_value_t = 1000)]
-    lease_ms: u64,
-}
+use worker_support::{Pause, WorkerArgs, run_keys};
 
 #[derive(Deserialize)]
 struct Charge {
     id: u64,
-}
-
-/// Prints `paused KEY epoch=E` and waits for `go` on stdin.
-#[derive(Clone)]
-struct Pause {
-    at: Option<String>,
-    go: watch::Receiver<bool>,
-}
-
-impl Pause {
-    async fn at(&self, point: &str, key: &str) {
-        if self.at.as_deref() != Some(point) {
-            return;
-        }
-        println!("paused {key} epoch={}", current().epoch());
-        let mut go = self.go.clone();
-        let _ = go.wait_for(|go| *go).await;
-    }
 }
 
 /// POSTs a charge of `amount_cents` under the downstream key of `label`; its id.
@@ -88,7 +57,7 @@ async fn post(
 async fn checkout(
     idem: &Idem,
     http: &reqwest::Client,
-    args: &Args,
+    args: &WorkerArgs,
     pause: &Pause,
     key: &str,
 ) -> Result<(u64, u64), IdemError> {
@@ -118,56 +87,29 @@ async fn checkout(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Arc::new(Args::parse());
-    let (go_tx, go) = watch::channel(false);
-    // A plain thread: a runtime's blocking stdin read would keep the process from
-    // exiting while the test holds the pipe open.
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            match line {
-                Ok(line) if line.trim() == "go" => {
-                    let _ = go_tx.send(true);
-                }
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
+    let args = Arc::new(WorkerArgs::parse());
+    // `paused KEY epoch=E`.
+    let pause = Pause::new(args.pause_at.clone(), || {
+        format!(" epoch={}", current().epoch())
     });
-    let pause = Pause {
-        at: args.pause_at.clone(),
-        go,
-    };
     let idem = Idem::builder()
         .table(args.table.clone())
         .replay_cache_bytes(0)
         .postgres(&args.url)
         .await?;
     let http = reqwest::Client::new();
-    let tasks: Vec<_> = args
-        .keys
-        .iter()
-        .cloned()
-        .map(|key| {
-            let (idem, http, args, pause) =
-                (idem.clone(), http.clone(), args.clone(), pause.clone());
-            tokio::spawn(async move {
-                let (result, info) = observe(checkout(&idem, &http, &args, &pause, &key)).await;
-                match result {
-                    Ok((charge, ship)) => println!(
-                        "done {key} epoch={} charge={charge} ship={ship}",
-                        info.epoch().unwrap_or(0),
-                    ),
-                    Err(e) => {
-                        let kind = format!("{e:?}");
-                        let kind = kind.split([' ', '{', '(']).next().unwrap_or("").to_owned();
-                        println!("error {key} {kind}: {e}");
-                    }
-                }
+    run_keys(&args.keys, |key| {
+        let (idem, http, args, pause) = (idem.clone(), http.clone(), args.clone(), pause.clone());
+        async move {
+            let (result, info) = observe(checkout(&idem, &http, &args, &pause, &key)).await;
+            result.map(|(charge, ship)| {
+                format!(
+                    "epoch={} charge={charge} ship={ship}",
+                    info.epoch().unwrap_or(0),
+                )
             })
-        })
-        .collect();
-    for t in tasks {
-        t.await?;
-    }
+        }
+    })
+    .await?;
     Ok(())
 }
