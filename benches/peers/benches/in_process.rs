@@ -1,7 +1,8 @@
 //! The in-process figures under criterion, idem beside the `idempotent` crate on their
 //! memory stores: the bare body, a fresh call, a replay, and idem's fingerprint of a
 //! small request and of a 4 KiB one; and the hash inside each library's fingerprint
-//! (SHA-256 for idem, xxh3 for the peer), for what a replay spends on it.
+//! (SHA-256 for idem, xxh3 for the peer), for what a replay spends on it; and SHA-256
+//! beside BLAKE3 on idem's canonical encoding of requests of 100 B to 64 KiB.
 //!
 //! ```text
 //! cargo bench --manifest-path benches/peers/Cargo.toml --bench in_process
@@ -96,6 +97,48 @@ fn in_process(c: &mut Criterion) {
         })
     });
     g.finish();
+
+    // SHA-256 beside BLAKE3 on the very bytes idem's fingerprint hashes (its canonical
+    // encoding, version byte first) of requests of about 100 B to 64 KiB; and the whole
+    // `idem_runtime::fingerprint` of each, encoding included.
+    let mut g = c.benchmark_group("fingerprint hash");
+    for size in [100, 1024, 4096, 65536] {
+        let request = document(size);
+        let bytes = idem_runtime::bench::canonical_encoding(&request).expect("encoding");
+        assert_eq!(bytes.len(), size);
+        g.bench_function(format!("sha256 {size} B"), |b| {
+            b.iter(|| <sha2::Sha256 as sha2::Digest>::digest(black_box(&bytes[..])))
+        });
+        // Incremental, as the fingerprint's builder would use it.
+        g.bench_function(format!("blake3 {size} B"), |b| {
+            b.iter(|| blake3::Hasher::new().update(black_box(&bytes)).finalize())
+        });
+        g.bench_function(format!("fingerprint {size} B"), |b| {
+            b.iter(|| idem_runtime::fingerprint(black_box(&request)))
+        });
+    }
+    g.finish();
+}
+
+/// A request whose canonical encoding is `size` bytes: an order number and a text field
+/// (a note, a document) filled to the size.
+#[derive(serde::Serialize)]
+struct Document {
+    order: u64,
+    text: String,
+}
+
+fn document(size: usize) -> Document {
+    let mut request = Document {
+        order: 7,
+        text: String::new(),
+    };
+    let bare = idem_runtime::bench::canonical_encoding(&request)
+        .expect("encoding")
+        .len();
+    let words = "the quick brown fox jumps over the lazy dog ";
+    request.text = words.repeat(size / words.len() + 1)[..size - bare].to_owned();
+    request
 }
 
 criterion_group!(benches, in_process);

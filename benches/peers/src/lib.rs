@@ -59,7 +59,8 @@ pub async fn idem_call(idem: &Idem, key: u64) -> Res<()> {
         .operation("charge", &key)
         .scope("bench")
         .fingerprint(&c)
-        .retain(std::time::Duration::from_secs(86_400)).run(|| async { Ok::<_, IdemError>(body(&c)) })
+        .retain(std::time::Duration::from_secs(86_400))
+        .run(|| async { Ok::<_, IdemError>(body(&c)) })
         .await?;
     debug_assert_eq!(r, body(&c));
     std::hint::black_box(r);

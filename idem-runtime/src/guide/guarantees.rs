@@ -51,8 +51,9 @@
 //! retries and takeovers: the same key with another payload is
 //! [`IdemError::Mismatch`], whatever the record's state. The new payload never runs
 //! and the old outcome is never returned. The fingerprint is SHA-256 over a canonical
-//! encoding (typed, length-prefixed, versioned, map and struct entries sorted), the
-//! same across processes and builds; a `serde_json::Value` in the payload
+//! encoding (typed, length-prefixed, versioned, map and struct entries sorted, and a
+//! part of 16 KiB or more in as its BLAKE3 digest, which hashes large inputs faster),
+//! the same across processes and builds; a `serde_json::Value` in the payload
 //! fingerprints the same whether or not some crate in the build turned on serde_json's
 //! `arbitrary_precision` or `raw_value`. Until 1.0 the encoding may change; its
 //! version byte lets a later release read older records.

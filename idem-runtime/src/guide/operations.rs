@@ -94,7 +94,7 @@
 //! ```text
 //! idem --url postgres://app@db/app stats                     # counts, oldest stuck ages
 //! idem --url postgres://app@db/app list --state unknown --older-than 5m --scope acme
-//! idem --url postgres://app@db/app show acme charge order-42 # state, epoch, lease, outcome
+//! idem --url postgres://app@db/app show acme charge order-42 # state, epoch, lease, outcome, steps
 //! idem --url postgres://app@db/app resolve acme charge order-42 --completed '{"id":7}'
 //! idem --url postgres://app@db/app resolve acme charge order-42 --retry --epoch 3
 //! idem --url postgres://app@db/app forget acme charge order-42
