@@ -550,3 +550,48 @@ async fn steps_are_read_once_per_resumed_run_and_never_on_a_fresh_one() {
         "the resumed run read its steps once, recorded one more"
     );
 }
+
+/// Once the claim's renewals have found it gone (here an operator settled the running
+/// operation), a step returns `Fenced` without running its closure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_after_the_claim_was_found_gone_does_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("gone.db").display());
+    let idem = Idem::sqlite(&url).await.unwrap();
+    let lease = Duration::from_millis(200);
+    let (started_tx, started_rx) = oneshot::channel::<u64>();
+    let (go_tx, go_rx) = oneshot::channel::<()>();
+    let ran = Arc::new(AtomicU32::new(0));
+    let task = {
+        let (idem, ran) = (idem.clone(), ran.clone());
+        tokio::spawn(async move {
+            idem.operation("gone", "g-1")
+                .lease(lease)
+                .retain(DAY)
+                .fingerprint_none()
+                .run(move || async move {
+                    let _ = started_tx.send(current().epoch());
+                    let _ = go_rx.await;
+                    step("charge", || async {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, IdemError>(1u32)
+                    })
+                    .await
+                })
+                .await
+        })
+    };
+    let epoch = started_rx.await.unwrap();
+    let id = idem.operation("gone", "g-1").id().clone();
+    idem.resolve(&id, epoch, Resolution::Retry).await.unwrap();
+    // Ten leases: the claim is renewed several times a lease, so a renewal has met the
+    // settled record well before the body goes on.
+    tokio::time::sleep(lease * 10).await;
+    go_tx.send(()).unwrap();
+    let out = task.await.unwrap();
+    assert!(
+        matches!(out, Err(IdemError::Fenced { epoch: e, .. }) if e == epoch),
+        "{out:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the closure must not run");
+}

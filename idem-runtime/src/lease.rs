@@ -18,7 +18,12 @@ use tokio::time::Instant;
 use crate::store::{Fence, OperationId, Store, StoreError};
 
 /// When the claim lapses unless renewed again; `None` once a renewal found it gone.
-type Held = Arc<Mutex<Option<Instant>>>;
+pub(crate) type Held = Arc<Mutex<Option<Instant>>>;
+
+/// Whether a renewal found the claim behind `held` gone (taken over, resolved).
+pub(crate) fn known_lost(held: &Held) -> bool {
+    lock(held).is_none()
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -58,6 +63,18 @@ impl<'a> Lease<'a> {
         match self {
             Lease::Renewed { held_until, .. } => *lock(held_until),
             Lease::Pinned { .. } => Some(Instant::now() + lease),
+        }
+    }
+
+    /// What the renewals learn of the claim, for a body to check: `None` where nothing
+    /// renews it (pinned, or renewal off), so nothing can learn it was lost.
+    pub(crate) fn watch(&self) -> Option<Held> {
+        match self {
+            Lease::Renewed {
+                held_until,
+                renewal: Renewal::Shared(..) | Renewal::Own(_),
+            } => Some(held_until.clone()),
+            _ => None,
         }
     }
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::context::{self, Body};
 use crate::error::{IdemError, StoreError};
 use crate::idem::Idem;
+use crate::lease::{Held, known_lost};
 use crate::store::{Fence, StepRecord, StoredOutcome};
 
 /// The longest label a step may have, in bytes: labels are stored beside the operation.
@@ -22,10 +23,11 @@ const STEP_VERSION: u32 = 1;
 
 /// How a body's steps are kept.
 pub(crate) enum StepsMode {
-    /// Under a leased claim: recorded in the store, fenced by the body's epoch.
-    Leased(Idem),
+    /// Under a leased claim: recorded in the store, fenced by the body's epoch; with
+    /// what the claim's renewals learn of it, where it is renewed.
+    Leased(Idem, Option<Held>),
     /// The same, for a claim that found recorded steps: read at the first step.
-    Resumed(Idem),
+    Resumed(Idem, Option<Held>),
     /// Run unprotected (`fail_open` with the store down): nothing can be recorded.
     Unprotected,
     /// Inside the caller's transaction, which is already one unit.
@@ -70,7 +72,8 @@ impl StepsRun {
 ///   [`downstream_key`](crate::Current::downstream_key) for its label, so a provider
 ///   that deduplicates sees one effect.
 /// - **Fenced.** An attempt that lost its claim cannot record a step: `step` returns
-///   [`IdemError::Fenced`], and the taker's outcome stands.
+///   [`IdemError::Fenced`], and the taker's outcome stands. Once the claim's renewals
+///   have found it gone, `step` returns that before running `f` at all.
 /// - **Unrecorded steps are not run again.** A step whose value cannot be recorded (it
 ///   does not serialize, it is over `max_outcome_bytes`, the store failed) returns an
 ///   error; if the body then ends in a released error, the operation is parked in
@@ -225,9 +228,19 @@ fn start(label: &str) -> Result<Start, IdemError> {
             )));
         }
         Ok(match &body.steps {
-            StepsMode::Leased(idem) | StepsMode::Resumed(idem) => Start::Leased {
+            // A renewal found the claim gone: another attempt owns the operation, and a
+            // step run here would be its effect a second time.
+            StepsMode::Leased(_, Some(held)) | StepsMode::Resumed(_, Some(held))
+                if known_lost(held) =>
+            {
+                return Err(IdemError::Fenced {
+                    name: name.to_owned(),
+                    epoch: body.current.epoch(),
+                });
+            }
+            StepsMode::Leased(idem, _) | StepsMode::Resumed(idem, _) => Start::Leased {
                 idem: idem.clone(),
-                resume: matches!(body.steps, StepsMode::Resumed(_)),
+                resume: matches!(body.steps, StepsMode::Resumed(..)),
                 id: body.current.shared_id(),
                 epoch: body.current.epoch(),
             },
