@@ -285,31 +285,46 @@ fn crashy_id(idem: &Idem, key: &str) -> idem_runtime::OperationId {
     idem.operation("crashy", key).id().clone()
 }
 
+/// Starts a call of `name`/`key` whose body reports its epoch, waits for a go, then runs
+/// one step counted in `ran`: the test settles the claim's fate in between.
+fn gated_step(
+    idem: &Idem,
+    name: &'static str,
+    key: &'static str,
+    lease: Duration,
+    ran: Arc<AtomicU32>,
+) -> (
+    tokio::task::JoinHandle<Result<u32, IdemError>>,
+    oneshot::Receiver<u64>,
+    oneshot::Sender<()>,
+) {
+    let (started_tx, started_rx) = oneshot::channel::<u64>();
+    let (go_tx, go_rx) = oneshot::channel::<()>();
+    let idem = idem.clone();
+    let task = tokio::spawn(async move {
+        idem.operation(name, key)
+            .lease(lease)
+            .retain(DAY)
+            .fingerprint_none()
+            .run(move || async move {
+                let _ = started_tx.send(current().epoch());
+                let _ = go_rx.await;
+                step("charge", || async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, IdemError>(1u32)
+                })
+                .await
+            })
+            .await
+    });
+    (task, started_rx, go_tx)
+}
+
 async fn an_attempt_that_lost_its_claim_cannot_record_a_step(ctx: Ctx) {
     let idem = ctx.variant(|b| b.renew_leases(false)).await;
     let lease = Duration::from_millis(200);
-    let (started_tx, started_rx) = oneshot::channel::<u64>();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
     let ran_late = Arc::new(AtomicU32::new(0));
-    let late = {
-        let (idem, ran_late) = (idem.clone(), ran_late.clone());
-        tokio::spawn(async move {
-            idem.operation("fenced", "f-1")
-                .lease(lease)
-                .retain(DAY)
-                .fingerprint_none()
-                .run(move || async move {
-                    let _ = started_tx.send(current().epoch());
-                    let _ = go_rx.await;
-                    step("charge", || async {
-                        ran_late.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, IdemError>(1u32)
-                    })
-                    .await
-                })
-                .await
-        })
-    };
+    let (late, started_rx, go_tx) = gated_step(&idem, "fenced", "f-1", lease, ran_late.clone());
     let late_epoch = started_rx.await.unwrap();
     let taker = idem
         .operation("fenced", "f-1")
@@ -559,28 +574,8 @@ async fn a_step_after_the_claim_was_found_gone_does_not_run() {
     let url = format!("sqlite://{}", dir.path().join("gone.db").display());
     let idem = Idem::sqlite(&url).await.unwrap();
     let lease = Duration::from_millis(200);
-    let (started_tx, started_rx) = oneshot::channel::<u64>();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
     let ran = Arc::new(AtomicU32::new(0));
-    let task = {
-        let (idem, ran) = (idem.clone(), ran.clone());
-        tokio::spawn(async move {
-            idem.operation("gone", "g-1")
-                .lease(lease)
-                .retain(DAY)
-                .fingerprint_none()
-                .run(move || async move {
-                    let _ = started_tx.send(current().epoch());
-                    let _ = go_rx.await;
-                    step("charge", || async {
-                        ran.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, IdemError>(1u32)
-                    })
-                    .await
-                })
-                .await
-        })
-    };
+    let (task, started_rx, go_tx) = gated_step(&idem, "gone", "g-1", lease, ran.clone());
     let epoch = started_rx.await.unwrap();
     let id = idem.operation("gone", "g-1").id().clone();
     idem.resolve(&id, epoch, Resolution::Retry).await.unwrap();

@@ -685,7 +685,7 @@ where
 /// `answer`, or a retryable store error once `timeout` passes without it. Dropping a
 /// statement's future closes its connection (the stores never reuse one mid-protocol),
 /// so a black-holed connection is not handed to the next call.
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     timeout: Duration,
     what: &'static str,
     answer: impl Future<Output = Result<T, StoreError>>,

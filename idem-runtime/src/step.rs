@@ -12,6 +12,7 @@ use crate::context::{self, Body};
 use crate::error::{IdemError, StoreError};
 use crate::idem::Idem;
 use crate::lease::{Held, known_lost};
+use crate::machine::bounded;
 use crate::store::{Fence, StepRecord, StoredOutcome};
 
 /// The longest label a step may have, in bytes: labels are stored beside the operation.
@@ -276,24 +277,12 @@ async fn recorded(
     if let Some(found) = known {
         return Ok(found);
     }
-    let read = tokio::time::timeout(idem.store_timeout(), idem.store().steps(id)).await;
-    let steps: Vec<StepRecord> = match read {
-        Ok(Ok(steps)) => steps,
-        Ok(Err(e)) => return Err(IdemError::store("step read", e)),
-        Err(_) => {
-            return Err(IdemError::store(
-                "step read",
-                StoreError::new(
-                    true,
-                    format!(
-                        "the store did not answer the read of the recorded steps within {:?}; \
-                         retry later",
-                        idem.store_timeout()
-                    ),
-                ),
-            ));
-        }
-    };
+    let read = bounded(
+        idem.store_timeout(),
+        "read of recorded steps",
+        idem.store().steps(id),
+    );
+    let steps: Vec<StepRecord> = read.await.map_err(|e| IdemError::store("step read", e))?;
     let map: HashMap<String, StoredOutcome> =
         steps.into_iter().map(|s| (s.label, s.outcome)).collect();
     let found = map.get(label).cloned();
@@ -360,13 +349,9 @@ async fn write(
     loop {
         let bound = window.saturating_sub(started.elapsed()).max(backoff);
         let write = idem.store().record_step(id, epoch, label, outcome);
-        let e = match tokio::time::timeout(bound, write).await {
-            Ok(Ok(fence)) => return Ok(fence),
-            Ok(Err(e)) => e,
-            Err(_) => StoreError::new(
-                true,
-                format!("the store did not answer the step's record within {bound:?}"),
-            ),
+        let e = match bounded(bound, "step's record", write).await {
+            Ok(fence) => return Ok(fence),
+            Err(e) => e,
         };
         if !e.retryable || started.elapsed() + backoff >= window {
             return Err(e);

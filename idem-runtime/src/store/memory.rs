@@ -244,6 +244,18 @@ impl Record {
         self.steps.as_ref().is_some_and(|s| s.released)
     }
 
+    /// Whether the claim of `epoch` holds the record, for its own writes: in progress at
+    /// that epoch, and not released.
+    fn held_by(&self, epoch: u64) -> bool {
+        self.epoch == epoch && self.state == State::InProgress && !self.released()
+    }
+
+    /// Whether an operator may settle the record at `epoch`: in progress (released or
+    /// not) or UNKNOWN.
+    fn settles_at(&self, epoch: u64) -> bool {
+        self.epoch == epoch && matches!(self.state, State::InProgress | State::Unknown)
+    }
+
     /// Gives the claim up: `true` when the record must go (it has no steps), else it
     /// stays IN_PROGRESS, released, for the next claim to resume.
     fn release(&mut self) -> bool {
@@ -317,7 +329,7 @@ impl MemoryStore {
     fn record_now(&self, id: &OperationId, epoch: u64, outcome: Kept, retain: Duration) -> Fence {
         let mut map = self.lock();
         match map.get_mut(id) {
-            Some(r) if r.epoch == epoch && r.state == State::InProgress && !r.released() => {
+            Some(r) if r.held_by(epoch) => {
                 r.complete(outcome, self.now().after(retain));
                 Fence::Held
             }
@@ -419,22 +431,18 @@ impl MemoryStore {
         })
     }
 
+    /// Runs `f` if `holds` says the record of `id` is held at `epoch` (`Record::held_by`
+    /// for a claim's own writes, `Record::settles_at` for an operator's).
     fn fenced(
         &self,
         id: &OperationId,
         epoch: u64,
-        states: &[State],
+        holds: fn(&Record, u64) -> bool,
         f: impl FnOnce(&mut Records),
     ) -> Fence {
         let mut map = self.lock();
         match map.get(id) {
-            // A released claim's epoch no longer holds it; an operator may still settle
-            // it (`resolve`, whose states include UNKNOWN).
-            Some(r)
-                if r.epoch == epoch
-                    && states.contains(&r.state)
-                    && (!r.released() || states.contains(&State::Unknown)) =>
-            {
+            Some(r) if holds(r, epoch) => {
                 f(&mut map);
                 Fence::Held
             }
@@ -504,7 +512,7 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
+        Ok(self.fenced(id, epoch, Record::held_by, |map| {
             if map.get_mut(id).expect("checked").release() {
                 map.remove(id);
             }
@@ -512,7 +520,7 @@ impl Store for MemoryStore {
     }
 
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
+        Ok(self.fenced(id, epoch, Record::held_by, |map| {
             map.get_mut(id).expect("checked").state = State::Unknown;
         }))
     }
@@ -523,7 +531,7 @@ impl Store for MemoryStore {
         epoch: u64,
         lease: Duration,
     ) -> Result<Fence, StoreError> {
-        Ok(self.fenced(id, epoch, &[State::InProgress], |map| {
+        Ok(self.fenced(id, epoch, Record::held_by, |map| {
             let until = self.now().after(lease);
             let r = map.get_mut(id).expect("checked");
             // A pinned claim is held already, and keeps its lease's length.
@@ -539,11 +547,8 @@ impl Store for MemoryStore {
         epoch: u64,
         completed: Option<(&StoredOutcome, Duration)>,
     ) -> Result<Fence, StoreError> {
-        Ok(self.fenced(
-            id,
-            epoch,
-            &[State::InProgress, State::Unknown],
-            |map| match completed {
+        Ok(
+            self.fenced(id, epoch, Record::settles_at, |map| match completed {
                 None => {
                     if map.get_mut(id).expect("checked").release() {
                         map.remove(id);
@@ -555,8 +560,8 @@ impl Store for MemoryStore {
                         .expect("checked")
                         .complete(Kept::from(outcome), expires_at);
                 }
-            },
-        ))
+            }),
+        )
     }
 
     async fn record_step(
@@ -569,7 +574,7 @@ impl Store for MemoryStore {
         let at = self.now();
         let mut map = self.lock();
         let rec = match map.get_mut(id) {
-            Some(r) if r.epoch == epoch && r.state == State::InProgress && !r.released() => r,
+            Some(r) if r.held_by(epoch) => r,
             _ => return Ok(Fence::Lost),
         };
         let steps = rec.steps.get_or_insert_with(Box::default);
