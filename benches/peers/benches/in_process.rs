@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idem_peer_bench::{body, charge, idem_call, peer_call, peer_memory};
+use idem_peer_bench::{Size, body, charge, idem_call, peer_call, peer_memory};
 use idem_runtime::Idem;
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
 
@@ -76,13 +76,32 @@ fn in_process(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("fingerprint");
     let small = charge(7);
-    let large = vec![charge(7); 4096 / serde_json::to_vec(&small).expect("json").len() + 1];
+    let large = idem_peer_bench::request(Size::Large, 7);
     let size = serde_json::to_vec(&large).expect("json").len();
     g.bench_function("small request", |b| {
         b.iter(|| idem_runtime::fingerprint(black_box(&small)))
     });
     g.bench_function(format!("{size}-byte request"), |b| {
         b.iter(|| idem_runtime::fingerprint(black_box(&large)))
+    });
+    g.bench_function(format!("{size}-byte request, its part by BLAKE3"), |b| {
+        b.iter(|| idem_runtime::bench::fingerprint_with_bound(black_box(&large), 0))
+    });
+    g.bench_function(
+        format!("idempotent's fingerprint of the {size}-byte request"),
+        |b| {
+            b.iter(|| {
+                let json = serde_json::to_vec(black_box(&large)).expect("json");
+                DefaultFingerprintStrategy.compute("charge", &json)
+            })
+        },
+    );
+    // The peer's way made collision resistant: its JSON, then SHA-256.
+    g.bench_function(format!("SHA-256 of the {size}-byte request's JSON"), |b| {
+        b.iter(|| {
+            let json = serde_json::to_vec(black_box(&large)).expect("json");
+            <sha2::Sha256 as sha2::Digest>::digest(&json)
+        })
     });
     // What the hash alone costs: idem's canonical encoding of the small request is
     // 150 bytes (three SHA-256 blocks with the padding); the peer hashes its JSON with
@@ -113,8 +132,17 @@ fn in_process(c: &mut Criterion) {
         g.bench_function(format!("blake3 {size} B"), |b| {
             b.iter(|| blake3::Hasher::new().update(black_box(&bytes)).finalize())
         });
+        g.bench_function(format!("blake3::hash {size} B less 1"), |b| {
+            b.iter(|| blake3::hash(black_box(&bytes[1..])))
+        });
+        g.bench_function(format!("blake3::hash {size} B"), |b| {
+            b.iter(|| blake3::hash(black_box(&bytes[..])))
+        });
         g.bench_function(format!("fingerprint {size} B"), |b| {
             b.iter(|| idem_runtime::fingerprint(black_box(&request)))
+        });
+        g.bench_function(format!("fingerprint {size} B, its part by BLAKE3"), |b| {
+            b.iter(|| idem_runtime::bench::fingerprint_with_bound(black_box(&request), 0))
         });
     }
     g.finish();
@@ -133,12 +161,19 @@ fn document(size: usize) -> Document {
         order: 7,
         text: String::new(),
     };
-    let bare = idem_runtime::bench::canonical_encoding(&request)
-        .expect("encoding")
-        .len();
-    let words = "the quick brown fox jumps over the lazy dog ";
-    request.text = words.repeat(size / words.len() + 1)[..size - bare].to_owned();
-    request
+    let words = "the quick brown fox jumps over the lazy dog ".repeat(size / 40 + 1);
+    // The text's length prefix grows with it, so fit the text until the whole is `size`.
+    let mut len = size;
+    loop {
+        request.text = words[..len].to_owned();
+        let encoded = idem_runtime::bench::canonical_encoding(&request)
+            .expect("encoding")
+            .len();
+        if encoded == size {
+            return request;
+        }
+        len = len + size - encoded;
+    }
 }
 
 criterion_group!(benches, in_process);

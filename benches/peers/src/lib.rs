@@ -1,6 +1,7 @@
 //! The workload both libraries run in the peer benches (`src/main.rs`, and the
-//! criterion bench `benches/in_process.rs`): fingerprint a small request, claim its
-//! key, run a body that returns a small receipt at once, record it.
+//! criterion bench `benches/in_process.rs`): fingerprint a request (a small one, or a
+//! 4 KiB basket of them), claim its key, run a body that returns a small receipt at
+//! once, record it.
 
 use std::error::Error;
 use std::time::Duration;
@@ -44,6 +45,50 @@ pub fn charge(order: u64) -> Charge {
     }
 }
 
+/// Lines in the 4 KiB request: 35 charges, 4.1 KiB of JSON with its order number.
+pub const BASKET: usize = 35;
+
+/// The request's size in a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Size {
+    /// One charge: 116 bytes of JSON.
+    Small,
+    /// An order number and [`BASKET`] lines: 4,112 bytes of JSON.
+    Large,
+}
+
+/// A request of either size for `order`.
+#[derive(Serialize, Clone)]
+#[serde(untagged)]
+pub enum Request {
+    /// One charge.
+    One(Charge),
+    /// An order of many lines.
+    Basket(Basket),
+}
+
+/// The 4 KiB request: an order number and lines built once, so building a request
+/// allocates nothing and both libraries' share of a call is what they do with it.
+#[derive(Serialize, Clone)]
+pub struct Basket {
+    pub order: u64,
+    pub lines: &'static [Charge],
+}
+
+static LINES: std::sync::LazyLock<Vec<Charge>> =
+    std::sync::LazyLock::new(|| (0..BASKET as u64).map(charge).collect());
+
+/// The request of `size` for `order`.
+pub fn request(size: Size, order: u64) -> Request {
+    match size {
+        Size::Small => Request::One(charge(order)),
+        Size::Large => Request::Basket(Basket {
+            order,
+            lines: &LINES,
+        }),
+    }
+}
+
 /// The guarded body: returns the receipt at once.
 pub fn body(c: &Charge) -> Receipt {
     Receipt {
@@ -52,31 +97,52 @@ pub fn body(c: &Charge) -> Receipt {
     }
 }
 
-/// One idem call on `key`: fresh the first time, a replay after.
+/// The body of a request of either size: its first charge's receipt.
+pub fn request_body(r: &Request) -> Receipt {
+    match r {
+        Request::One(c) => body(c),
+        Request::Basket(b) => Receipt {
+            id: std::hint::black_box(b.order),
+            amount: b.lines.len() as u64,
+        },
+    }
+}
+
+/// One idem call on `key` with a small request: fresh the first time, a replay after.
 pub async fn idem_call(idem: &Idem, key: u64) -> Res<()> {
-    let c = charge(key);
+    idem_call_sized(idem, key, Size::Small).await
+}
+
+/// One idem call on `key` with a request of `size`.
+pub async fn idem_call_sized(idem: &Idem, key: u64, size: Size) -> Res<()> {
+    let c = request(size, key);
     let r = idem
         .operation("charge", &key)
         .scope("bench")
         .fingerprint(&c)
         .retain(std::time::Duration::from_secs(86_400))
-        .run(|| async { Ok::<_, IdemError>(body(&c)) })
+        .run(|| async { Ok::<_, IdemError>(request_body(&c)) })
         .await?;
-    debug_assert_eq!(r, body(&c));
+    debug_assert_eq!(r, request_body(&c));
     std::hint::black_box(r);
     Ok(())
 }
 
-/// The same call through the peer's store.
+/// The same call through the peer's store, with a small request.
 pub async fn peer_call<S: IdempotencyStore>(store: &S, key: u64) -> Res<()> {
-    let c = charge(key);
+    peer_call_sized(store, key, Size::Small).await
+}
+
+/// The same call through the peer's store, with a request of `size`.
+pub async fn peer_call_sized<S: IdempotencyStore>(store: &S, key: u64, size: Size) -> Res<()> {
+    let c = request(size, key);
     let request = serde_json::to_vec(&c)?;
     let fingerprint = DefaultFingerprintStrategy.compute("charge", &request);
     let k = IdempotencyKey::new(format!("bench:charge:{key}"))?;
     let entry = IdempotencyEntry::new(fingerprint, TTL);
     let receipt = match store.try_insert(&k, entry.clone()).await? {
         InsertResult::Claimed { fencing_token } => {
-            let receipt = body(&c);
+            let receipt = request_body(&c);
             let response = CachedResponse {
                 status_code: 200,
                 metadata: Metadata::default(),

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_peer_bench::{Res, idem_call, peer_call, peer_memory};
+use idem_peer_bench::{Res, Size, idem_call, idem_call_sized, peer_call_sized, peer_memory};
 use idem_runtime::Idem;
 use idempotent::store::IdempotencyStore;
 
@@ -92,6 +92,10 @@ struct Args {
     /// Only the SQLite-file half: idem's fresh calls at 1, 16 and 64 callers.
     #[arg(long)]
     sqlite_only: bool,
+    /// Caller counts of the SQLite half (`--sqlite-callers 16` alone, e.g. under
+    /// `perf stat -e syscalls:sys_enter_fsync` to count commits per call).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64])]
+    sqlite_callers: Vec<usize>,
     /// Only measure the systems whose name is this (e.g. `idem`, `idempotent`).
     #[arg(long)]
     only: Option<String>,
@@ -149,16 +153,24 @@ struct Row {
 }
 
 fn idem_calls(idem: Idem) -> Call {
+    idem_calls_sized(idem, Size::Small)
+}
+
+fn idem_calls_sized(idem: Idem, size: Size) -> Call {
     Arc::new(move |k| {
         let idem = idem.clone();
-        Box::pin(async move { idem_call(&idem, k).await })
+        Box::pin(async move { idem_call_sized(&idem, k, size).await })
     })
 }
 
 fn peer_calls<S: IdempotencyStore>(store: Arc<S>) -> Call {
+    peer_calls_sized(store, Size::Small)
+}
+
+fn peer_calls_sized<S: IdempotencyStore>(store: Arc<S>, size: Size) -> Call {
     Arc::new(move |k| {
         let store = store.clone();
-        Box::pin(async move { peer_call(&*store, k).await })
+        Box::pin(async move { peer_call_sized(&*store, k, size).await })
     })
 }
 
@@ -446,11 +458,22 @@ fn peer_in_memory() -> Call {
     peer_calls(Arc::new(peer_memory()))
 }
 
-/// Both libraries on their memory stores (inside a runtime: the peer's store spawns a task).
-fn memory_systems() -> [Measured; 2] {
+fn idem_memory_large() -> Call {
+    idem_calls_sized(Idem::memory(), Size::Large)
+}
+
+fn peer_in_memory_large() -> Call {
+    peer_calls_sized(Arc::new(peer_memory()), Size::Large)
+}
+
+/// Both libraries on their memory stores (inside a runtime: the peer's store spawns a
+/// task): with the small request, then with the 4 KiB one.
+fn memory_systems() -> [Measured; 4] {
     [
         ("idem", idem_memory as fn() -> Call),
         ("idempotent", peer_in_memory),
+        ("idem 4 KiB", idem_memory_large),
+        ("idempotent 4 KiB", peer_in_memory_large),
     ]
     .map(|(name, empty)| Measured {
         name,
@@ -494,7 +517,7 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     let rows64 = multi.block_on(async { compare(&memory_systems(), &[64], args, base).await })?;
     let peaks = multi.block_on(async {
         let mut peaks = Vec::new();
-        for Measured { name, call, .. } in memory_systems() {
+        for Measured { name, call, .. } in memory_systems().into_iter().take(2) {
             for k in 0..REPLAY_KEYS {
                 call(k).await?;
             }
@@ -506,11 +529,13 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     print(&rows1);
     print(&rows64);
     println!();
-    for (what, c) in [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)] {
-        let rows = if c == 1 { &rows1 } else { &rows64 };
-        let a = get(rows, &format!("idem {what} ×{c}"));
-        let b = get(rows, &format!("idempotent {what} ×{c}"));
-        println!("- {what} ×{c}: idem / idempotent = {:.2}", a / b);
+    for size in ["", " 4 KiB"] {
+        for (what, c) in [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)] {
+            let rows = if c == 1 { &rows1 } else { &rows64 };
+            let a = get(rows, &format!("idem{size} {what} ×{c}"));
+            let b = get(rows, &format!("idempotent{size} {what} ×{c}"));
+            println!("- {what}{size} ×{c}: idem / idempotent = {:.2}", a / b);
+        }
     }
     let [(_, idem_peak), (_, peer_peak)] = peaks[..] else {
         return Err("a peak per system".into());
@@ -538,7 +563,7 @@ fn sqlite_file(args: &Args, base: &AtomicU64) -> Res<()> {
         let idem = Idem::builder().replay_cache_bytes(0).sqlite(&url).await?;
         compare(
             &[Measured::kept("idem sqlite", idem_calls(idem))],
-            &[1, 16, 64],
+            &args.sqlite_callers,
             args,
             base,
         )
@@ -548,7 +573,7 @@ fn sqlite_file(args: &Args, base: &AtomicU64) -> Res<()> {
     println!("| operation | ops/s |\n|---|---|");
     print(&rows);
     let one = get(&rows, "idem sqlite fresh ×1");
-    for c in [16, 64] {
+    for &c in args.sqlite_callers.iter().filter(|&&c| c > 1) {
         let f = get(&rows, &format!("idem sqlite fresh ×{c}"));
         println!("- fresh ×{c} / fresh ×1 = {:.2}", f / one);
     }
