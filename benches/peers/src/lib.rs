@@ -115,11 +115,20 @@ pub async fn idem_call(idem: &Idem, key: u64) -> Res<()> {
 
 /// One idem call on `key` with a request of `size`.
 pub async fn idem_call_sized(idem: &Idem, key: u64, size: Size) -> Res<()> {
+    idem_call_of(idem, key, size, true).await
+}
+
+/// One idem call on `key` with a request of `size`, fingerprinted or not: without, it
+/// is the floor of what the call costs apart from the fingerprint.
+pub async fn idem_call_of(idem: &Idem, key: u64, size: Size, fingerprinted: bool) -> Res<()> {
     let c = request(size, key);
-    let r = idem
-        .operation("charge", &key)
-        .scope("bench")
-        .fingerprint(&c)
+    let op = idem.operation("charge", &key).scope("bench");
+    let op = if fingerprinted {
+        op.fingerprint(&c)
+    } else {
+        op.fingerprint_none()
+    };
+    let r = op
         .retain(std::time::Duration::from_secs(86_400))
         .run(|| async { Ok::<_, IdemError>(request_body(&c)) })
         .await?;

@@ -26,7 +26,9 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_peer_bench::{Res, Size, idem_call, idem_call_sized, peer_call_sized, peer_memory};
+use idem_peer_bench::{
+    Res, Size, idem_call, idem_call_of, idem_call_sized, peer_call_sized, peer_memory,
+};
 use idem_runtime::Idem;
 use idempotent::store::IdempotencyStore;
 
@@ -462,18 +464,30 @@ fn idem_memory_large() -> Call {
     idem_calls_sized(Idem::memory(), Size::Large)
 }
 
+/// idem with the 4 KiB request and no fingerprint: the call's cost apart from hashing
+/// the request.
+fn idem_memory_large_unhashed() -> Call {
+    let idem = Idem::memory();
+    Arc::new(move |k| {
+        let idem = idem.clone();
+        Box::pin(async move { idem_call_of(&idem, k, Size::Large, false).await })
+    })
+}
+
 fn peer_in_memory_large() -> Call {
     peer_calls_sized(Arc::new(peer_memory()), Size::Large)
 }
 
 /// Both libraries on their memory stores (inside a runtime: the peer's store spawns a
-/// task): with the small request, then with the 4 KiB one.
-fn memory_systems() -> [Measured; 4] {
+/// task): with the small request, then with the 4 KiB one, and idem with that request
+/// and no fingerprint.
+fn memory_systems() -> [Measured; 5] {
     [
         ("idem", idem_memory as fn() -> Call),
         ("idempotent", peer_in_memory),
         ("idem 4 KiB", idem_memory_large),
         ("idempotent 4 KiB", peer_in_memory_large),
+        ("idem 4 KiB unhashed", idem_memory_large_unhashed),
     ]
     .map(|(name, empty)| Measured {
         name,
@@ -536,6 +550,15 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
             let b = get(rows, &format!("idempotent{size} {what} ×{c}"));
             println!("- {what}{size} ×{c}: idem / idempotent = {:.2}", a / b);
         }
+    }
+    for (what, c) in [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)] {
+        let rows = if c == 1 { &rows1 } else { &rows64 };
+        let a = get(rows, &format!("idem 4 KiB unhashed {what} ×{c}"));
+        let b = get(rows, &format!("idempotent 4 KiB {what} ×{c}"));
+        println!(
+            "- {what} 4 KiB ×{c}, no fingerprint (floor): idem / idempotent = {:.2}",
+            a / b
+        );
     }
     let [(_, idem_peak), (_, peer_peak)] = peaks[..] else {
         return Err("a peak per system".into());
