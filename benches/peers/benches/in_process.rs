@@ -1,6 +1,6 @@
 //! The in-process figures under criterion, idem beside the `idempotent` crate on their
-//! memory stores: the bare body, a fresh call, a replay, and idem's fingerprint of a
-//! small request and of a 4 KiB one; and the hash inside each library's fingerprint
+//! memory stores: the bare body, a fresh call and a replay with the small request and
+//! with the 4 KiB one, and idem's fingerprint of each; and the hash inside each library's fingerprint
 //! (SHA-256 for idem, xxh3 for the peer), for what a replay spends on it; and SHA-256
 //! beside BLAKE3 on idem's canonical encoding of requests of 100 B to 64 KiB.
 //!
@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idem_peer_bench::{Size, body, charge, idem_call, peer_call, peer_memory};
+use idem_peer_bench::{
+    Size, body, charge, idem_call, idem_call_sized, peer_call, peer_call_sized, peer_memory,
+};
 use idem_runtime::Idem;
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
 
@@ -32,6 +34,16 @@ fn in_process(c: &mut Criterion) {
         for k in 0..REPLAY_KEYS {
             idem_call(&idem, k).await.expect("idem");
             peer_call(&*peer, k).await.expect("peer");
+        }
+    });
+    // The 4 KiB request's replays, on stores of their own.
+    let idem_large = Idem::memory();
+    let peer_large = Arc::new(rt.block_on(async { peer_memory() }));
+    rt.block_on(async {
+        for k in 0..REPLAY_KEYS {
+            let large = Size::Large;
+            idem_call_sized(&idem_large, k, large).await.expect("idem");
+            peer_call_sized(&*peer_large, k, large).await.expect("peer");
         }
     });
     let cycle = AtomicU64::new(0);
@@ -71,6 +83,34 @@ fn in_process(c: &mut Criterion) {
     });
     g.bench_function("idempotent replay", |b| {
         b.to_async(&rt).iter(|| peer_call(&*peer, replay()))
+    });
+    g.bench_function("idem fresh 4 KiB", |b| {
+        b.to_async(&rt).iter_custom(|iters| async move {
+            let idem = Idem::memory();
+            let start = Instant::now();
+            for k in 0..iters {
+                idem_call_sized(&idem, k, Size::Large).await.expect("idem");
+            }
+            start.elapsed()
+        })
+    });
+    g.bench_function("idempotent fresh 4 KiB", |b| {
+        b.to_async(&rt).iter_custom(|iters| async move {
+            let peer = peer_memory();
+            let start = Instant::now();
+            for k in 0..iters {
+                peer_call_sized(&peer, k, Size::Large).await.expect("peer");
+            }
+            start.elapsed()
+        })
+    });
+    g.bench_function("idem replay 4 KiB", |b| {
+        b.to_async(&rt)
+            .iter(|| idem_call_sized(&idem_large, replay(), Size::Large))
+    });
+    g.bench_function("idempotent replay 4 KiB", |b| {
+        b.to_async(&rt)
+            .iter(|| peer_call_sized(&*peer_large, replay(), Size::Large))
     });
     g.finish();
 
