@@ -55,7 +55,9 @@ section "Steps: one operation of two steps against two operations" \
     cargo bench --quiet -p idem-tests --bench steps
 section "PostgreSQL purge" cargo bench --quiet -p idem-tests --bench purge
 section "PostgreSQL: throughput as the table grows" cargo bench --quiet -p idem-tests --bench growth
-section "Beside the idempotent crate and redis-benchmark; SQLite group commit" \
+section "SQLite: group commit by callers, beside two bare commits" \
+    cargo bench --quiet -p idem-tests --bench sqlite
+section "Beside the idempotent crate and redis-benchmark" \
     "${pin[@]}" benches/peers/target/release/idem-peer-bench "${peer_args[@]}"
 section "In process under criterion: idem and the idempotent crate" \
     "${pin[@]}" cargo bench --quiet --manifest-path benches/peers/Cargo.toml --bench in_process \

@@ -35,7 +35,13 @@ fn total(metric: &str, op: &str) -> u64 {
             .map_or(String::new(), |l| l.value().to_owned());
         let n = match (key.kind(), value) {
             (MetricKind::Counter, DebugValue::Counter(n)) => n,
-            (MetricKind::Histogram, DebugValue::Histogram(samples)) => samples.len() as u64,
+            (MetricKind::Histogram, DebugValue::Histogram(samples)) => {
+                let sum: f64 = samples.iter().map(|s| s.into_inner()).sum();
+                *totals
+                    .entry((format!("{}:sum", key.key().name()), name.clone()))
+                    .or_default() += sum as u64;
+                samples.len() as u64
+            }
             _ => continue,
         };
         *totals
@@ -72,8 +78,12 @@ impl From<IdemError> for AppError {
     }
 }
 
+/// Held by each test: the group-commit histogram has no label to tell tests apart.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn every_answer_is_counted_by_operation_name() {
+    let _serial = SERIAL.lock().await;
     recorder();
     let dir = tempfile::tempdir().unwrap();
     let url = format!(
@@ -183,4 +193,45 @@ async fn every_answer_is_counted_by_operation_name() {
     assert!(matches!(slow.await.unwrap(), Err(IdemError::Fenced { .. })));
     assert_eq!(counter(m::TAKEOVERS, op), 1);
     assert_eq!(counter(m::FENCED, op), 1);
+}
+
+/// Every claim and record on SQLite passes through group commit and is counted in one
+/// batch: concurrent fresh calls' batches hold twice as many writes as there are calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_batches_count_every_write() {
+    let _serial = SERIAL.lock().await;
+    recorder();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("batches.db").display()
+    );
+    let idem = Idem::builder()
+        .replay_cache_bytes(0)
+        .sqlite(&url)
+        .await
+        .unwrap();
+    let (batches, writes) = (
+        total(m::BATCH_WRITES, ""),
+        total("idem_group_commit_writes:sum", ""),
+    );
+    let calls: Vec<_> = (0..24u32)
+        .map(|k| {
+            let idem = idem.clone();
+            tokio::spawn(async move {
+                idem.operation("batched", &k)
+                    .fingerprint_none()
+                    .retain(Duration::from_secs(86_400))
+                    .run(move || async move { Ok::<_, IdemError>(k) })
+                    .await
+            })
+        })
+        .collect();
+    for (k, call) in calls.into_iter().enumerate() {
+        assert_eq!(call.await.unwrap().unwrap(), k as u32);
+    }
+    let batches = total(m::BATCH_WRITES, "") - batches;
+    let writes = total("idem_group_commit_writes:sum", "") - writes;
+    assert_eq!(writes, 48, "a claim and a record per call");
+    assert!((1..=48).contains(&batches), "{batches} batches");
 }

@@ -93,6 +93,10 @@ pub const STEPS: &str = "idem_steps_total";
 pub const STEP_REPLAYS: &str = "idem_step_replays_total";
 /// How long bodies ran, in seconds (a histogram).
 pub const BODY_SECONDS: &str = "idem_body_duration_seconds";
+/// Claims and records written together by one group commit (SQLite's shared
+/// transactions, PostgreSQL's batched statements), a histogram with no `name` label. A
+/// mean near 1 under load means the callers are not sharing commits.
+pub const BATCH_WRITES: &str = "idem_group_commit_writes";
 
 #[cfg(feature = "metrics")]
 pub(crate) fn count(metric: &'static str, name: &str) {
@@ -117,6 +121,14 @@ pub(crate) fn purged(rows: u64) {
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn purged(_rows: u64) {}
+
+#[cfg(all(feature = "metrics", any(feature = "sqlite", feature = "postgres")))]
+pub(crate) fn batch(writes: usize) {
+    metrics::histogram!(BATCH_WRITES).record(writes as f64);
+}
+
+#[cfg(all(not(feature = "metrics"), any(feature = "sqlite", feature = "postgres")))]
+pub(crate) fn batch(_writes: usize) {}
 
 #[cfg(feature = "metrics")]
 pub(crate) fn body_time(name: &str, took: std::time::Duration) {

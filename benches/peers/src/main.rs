@@ -1,6 +1,7 @@
 //! idem beside its peers, measured in one run: the `idempotent` crate 0.3.0 (its memory
-//! store and its Valkey store) doing the same work, and `redis-benchmark`'s SET/GET
-//! floor on the same Redis server.
+//! store and its Valkey store) doing the same work, and on the same Redis server two
+//! floors: `redis-benchmark`'s SET/GET, and two trivial scripts per call through idem's
+//! Redis client (the best a design of two scripts per fresh call can do).
 //!
 //! ```text
 //! cargo build --release --manifest-path benches/peers/Cargo.toml
@@ -91,13 +92,6 @@ struct Args {
     /// Skip the in-process half.
     #[arg(long)]
     redis_only: bool,
-    /// Only the SQLite-file half: idem's fresh calls at 1, 16 and 64 callers.
-    #[arg(long)]
-    sqlite_only: bool,
-    /// Caller counts of the SQLite half (`--sqlite-callers 16` alone, e.g. under
-    /// `perf stat -e syscalls:sys_enter_fsync` to count commits per call).
-    #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64])]
-    sqlite_callers: Vec<usize>,
     /// Only measure the systems whose name is this (e.g. `idem`, `idempotent`).
     #[arg(long)]
     only: Option<String>,
@@ -252,7 +246,35 @@ async fn replay_peak(call: &Call, callers: usize, secs: f64) -> Res<f64> {
     Ok((PEAK.load(Ordering::Relaxed) - start) as f64)
 }
 
-/// The commands the server saw for 100 fresh calls and 100 replays of each library.
+/// The floor of any design that spends, as idem and the peer do, two round trips and two
+/// scripts on a fresh call: two trivial scripts in turn, through the client idem uses (a
+/// `ConnectionManager` of the same `redis` crate), the first writing one field of the
+/// call's key and the second reading it back. `prefix` keeps its keys apart.
+async fn floor_calls(url: &str, prefix: &str) -> Res<Call> {
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
+    let write = Arc::new(redis::Script::new(
+        "return redis.call('HSET', KEYS[1], 'v', ARGV[1])",
+    ));
+    let read = Arc::new(redis::Script::new(
+        "return redis.call('HGET', KEYS[1], 'v')",
+    ));
+    let prefix = prefix.to_owned();
+    Ok(Arc::new(move |k| {
+        let (mut conn, write, read) = (conn.clone(), write.clone(), read.clone());
+        let key = format!("{prefix}:{{{k}}}");
+        Box::pin(async move {
+            let _: i64 = write.key(&key).arg(k).invoke_async(&mut conn).await?;
+            let _: Option<u64> = read.key(&key).invoke_async(&mut conn).await?;
+            Ok(())
+        })
+    }))
+}
+
+/// The floor's name in the report.
+const FLOOR: &str = "two trivial scripts (floor)";
+
+/// The commands the server saw for 100 fresh calls and 100 replays of each library, and
+/// for 100 calls of the floor.
 async fn commands_per_op(url: &str) -> Res<()> {
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
@@ -266,8 +288,12 @@ async fn commands_per_op(url: &str) -> Res<()> {
     let peer = peer_calls(Arc::new(
         idempotent::store::valkey::ValkeyStore::with_prefix(client.clone(), Some("count")).await?,
     ));
-    for (name, call) in [("idem", idem), ("idempotent", peer)] {
+    let floor = floor_calls(url, "floor-count").await?;
+    for (name, call) in [("idem", idem), ("idempotent", peer), ("floor", floor)] {
         for what in ["fresh", "replay"] {
+            if name == "floor" && what == "replay" {
+                continue;
+            }
             let _: () = redis::cmd("CONFIG")
                 .arg("RESETSTAT")
                 .query_async(&mut conn)
@@ -417,13 +443,7 @@ fn main() -> Res<()> {
     }
 
     if !args.redis_only {
-        if !args.sqlite_only {
-            in_process(&args, &base)?;
-        }
-        sqlite_file(&args, &base)?;
-        if args.sqlite_only {
-            return Ok(());
-        }
+        in_process(&args, &base)?;
     }
     if args.no_redis {
         return Ok(());
@@ -574,35 +594,6 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     Ok(())
 }
 
-/// idem on a SQLite file (WAL, `synchronous=FULL`): fresh calls and replays by callers.
-fn sqlite_file(args: &Args, base: &AtomicU64) -> Res<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let dir = tempfile::tempdir()?;
-    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
-    let rows = rt.block_on(async {
-        let idem = Idem::builder().replay_cache_bytes(0).sqlite(&url).await?;
-        compare(
-            &[Measured::kept("idem sqlite", idem_calls(idem))],
-            &args.sqlite_callers,
-            args,
-            base,
-        )
-        .await
-    })?;
-    println!("\n## SQLite file (idem alone; the ratio is to its own single caller)\n");
-    println!("| operation | ops/s |\n|---|---|");
-    print(&rows);
-    let one = get(&rows, "idem sqlite fresh ×1");
-    for &c in args.sqlite_callers.iter().filter(|&&c| c > 1) {
-        let f = get(&rows, &format!("idem sqlite fresh ×{c}"));
-        println!("- fresh ×{c} / fresh ×1 = {:.2}", f / one);
-    }
-    Ok(())
-}
-
 fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
     let multi = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -630,9 +621,15 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             Measured::kept("idem", idem_calls(uncached)),
             Measured::kept("idem (replay cache)", idem_calls(cached)),
             Measured::kept("idempotent", peer_calls(Arc::new(peer))),
+            Measured::kept(FLOOR, floor_calls(&url, "floor").await?),
         ];
         compare(&systems, &[1, 16], args, base).await
     })?;
+    // The floor's "replays" are the same two scripts again: its fresh rows are the floor.
+    let rows: Vec<Row> = rows
+        .into_iter()
+        .filter(|r| !r.label.starts_with(&format!("{FLOOR} replay")))
+        .collect();
     let mut floors = Vec::new();
     for c in [1, 16] {
         let mut sets = Vec::new();
@@ -655,11 +652,15 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
         let r = get(&rows, &format!("idem replay ×{c}"));
         let pf = get(&rows, &format!("idempotent fresh ×{c}"));
         let pr = get(&rows, &format!("idempotent replay ×{c}"));
+        let ff = get(&rows, &format!("{FLOOR} fresh ×{c}"));
         println!(
-            "- ×{c}: fresh idem / idempotent = {:.2}, idem / SET floor = {:.2}; \
+            "- ×{c}: fresh idem / idempotent = {:.2}, idem / SET floor = {:.2}, \
+             idem / {FLOOR} = {:.2}, idempotent / {FLOOR} = {:.2}; \
              replay idem / idempotent = {:.2}, idem / GET floor = {:.2}",
             f / pf,
             f / set,
+            f / ff,
+            pf / ff,
             r / pr,
             r / getf
         );

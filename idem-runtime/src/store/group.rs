@@ -91,6 +91,7 @@ impl<P: Send + 'static> Gather<P> {
                 }
                 std::mem::take(&mut queue.items)
             };
+            crate::metrics::batch(batch.len());
             let mut writing = Writing {
                 run: Some(Box::pin(write(batch))),
                 permit: Some(permit),
