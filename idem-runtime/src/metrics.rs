@@ -127,7 +127,10 @@ pub(crate) fn batch(writes: usize) {
     metrics::histogram!(BATCH_WRITES).record(writes as f64);
 }
 
-#[cfg(all(not(feature = "metrics"), any(feature = "sqlite", feature = "postgres")))]
+#[cfg(all(
+    not(feature = "metrics"),
+    any(feature = "sqlite", feature = "postgres")
+))]
 pub(crate) fn batch(_writes: usize) {}
 
 #[cfg(feature = "metrics")]
