@@ -1,6 +1,7 @@
--- ARGV: fingerprint, lease ms, on_takeover ('rerun' | 'unknown'), scope, name, key.
--- One decision: fresh, replay, in flight, mismatch, takeover, resume or unknown.
--- Acquired: {'acquired', epoch, takeover (0/1), resume (0/1)}.
+-- ARGV: fingerprint, lease ms, on_takeover ('rerun' | 'unknown'), the operation's `sn`
+-- and key (the record's fields). One decision: fresh, replay, in flight, mismatch,
+-- takeover, resume or unknown. Acquired: the epoch alone for a fresh claim, else
+-- {'acquired', epoch, takeover (0/1), resume (0/1)}.
 local fp, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local now = now_ms()
 
@@ -21,9 +22,9 @@ local function create(replace)
   if replace then
     redis.call('DEL', REC)
   end
-  redis.call('HSET', REC, 's', 0, 'e', epoch, 'fp', fp, 'lu', now + lease, 'ca', now,
-    'sc', ARGV[4], 'nm', ARGV[5], 'k', ARGV[6])
-  return {'acquired', epoch, 0, 0}
+  redis.call('HSET', REC, 's', '0', 'e', dec(epoch), 'fp', fp, 'lu', dec(now + lease),
+    'ca', dec(now), 'sn', ARGV[4], 'k', ARGV[5])
+  return epoch
 end
 
 -- The record claimed again at a new epoch: a lapsed claim taken over (`takeover` 1) or
@@ -31,15 +32,16 @@ end
 local function reclaim(takeover, resume)
   local epoch = next_epoch()
   if resume == 1 then
-    redis.call('HSET', REC, 'e', epoch, 'lu', now + lease, 'ca', now, 'st', 1)
+    redis.call('HSET', REC, 'e', dec(epoch), 'lu', dec(now + lease), 'ca', dec(now),
+      'st', '1')
   else
-    redis.call('HSET', REC, 'e', epoch, 'lu', now + lease, 'ca', now)
+    redis.call('HSET', REC, 'e', dec(epoch), 'lu', dec(now + lease), 'ca', dec(now))
   end
   return {'acquired', epoch, takeover, resume}
 end
 
 -- One read serves every answer, the replay's outcome included.
-local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'err', 'v', 'body', 'st')
+local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'o', 'st')
 if not r[1] then
   return create(false)
 end
@@ -52,12 +54,12 @@ if r[3] ~= fp then
   return {'mismatch'}
 end
 if state == '1' then
-  return {'completed', tonumber(r[6]), tonumber(r[7]), r[8]}
+  return {'completed', r[6]}
 end
 if state == '2' then
   return {'unknown', epoch, 0}
 end
-if r[9] == '2' then
+if r[7] == '2' then
   -- Released with its steps: its last attempt ended knowing what it had done, so it
   -- resumes at once, whatever `on_takeover` says.
   return reclaim(0, 1)
@@ -67,11 +69,11 @@ if lease_until > now then
   return {'inflight', lease_until - now}
 end
 if mode == 'unknown' then
-  wake(redis.call('HMGET', REC, 's', 'e', 'w', 'sc', 'nm', 'k'))
-  redis.call('HSET', REC, 's', 2)
+  wake(redis.call('HGET', REC, 'w'))
+  redis.call('HSET', REC, 's', '2')
   return {'unknown', epoch, 1}
 end
-if r[9] == '1' then
+if r[7] == '1' then
   return reclaim(1, 1)
 end
 return reclaim(1, 0)

@@ -3,10 +3,19 @@
 -- step); all carry the same hash tag, so one script touches one slot in Redis Cluster.
 -- Times are the server's, in milliseconds.
 --
--- The record's field `st` says what the steps key holds for this life of the record:
--- absent, no steps (whatever is there is left from an earlier life); '1', steps;
--- '2', steps, and the claim was released for the next claim to resume. Only records
--- with steps pay for them: every other path reads the field and does nothing more.
+-- The record's fields: `s` state ('0' in progress, '1' completed, '2' unknown), `e`
+-- epoch, `fp` fingerprint, `lu` lease deadline, `ca` claim time, `sn` and `k` the
+-- operation (`sn` is `<len>:<scope><len>:<name>`, `k` the key), `w` set once a waiter
+-- announced itself, `st` the steps flag, and for a completed record `xa` its retention
+-- deadline and `o` its outcome, `<is_err>:<version>:<body>`.
+--
+-- The field `st` says what the steps key holds for this life of the record: absent, no
+-- steps (whatever is there is left from an earlier life); '1', steps; '2', steps, and
+-- the claim was released for the next claim to resume. Only records with steps pay for
+-- them: every other path reads the field and does nothing more.
+--
+-- A number handed to `redis.call` is formatted with `%.17g`, several times slower than
+-- a string made with `dec`, so the scripts pass strings.
 local REC, CTR, STEPS = KEYS[1], KEYS[2], KEYS[3]
 -- How long Redis keeps a completed record past its retention: claims treat it as
 -- absent from the retention on, purge_expired deletes it early, Redis drops it here.
@@ -20,14 +29,23 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- `n`, a whole number from 0 below 2^53, in decimal. `%d` takes a C long, which some
+-- platforms keep to 32 bits, so it formats the number in two parts.
+local function dec(n)
+  if n < 1000000 then
+    return string.format('%d', n)
+  end
+  return string.format('%d%06d', math.floor(n / 1000000), n % 1000000)
+end
+
 -- The record's state ('0' in progress, '1' completed, '2' unknown, 'released' for a
 -- claim released with its steps, which its epoch no longer holds) if it exists and is
--- at `epoch` (compared as the decimal string), else nil; and the fields `wake` reads
--- with the steps flag (r[7]), so a write reads the record once.
+-- at `epoch` (compared as the decimal string), else nil; and the fields a write needs
+-- next: {s, e, st, w}, so a write reads the record once.
 local function held_state(epoch)
-  local r = redis.call('HMGET', REC, 's', 'e', 'w', 'sc', 'nm', 'k', 'st')
+  local r = redis.call('HMGET', REC, 's', 'e', 'st', 'w')
   if r[1] and r[2] == epoch then
-    if r[7] == '2' then
+    if r[3] == '2' then
       return 'released', r
     end
     return r[1], r
@@ -35,46 +53,48 @@ local function held_state(epoch)
   return nil, r
 end
 
--- Tells waiting processes that the operation moved on, if any announced a wait: on
--- the channel `<prefix>:wake`, the operation as `<len>:<scope><len>:<name><key>`.
--- `r` is the record's fields as `held_state` read them.
-local function wake(r)
-  if r[3] and r[4] then
+-- Tells waiting processes that the operation moved on, if any announced a wait (`w`,
+-- the record's field): on the channel `<prefix>:wake`, the operation as
+-- `<len>:<scope><len>:<name><key>`.
+local function wake(w)
+  if w then
+    local op = redis.call('HMGET', REC, 'sn', 'k')
     local channel = string.sub(REC, 1, #REC - 37) .. ':wake'
-    redis.call('PUBLISH', channel, #r[4] .. ':' .. r[4] .. #r[5] .. ':' .. r[5] .. r[6])
+    redis.call('PUBLISH', channel, op[1] .. op[2])
   end
 end
 
--- Completes the record with an outcome kept for `retain` ms. Its steps go: a completed
--- operation replays its outcome, and they must not outlive the record.
-local function complete(r, now, is_err, version, body, retain)
-  wake(r)
-  if r[7] then
+-- Completes the record with its outcome (`o`, packed) kept for `retain` ms; `r` is the
+-- record as `held_state` read it. Its steps go: a completed operation replays its
+-- outcome, and they must not outlive the record.
+local function complete(r, outcome, retain)
+  wake(r[4])
+  if r[3] then
     redis.call('DEL', STEPS)
     redis.call('HDEL', REC, 'st')
   end
-  redis.call('HSET', REC, 's', 1, 'err', is_err, 'v', version, 'body', body, 'xa', now + retain)
-  redis.call('PEXPIRE', REC, retain + GRACE_MS)
-  redis.call('PEXPIRE', CTR, retain + GRACE_MS + KEEP_MS)
+  redis.call('HSET', REC, 's', '1', 'o', outcome, 'xa', dec(now_ms() + retain))
+  redis.call('PEXPIRE', REC, dec(retain + GRACE_MS))
+  redis.call('PEXPIRE', CTR, dec(retain + GRACE_MS + KEEP_MS))
 end
 
 -- Removes the record and its steps; its counter stays KEEP_MS longer.
 local function remove(r)
-  wake(r)
+  wake(r[4])
   redis.call('DEL', REC)
-  if r[7] then
+  if r[3] then
     redis.call('DEL', STEPS)
   end
-  redis.call('PEXPIRE', CTR, KEEP_MS)
+  redis.call('PEXPIRE', CTR, dec(KEEP_MS))
 end
 
 -- Gives the claim up: a record without steps goes; one with steps stays IN_PROGRESS
 -- with its fingerprint and steps, released with its lease lapsed, for the next claim
 -- with the same fingerprint to resume at once.
 local function give_up(r)
-  if r[7] then
-    wake(r)
-    redis.call('HSET', REC, 's', 0, 'st', 2, 'lu', now_ms())
+  if r[3] then
+    wake(r[4])
+    redis.call('HSET', REC, 's', '0', 'st', '2', 'lu', dec(now_ms()))
   else
     remove(r)
   end

@@ -6,10 +6,10 @@ local state, r = held_state(ARGV[1])
 if state ~= '0' then
   return 0
 end
-if r[7] ~= '1' then
+if r[3] ~= '1' then
   -- The first step of this life: whatever the key holds is an earlier life's.
   redis.call('DEL', STEPS)
-  redis.call('HSET', REC, 'st', 1)
+  redis.call('HSET', REC, 'st', '1')
 end
 local label = ARGV[2]
 local old = redis.call('HGET', STEPS, label)
@@ -20,6 +20,7 @@ else
   -- Labels are never removed within a life, so the count numbers them in order.
   seq = redis.call('HLEN', STEPS) + 1
 end
-local packed = seq .. ':' .. ARGV[1] .. ':' .. now_ms() .. ':' .. ARGV[3] .. ':' .. ARGV[4] .. ':' .. ARGV[5]
+local packed = seq .. ':' .. ARGV[1] .. ':' .. dec(now_ms()) .. ':' .. ARGV[3] .. ':'
+  .. ARGV[4] .. ':' .. ARGV[5]
 redis.call('HSET', STEPS, label, packed)
 return 1

@@ -1,6 +1,7 @@
--- ARGV: epoch, 'retry' | 'complete', is_err, version, body, retain ms. Settles an
--- UNKNOWN or IN_PROGRESS record held at epoch, a released one included (an operator
--- may settle what its last attempt gave up); a retry gives it up as a release does.
+-- ARGV: epoch, 'retry' | 'complete', outcome (`<is_err>:<version>:<body>`), retain ms.
+-- Settles an UNKNOWN or IN_PROGRESS record held at epoch, a released one included (an
+-- operator may settle what its last attempt gave up); a retry gives it up as a release
+-- does.
 local state, r = held_state(ARGV[1])
 if state ~= '0' and state ~= '2' and state ~= 'released' then
   return 0
@@ -8,6 +9,6 @@ end
 if ARGV[2] == 'retry' then
   give_up(r)
 else
-  complete(r, now_ms(), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]))
+  complete(r, ARGV[3], tonumber(ARGV[4]))
 end
 return 1

@@ -24,11 +24,13 @@
 //! first 128 bits of a SHA-256 of the three parts, so every script touches one slot in
 //! Redis Cluster:
 //!
-//! - `<prefix>:r:{<tag>}`, a hash: state, epoch, fingerprint, lease deadline, claim
-//!   time, and for a completed record its outcome and retention deadline. A completed
-//!   record gets `PEXPIRE` five minutes past its retention: claims treat it as absent
-//!   from its retention on, [`Store::purge_expired`] deletes (and counts) the ones it
-//!   finds early, and Redis drops the rest by itself, so nothing needs to run a purge.
+//! - `<prefix>:r:{<tag>}`, a hash: state, epoch, fingerprint, the operation, lease
+//!   deadline, claim time, and for a completed record its outcome (one field,
+//!   `is_err:version:body`) and retention deadline (`idem-runtime/lua/prelude.lua`
+//!   lists the fields). A completed record gets `PEXPIRE` five minutes past its
+//!   retention: claims treat it as absent from its retention on,
+//!   [`Store::purge_expired`] deletes (and counts) the ones it finds early, and Redis
+//!   drops the rest by itself, so nothing needs to run a purge.
 //! - `<prefix>:e:{<tag>}`, the operation's epoch counter (`INCR`).
 //! - `<prefix>:s:{<tag>}`, the operation's [steps](Store::record_step), a hash from
 //!   label to `seq:epoch:recorded-at:is_err:version:body` (`seq` numbers the labels
@@ -521,16 +523,24 @@ impl RedisStore {
             h.update((part.len() as u64).to_be_bytes());
             h.update(part.as_bytes());
         }
-        let mut tag = String::with_capacity(32);
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut rec = String::with_capacity(self.prefix.len() + 37);
+        rec.push_str(&self.prefix);
+        rec.push_str(":r:{");
         for b in &h.finalize()[..16] {
-            use std::fmt::Write;
-            let _ = write!(tag, "{b:02x}");
+            rec.push(char::from(HEX[usize::from(b >> 4)]));
+            rec.push(char::from(HEX[usize::from(b & 15)]));
         }
-        (
-            format!("{}:r:{{{tag}}}", self.prefix),
-            format!("{}:e:{{{tag}}}", self.prefix),
-            format!("{}:s:{{{tag}}}", self.prefix),
-        )
+        rec.push('}');
+        // The other two differ from the record key in the kind's letter alone.
+        let kind = self.prefix.len() + 1;
+        let beside = |letter: &str| {
+            let mut key = rec.clone();
+            key.replace_range(kind..kind + 1, letter);
+            key
+        };
+        let (ctr, steps) = (beside("e"), beside("s"));
+        (rec, ctr, steps)
     }
 
     /// Whether `key` is one of this store's record keys (and not one of a store whose
@@ -632,7 +642,7 @@ impl RedisStore {
                 for k in &keys {
                     pipe.cmd("HMGET")
                         .arg(k)
-                        .arg(&["s", "e", "ca", "sc", "nm", "k", "xa"]);
+                        .arg(&["s", "e", "ca", "sn", "k", "xa"]);
                 }
                 let fields: Vec<Vec<Option<Vec<u8>>>> =
                     pipe.query_async(conn).await.map_err(store_error)?;
@@ -749,17 +759,16 @@ impl Row {
                 .map(|b| String::from_utf8_lossy(b).into_owned())
         };
         let num = |i: usize| text(i).and_then(|s| s.parse::<u64>().ok());
+        // `sn` and `k` together are the operation as a wake-up carries it.
+        let mut op = f.get(3)?.clone()?;
+        op.extend_from_slice(f.get(4)?.as_deref()?);
         Some(Row {
             key,
             state: State::from_code(num(0)? as i64)?,
             epoch: num(1)?,
             claimed_at: num(2)?,
-            expires_at: num(6),
-            id: OperationId {
-                scope: text(3)?,
-                name: text(4)?,
-                key: text(5)?,
-            },
+            expires_at: num(5),
+            id: parse_wakeup(&op)?,
         })
     }
 
@@ -861,6 +870,42 @@ fn ms(d: Duration) -> String {
     d.as_millis().min(MAX_RETAIN_MS).to_string()
 }
 
+/// An outcome as the record's field `o` holds it: `is_err:version:body`.
+fn packed(outcome: &StoredOutcome) -> Vec<u8> {
+    let head = format!("{}:{}:", u8::from(outcome.is_err), outcome.version);
+    let mut out = Vec::with_capacity(head.len() + outcome.body.len());
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(&outcome.body);
+    out
+}
+
+/// The outcome a record's field `o` holds.
+fn unpacked(v: &Value) -> Result<StoredOutcome, StoreError> {
+    let bad = || protocol(format!("a completed record's outcome is {v:?}"));
+    let b = match v {
+        Value::BulkString(b) => &b[..],
+        _ => return Err(bad()),
+    };
+    let mut parts = b.splitn(3, |&c| c == b':');
+    let (Some(is_err), Some(version), Some(body)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    let is_err = match is_err {
+        b"0" => false,
+        b"1" => true,
+        _ => return Err(bad()),
+    };
+    Ok(StoredOutcome {
+        is_err,
+        version: std::str::from_utf8(version)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(bad)?,
+        body: body.to_vec(),
+    })
+}
+
 /// A record as `read.lua` returns it, with the server's time.
 struct Read {
     now: u64,
@@ -877,22 +922,16 @@ impl Read {
             .and_then(int)
             .and_then(|n| u64::try_from(n).ok())
     }
-    fn raw(&self, i: usize) -> Option<Vec<u8>> {
-        self.fields.get(i).and_then(bytes)
-    }
     fn state(&self) -> Option<State> {
         State::from_code(self.num(0)? as i64)
     }
     fn outcome(&self) -> Option<StoredOutcome> {
-        Some(StoredOutcome {
-            is_err: self.num(6)? == 1,
-            version: u32::try_from(self.num(7)?).ok()?,
-            body: self.raw(8)?,
-        })
+        unpacked(self.fields.get(5)?).ok()
     }
 }
 
-const FIELDS: usize = 12;
+/// The fields `read.lua` answers: `s`, `e`, `lu`, `ca`, `xa`, `o`.
+const FIELDS: usize = 6;
 
 impl RedisStore {
     async fn read(&self, id: &OperationId) -> Result<Read, StoreError> {
@@ -938,7 +977,7 @@ impl Store for RedisStore {
             return Ok(None);
         }
         let (rec, ..) = self.keys(id);
-        let read = ["s", "xa", "e", "fp", "err", "v", "body"];
+        let read = ["s", "xa", "e", "fp", "o"];
         let (fields, alive) = match &self.conn {
             Conn::Single(conn) => {
                 let mut pipe = ::redis::pipe();
@@ -968,7 +1007,7 @@ impl Store for RedisStore {
                 (fields, alive)
             }
         };
-        let [state, _, _, fp, is_err, version, body] = &fields[..] else {
+        let [state, _, _, fp, outcome] = &fields[..] else {
             return Err(protocol(format!("HMGET answered {fields:?}")));
         };
         if int(state) != Some(1) || !alive {
@@ -978,18 +1017,7 @@ impl Store for RedisStore {
         if bytes(fp).as_deref() != Some(&fingerprint[..]) {
             return Ok(Some(Err(Mismatched)));
         }
-        let (Some(is_err), Some(version), Some(body)) = (int(is_err), int(version), bytes(body))
-        else {
-            return Err(protocol(format!(
-                "a completed record lacks its outcome: {fields:?}"
-            )));
-        };
-        Ok(Some(Ok(StoredOutcome {
-            is_err: is_err == 1,
-            version: u32::try_from(version)
-                .map_err(|_| protocol(format!("outcome version {version}")))?,
-            body,
-        })))
+        unpacked(outcome).map(|o| Some(Ok(o)))
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
@@ -998,6 +1026,8 @@ impl Store for RedisStore {
             Takeover::Unknown => b"unknown",
         };
         let lease = ms(req.lease);
+        let (scope, name) = (&req.id.scope, &req.id.name);
+        let scope_name = format!("{}:{scope}{}:{name}", scope.len(), name.len());
         let v = self
             .run(
                 &self.scripts.claim,
@@ -1006,13 +1036,21 @@ impl Store for RedisStore {
                     &req.fingerprint,
                     lease.as_bytes(),
                     mode,
-                    req.id.scope.as_bytes(),
-                    req.id.name.as_bytes(),
+                    scope_name.as_bytes(),
                     req.id.key.as_bytes(),
                 ],
             )
             .await?;
         let bad = || protocol(format!("claim answered {v:?}"));
+        // A fresh claim answers its epoch alone.
+        if let Value::Int(epoch) = v {
+            self.gate.saw(false);
+            return Ok(Claim::Acquired {
+                epoch: u64::try_from(epoch).map_err(|_| bad())?,
+                takeover: false,
+                resume: false,
+            });
+        }
         let Value::Array(parts) = &v else {
             return Err(bad());
         };
@@ -1024,11 +1062,7 @@ impl Store for RedisStore {
                 takeover: n(2)? == 1,
                 resume: n(3)? == 1,
             },
-            "completed" => Claim::Completed(StoredOutcome {
-                is_err: n(1)? == 1,
-                version: n(2)? as u32,
-                body: parts.get(3).and_then(bytes).ok_or_else(bad)?,
-            }),
+            "completed" => Claim::Completed(unpacked(parts.get(1).ok_or_else(bad)?)?),
             "inflight" => Claim::InFlight {
                 retry_after: Duration::from_millis(n(1)?.max(0) as u64),
             },
@@ -1051,18 +1085,11 @@ impl Store for RedisStore {
         outcome: &StoredOutcome,
         retain: Duration,
     ) -> Result<Fence, StoreError> {
-        let (epoch, version, retain) = (epoch.to_string(), outcome.version.to_string(), ms(retain));
-        let is_err: &[u8] = if outcome.is_err { b"1" } else { b"0" };
+        let (epoch, retain) = (epoch.to_string(), ms(retain));
         self.fenced(
             &self.scripts.record,
             id,
-            &[
-                epoch.as_bytes(),
-                is_err,
-                version.as_bytes(),
-                &outcome.body,
-                retain.as_bytes(),
-            ],
+            &[epoch.as_bytes(), &packed(outcome), retain.as_bytes()],
         )
         .await
     }
@@ -1107,17 +1134,14 @@ impl Store for RedisStore {
                     .await
             }
             Some((outcome, retain)) => {
-                let (version, retain) = (outcome.version.to_string(), ms(retain));
-                let is_err: &[u8] = if outcome.is_err { b"1" } else { b"0" };
+                let retain = ms(retain);
                 self.fenced(
                     &self.scripts.resolve,
                     id,
                     &[
                         epoch.as_bytes(),
                         b"complete",
-                        is_err,
-                        version.as_bytes(),
-                        &outcome.body,
+                        &packed(outcome),
                         retain.as_bytes(),
                     ],
                 )
@@ -1248,10 +1272,10 @@ impl Store for RedisStore {
                 id: id.clone(),
                 state,
                 epoch: r.num(1).ok_or_else(bad)?,
-                age: Duration::from_millis(r.now.saturating_sub(r.num(4).ok_or_else(bad)?)),
+                age: Duration::from_millis(r.now.saturating_sub(r.num(3).ok_or_else(bad)?)),
             },
-            lease_remaining: (state == State::InProgress).then(|| since(r.num(3))),
-            expires_in: (state == State::Completed).then(|| since(r.num(5))),
+            lease_remaining: (state == State::InProgress).then(|| since(r.num(2))),
+            expires_in: (state == State::Completed).then(|| since(r.num(4))),
             outcome: if state == State::Completed {
                 r.outcome()
             } else {
