@@ -12,17 +12,17 @@
 //!
 //! The baseline's statements are rendered by the store's own engine from
 //! `idem-runtime/sql/mysql/`, so they are the store's SQL as built, and it issues them
-//! as the store does: the replay read, then (for a fresh key) the claim's statements in
-//! one transaction, then the record. The
-//! rows are medians of the rounds, idem and the baseline alternating within each round;
-//! the in-process replay cache is off, so every replay reaches the server.
+//! as the store does: the replay read, then (for a fresh key) the claim, one `CALL` of
+//! the stored procedure that runs its transaction, then the record. The rows are
+//! medians of the rounds, idem and the baseline alternating within each round; the
+//! in-process replay cache is off, so every replay reaches the server.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use idem_runtime::{Idem, IdemError, KeyPart};
 use sqlx::mysql::{MySqlArguments, MySqlPool, MySqlRow};
-use sqlx::{MySql, Row};
+use sqlx::{Column, MySql, Row};
 
 mod support;
 
@@ -162,14 +162,14 @@ impl Driven for Subject {
                     check(peeked.is_none(), "a fresh key was completed")?;
                 }
                 let row = self.claim(claim, &values).await?;
-                let mine = row.try_get::<i64, _>("mine")? != 0;
+                let mine = get::<i64>(&row, "mine")? != 0;
                 if replaying {
                     check(!mine, "a replay claimed")?;
-                    check(row.try_get::<i64, _>("state")? == 1, "not completed")?;
+                    check(get::<i64>(&row, "state")? == 1, "not completed")?;
                     return check_outcome(&row);
                 }
                 check(mine, "the claim was not ours")?;
-                values.epoch = row.try_get("epoch")?;
+                values.epoch = get(&row, "epoch")?;
                 let (sql, names) = &record[0];
                 let done = values.bind(sql, names)?.execute(&self.pool).await?;
                 check(done.rows_affected() == 1, "the record was fenced")
@@ -179,21 +179,30 @@ impl Driven for Subject {
 }
 
 impl Subject {
-    /// The claim's statements in one transaction; the last one's row.
+    /// The claim, as the store issues it: one statement, the call of its procedure,
+    /// which answers with the row it decided.
     async fn claim(&self, claim: &Statements, values: &Values<'_>) -> Res<MySqlRow> {
-        let mut tx = self.pool.begin().await?;
-        let (last, before) = claim.split_last().ok_or("an empty claim")?;
-        for (sql, names) in before {
-            values.bind(sql, names)?.execute(&mut *tx).await?;
-        }
-        let row = values.bind(&last.0, &last.1)?.fetch_one(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(row)
+        let [(sql, names)] = claim.as_slice() else {
+            return Err("the claim is not one statement".into());
+        };
+        let rows = values.bind(sql, names)?.fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().next().ok_or("the claim returned no row")?)
     }
 }
 
+/// The column `name` of `row`, found by the name the server gave it (a `CALL`'s rows
+/// carry their names only there: sqlx's names come from the prepared statement, which
+/// has no columns of its own).
+fn get<'r, T>(row: &'r MySqlRow, name: &str) -> Res<T>
+where
+    T: sqlx::Decode<'r, MySql> + sqlx::Type<MySql>,
+{
+    let at = row.columns().iter().position(|c| c.name() == name);
+    Ok(row.try_get(at.ok_or_else(|| format!("no column `{name}`"))?)?)
+}
+
 fn check_outcome(row: &MySqlRow) -> Res<()> {
-    let body: Vec<u8> = row.try_get("outcome")?;
+    let body: Vec<u8> = get(row, "outcome")?;
     check(
         serde_json::from_slice::<u32>(&body)? == 1,
         "another outcome",
@@ -276,6 +285,9 @@ async fn bench() -> Res<()> {
                 .execute(&sqlx_pool)
                 .await?;
         }
+        sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{table}_claim`"))
+            .execute(&sqlx_pool)
+            .await?;
     }
     result
 }

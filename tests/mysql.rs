@@ -234,7 +234,7 @@ async fn concurrent_opens_migrate_once() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(versions, 2, "each of the two migrations once");
+    assert_eq!(versions, 3, "each of the three migrations once");
     drop_database(&pool, &db).await;
 }
 

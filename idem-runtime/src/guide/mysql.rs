@@ -24,15 +24,23 @@
 //! lock (`GET_LOCK('idem_migrations')`, held by the migrating connection, which is
 //! closed afterwards), so several processes can open at once: DDL commits implicitly on
 //! MySQL, so the lock is what serializes them, and every statement is idempotent. idem
-//! keeps its own bookkeeping in `idem_schema_migrations`. With
-//! [`migrate(false)`](crate::IdemBuilder::migrate), create the table from
-//! [`MYSQL_SCHEMA_SQL`](crate::schema::MYSQL_SCHEMA_SQL) (or `idem schema mysql --table
-//! <name>`).
+//! keeps its own bookkeeping in `idem_schema_migrations`. The migrations need `CREATE`
+//! and, for the claim's stored procedure, `CREATE ROUTINE` (`CREATE PROCEDURE IF NOT
+//! EXISTS`: MariaDB 10.1.3 or MySQL 8.0.29 and later). With
+//! [`migrate(false)`](crate::IdemBuilder::migrate), create the table and the procedure
+//! from [`MYSQL_SCHEMA_SQL`](crate::schema::MYSQL_SCHEMA_SQL) (or `idem schema mysql
+//! --table <name>`), sent whole (as `sqlx::raw_sql` does) or, in the `mysql` client,
+//! with a `DELIMITER` around the procedure, whose body holds `;`s; opening checks that
+//! the procedure is there.
 //!
 //! # The claim
 //!
 //! MySQL cannot return the row an upsert wrote, so the claim is an upsert that decides,
-//! followed by a read of the row it decided, in one transaction on one connection:
+//! followed by a read of the row it decided, in one transaction on one connection. It
+//! runs on the server, as a stored procedure (`<table>_claim`, `SQL SECURITY INVOKER`)
+//! that idem's third migration creates: one `CALL`, one round trip, answered with the
+//! row decided. The procedure rolls its transaction back on any error and raises the
+//! error again as it was.
 //!
 //! 1. `INSERT ... ON DUPLICATE KEY UPDATE` inserts a fresh claim, or takes an existing
 //!    row over when it is an expired COMPLETED record or a lapsed lease of the same
@@ -52,23 +60,28 @@
 //! when they matched a row: one statement each, except that a release (or a retry's
 //! resolve) tries the delete of a record without steps first and, only when the record
 //! has [steps](crate::step), keeps it released, and that a step's record locks the
-//! operation's row, then writes the step, in one transaction. A fresh call is eight round trips (the claim's
-//! `BEGIN`, five statements and `COMMIT`, then the record) and two commits.
+//! operation's row, then writes the step, in one transaction sent as one multi-statement
+//! query (its values written in as hex and decimal literals). A fresh call is two round
+//! trips (the claim's `CALL`, then the record) and two commits. sqlx's pool adds a ping
+//! as each connection goes back to it, after the answer; idem's own pool pings a
+//! connection it hands out only when it sat idle for over a second (an application's
+//! pool, as it is built: sqlx pings on every acquire by default).
 //!
 //! # Replays read first, once replays come in
 //!
 //! A COMPLETED, unexpired record is final until it expires, so a plain read that finds
 //! one answers a replay (or a mismatch) in one round trip, with no lock taken and no row
-//! written, where the claim's transaction is seven. A fresh call would pay that read for
-//! nothing, so the store issues it only while it has seen replays lately: each replay
-//! raises a score by 8 (up to 64), each fresh claim lowers it by 1, and the read runs
-//! while it is above zero. A stream of new calls goes straight to the claim; a burst of
+//! written, where the claim's transaction writes and commits. A fresh call would pay that
+//! read for nothing, so the store issues it only while it has seen replays lately: each
+//! replay raises a score by 8 (up to 64), each fresh claim lowers it by 1, and the read
+//! runs while it is above zero. A stream of new calls goes straight to the claim; a burst of
 //! retries is served by reads after its first replay.
 //!
 //! # Epochs
 //!
 //! Epochs come from an `AUTO_INCREMENT` counter table (`<table>_epoch_seq`). A claim the
-//! upsert made carries epoch 0 until, in the same transaction, it inserts a counter row,
+//! upsert made carries epoch 0 until, in the same transaction (within the procedure), it
+//! inserts a counter row,
 //! takes `LAST_INSERT_ID()` as its epoch and deletes the row; a replay or an in-flight
 //! answer draws none. Epochs therefore never repeat for the table, whatever was
 //! released, resolved or purged. InnoDB keeps the counter across restarts on MySQL 8.0

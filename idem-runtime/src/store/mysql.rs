@@ -9,22 +9,38 @@
 //! transactional mode. The result is the last one's rows if it is a `SELECT`, else a row
 //! `held` with the number of rows all of them matched (sqlx sets `CLIENT_FOUND_ROWS`, so
 //! an update that rewrites a value with itself still counts): a fenced write of several
-//! statements (a release that keeps a record with steps, or deletes one without) guards
-//! each by the fence, and holds if any matched. The purge, run for its count, is the
-//! exception: each of its statements stands alone, and the last one's count is what it
-//! deleted.
+//! statements (a step's record) guards each by the fence, and holds if any matched. The
+//! purge, run for its count, is the exception: each of its statements stands alone, and
+//! the last one's count is what it deleted; so is a file of alternatives (a release,
+//! a retry's resolve), each tried alone until one matches.
 //!
-//! The claim (an upsert that decides, then a locking read of what it decided), the
-//! replay read, epochs, the clock and the errors are described for users in
-//! [`guide::mysql`](crate::guide::mysql); this file is where they are implemented.
+//! On the pool, a file of several statements is one round trip: `BEGIN`, the
+//! statements with their arguments written in as hex and decimal literals, and
+//! `COMMIT`, sent as one multi-statement query ([`Batch`]; sqlx sets
+//! `CLIENT_MULTI_STATEMENTS`). The server runs them in order and stops at the first that
+//! fails; the transaction that leaves open is rolled back before the connection goes
+//! back to the pool (or the connection is closed). In the caller's transaction the
+//! statements go one by one, prepared.
+//!
+//! The claim is one prepared `CALL` of a stored procedure named after the table
+//! (`<table>_claim`, created by migration 3 from
+//! `migrations/mysql/0003_claim_procedure.sql`), which runs the claim's transaction on
+//! the server (the upsert that decides, the epoch drawn only for a claim it made, the
+//! locking read of what it decided) and answers with that row; `claim.sql` is the call.
+//! Its row is read column by column with the names the server sends (sqlx's lookup by
+//! name uses the prepared statement's columns, and a `CALL` has none). So a fresh call
+//! is two round trips: the claim, then the record. The procedure begins and commits its
+//! own transaction, so it is never called inside the caller's (transactional mode has
+//! its own statements, `tx_*.sql`).
 //!
 //! # Connections
 //!
 //! Opened by `Idem::mysql` or `IdemBuilder::mysql`, one store (and every clone of its
 //! `Idem`) holds one sqlx pool of up to `max_connections` (default 16) connections,
-//! for everything; there is no listener (waiters poll). That is the whole footprint;
-//! on an application's pool (`Idem::from_pool`) idem holds none of its own, and
-//! transactional mode uses the caller's connection. Opening needs one free slot: a
+//! for everything; there is no listener (waiters poll). The pool pings a connection
+//! before handing it out only when it sat idle for over a second. That is the whole
+//! footprint; on an application's pool (`Idem::from_pool`) idem holds none of its own,
+//! and transactional mode uses the caller's connection. Opening needs one free slot: a
 //! server with none left refuses the open at once with its reason (error 1040, or 1203
 //! for a user's `max_user_connections`) and the pool's size.
 //!
@@ -52,14 +68,19 @@ use super::engine::{Arg, Dialect, On, Row, SqlDb, SqlStore, Stmt, Val, bind, mig
 use super::sql_common::{self, Server, SqlOptions, TableName, first_connection, redact_url};
 use crate::error::{IdemError, StoreError};
 
-/// The operations table, its epoch counter and meta table as idem creates them on
-/// MySQL or MariaDB, with the default table name.
+/// The operations table, its epoch counter and meta table, and the claim's stored
+/// procedure, as idem creates them on MySQL or MariaDB, with the default table name.
 ///
 /// For teams that run their own DDL (`migrate(false)`); the statements are idempotent.
+/// Send it whole (a multi-statement query, as `sqlx::raw_sql` does): the procedure's
+/// body holds `;`s, which the `mysql` command-line client splits at unless told a
+/// `DELIMITER`.
 pub const MYSQL_SCHEMA_SQL: &str = concat!(
     include_str!("../../migrations/mysql/0001_create_operations.sql"),
     "\n",
     include_str!("../../migrations/mysql/0002_steps.sql"),
+    "\n",
+    include_str!("../../migrations/mysql/0003_claim_procedure.sql"),
 );
 
 /// The migrations, in order: (version, DDL in the default table name).
@@ -69,6 +90,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../migrations/mysql/0001_create_operations.sql"),
     ),
     (2, include_str!("../../migrations/mysql/0002_steps.sql")),
+    (
+        3,
+        include_str!("../../migrations/mysql/0003_claim_procedure.sql"),
+    ),
 ];
 
 /// The store's clock in unix milliseconds, fixed for the whole statement.
@@ -79,6 +104,11 @@ const MIGRATION_LOCK: &str = "idem_migrations";
 
 /// How long an open waits for another process's migrations, in seconds.
 const MIGRATION_LOCK_WAIT_S: i64 = 60;
+
+/// A connection idle for longer than this is pinged before use: short enough that a
+/// server restart is caught before a statement fails on a dead connection, long enough
+/// that a busy connection is never pinged.
+const IDLE_BEFORE_PING: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Connections `Idem::mysql` opens, unless the builder says otherwise.
 const DEFAULT_MAX_CONNECTIONS: u32 = 16;
@@ -153,13 +183,25 @@ impl Dialect for MySql {
             }
             On::Pool | On::Hot => {
                 let mut conn = Answering::acquire(&self.pool).await?;
-                let rows = async {
-                    let mut tx = sqlx::Connection::begin(conn.get()).await?;
-                    let rows = run(&mut tx, &parts, args).await?;
-                    tx.commit().await?;
-                    Ok(rows)
-                }
-                .await;
+                let rows = match Batch::new(&parts, &args) {
+                    Some(batch) => {
+                        let rows = batch.run(conn.get()).await;
+                        if rows.is_err() && !rolled_back(conn.get()).await {
+                            // Dropped unanswered: closed, which rolls back what is open.
+                            return rows;
+                        }
+                        rows
+                    }
+                    None => {
+                        async {
+                            let mut tx = sqlx::Connection::begin(conn.get()).await?;
+                            let rows = run(&mut tx, &parts, args).await?;
+                            tx.commit().await?;
+                            Ok(rows)
+                        }
+                        .await
+                    }
+                };
                 conn.answered();
                 rows
             }
@@ -295,15 +337,38 @@ pub(crate) fn parts_with_params(stmt: &Stmt) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
-/// A DDL script's statements, without those that are only comments.
+/// A DDL script's statements, without those that are only comments. A `CREATE
+/// PROCEDURE` is one statement up to the `END` that starts a line, its body's `;`s
+/// included.
 fn split_script(sql: &str) -> Vec<&str> {
-    split(sql.trim_end().trim_end_matches(';'))
-        .into_iter()
-        .filter(|part| {
-            part.lines()
-                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--"))
-        })
-        .collect()
+    let sql = sql.trim_end().trim_end_matches(';');
+    let code = |part: &str| -> String {
+        let lines = part.lines().map(str::trim);
+        let code: Vec<&str> = lines
+            .filter(|l| !l.is_empty() && !l.starts_with("--"))
+            .collect();
+        code.join(" ")
+    };
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < sql.len() {
+        let rest = &sql[at..];
+        let mut end = rest.find(";\n").unwrap_or(rest.len());
+        if code(&rest[..end])
+            .to_ascii_uppercase()
+            .starts_with("CREATE PROCEDURE")
+        {
+            end = rest
+                .find("\nEND;\n")
+                .map_or(rest.len(), |e| e + "\nEND".len());
+        }
+        let part = rest[..end].trim();
+        if !code(part).is_empty() {
+            out.push(part);
+        }
+        at += (end + 2).min(rest.len());
+    }
+    out
 }
 
 /// The line between a statement file's alternatives: writes fenced on states that
@@ -367,9 +432,113 @@ async fn run(
     Ok(out)
 }
 
+/// A statement file's statements as one transaction in one round trip: `BEGIN`, each
+/// statement with its arguments written in as literals, and `COMMIT`, sent together as
+/// one multi-statement query (sqlx sets `CLIENT_MULTI_STATEMENTS`). The server runs
+/// them in order and stops at the first that fails, leaving the transaction open for
+/// [`rolled_back`] to end.
+struct Batch {
+    sql: String,
+    /// Whether the last statement is the only `SELECT`: its rows are the result, else
+    /// the rows all of them matched, as `held`.
+    reads: bool,
+}
+
+impl Batch {
+    /// The batch of `parts` with `args`, each taking as many as it has `?`s; `None`
+    /// where a `SELECT` other than the last one would mix its rows into the result, or
+    /// where the values are large (a step's outcome near a raised cap), which written in
+    /// hex could outgrow the server's `max_allowed_packet`: those go one by one.
+    fn new(parts: &[&str], args: &[Arg<'_>]) -> Option<Batch> {
+        let (last, before) = parts.split_last()?;
+        if before.iter().any(|p| is_select(p)) && is_select(last) {
+            return None;
+        }
+        let size: usize = args
+            .iter()
+            .map(|a| match a {
+                Arg::Text(s) | Arg::OptText(Some(s)) => s.len(),
+                Arg::Bytes(b) => b.len(),
+                _ => 0,
+            })
+            .sum();
+        if size > BATCH_VALUES_MAX {
+            return None;
+        }
+        let mut sql = String::from("BEGIN;\n");
+        let mut args = args.iter();
+        for part in parts {
+            let mut pieces = part.split('?');
+            sql.push_str(pieces.next().unwrap_or_default());
+            for piece in pieces {
+                literal(&mut sql, args.next()?);
+                sql.push_str(piece);
+            }
+            sql.push_str(";\n");
+        }
+        sql.push_str("COMMIT");
+        Some(Batch {
+            sql,
+            reads: is_select(last),
+        })
+    }
+
+    async fn run(&self, conn: &mut MySqlConnection) -> Result<Vec<Row>, sqlx::Error> {
+        let query = sqlx::raw_sql(&self.sql);
+        if self.reads {
+            let rows = conn.fetch_all(query).await?;
+            return rows.iter().map(decode).collect();
+        }
+        // The sum over the statements: `BEGIN`, `COMMIT` and a `SELECT` count none.
+        let done = conn.execute(query).await?;
+        let held = i64::try_from(done.rows_affected()).unwrap_or(i64::MAX);
+        Ok(vec![Row(vec![("held".to_owned(), Val::Int(held))])])
+    }
+}
+
+/// Writes `arg` into `sql` as a literal: numbers in decimal, bytes and text in hex (no
+/// quoting or escaping to get wrong, whatever the SQL mode), text as `utf8mb4`.
+fn literal(sql: &mut String, arg: &Arg<'_>) {
+    use std::fmt::Write;
+    let hex = |sql: &mut String, bytes: &[u8]| {
+        sql.push_str("X'");
+        for b in bytes {
+            let _ = write!(sql, "{b:02X}");
+        }
+        sql.push('\'');
+    };
+    let text = |sql: &mut String, s: &str| {
+        sql.push_str("CONVERT(");
+        hex(sql, s.as_bytes());
+        sql.push_str(" USING utf8mb4)");
+    };
+    match *arg {
+        Arg::Text(s) | Arg::OptText(Some(s)) => text(sql, s),
+        Arg::Bytes(b) => hex(sql, b),
+        Arg::Int(n) | Arg::OptInt(Some(n)) => {
+            let _ = write!(sql, "{n}");
+        }
+        Arg::Bool(b) => sql.push_str(if b { "TRUE" } else { "FALSE" }),
+        Arg::OptText(None) | Arg::OptInt(None) => sql.push_str("NULL"),
+    }
+}
+
+/// The bytes of values a [`Batch`] writes in, at most: a quarter of the smallest default
+/// `max_allowed_packet` (4 MiB, MySQL 5.7), after hex doubles them.
+const BATCH_VALUES_MAX: usize = 512 * 1024;
+
+/// Ends what a failed [`Batch`] left open; whether `conn` can go back to the pool.
+async fn rolled_back(conn: &mut MySqlConnection) -> bool {
+    conn.execute(sqlx::raw_sql("ROLLBACK")).await.is_ok()
+}
+
+/// Whether a statement answers with rows: a `SELECT`, or a `CALL` (the claim's
+/// procedure, whose last statement is one).
 fn is_select(sql: &str) -> bool {
-    sql.get(..6)
-        .is_some_and(|s| s.eq_ignore_ascii_case("select"))
+    ["select", "call "].iter().any(|k| {
+        sql.get(..k.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(k))
+    })
 }
 
 /// A row as the engine reads it: integers of any width (and MySQL's booleans, which are
@@ -427,8 +596,20 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, Ide
     };
     let first = first_connection(&server, &connect).await?;
     let _ = sqlx::Connection::close(first).await;
+    // sqlx pings every connection it hands out, one extra round trip per call; ping
+    // only those that sat idle long enough to have been dropped by a proxy or a server
+    // restart.
     let pool = MySqlPoolOptions::new()
         .max_connections(size)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > IDLE_BEFORE_PING {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_lazy_with(connect);
     prepare(pool, table, opts).await
 }
@@ -437,6 +618,13 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, Ide
 pub(crate) async fn from_pool(pool: MySqlPool, opts: &SqlOptions) -> Result<MySqlStore, IdemError> {
     let table = TableName::parse(&opts.table, false)?.backticked();
     prepare(pool, table, opts).await
+}
+
+/// Whether an SQL mode has MariaDB's `SIMULTANEOUS_ASSIGNMENT`, under which an update's
+/// assignments all see the row as it was, which the claim's upsert does not expect.
+fn simultaneous(mode: &str) -> bool {
+    mode.to_ascii_uppercase()
+        .contains("SIMULTANEOUS_ASSIGNMENT")
 }
 
 async fn prepare(
@@ -448,7 +636,7 @@ async fn prepare(
         .fetch_one(&pool)
         .await
         .map_err(|e| open_error::<MySql>(e, "cannot read the SQL mode".to_owned()))?;
-    if mode.is_some_and(|m| m.to_ascii_uppercase().contains("SIMULTANEOUS_ASSIGNMENT")) {
+    if mode.is_some_and(|m| simultaneous(&m)) {
         return Err(IdemError::Config {
             message: "the MySQL session runs with `SIMULTANEOUS_ASSIGNMENT`, under which \
                       idem's claim cannot decide in one upsert; remove it from `sql_mode`"
@@ -461,13 +649,44 @@ async fn prepare(
             open_error::<MySql>(
                 e,
                 format!(
-                    "cannot create the idem table `{table}`; grant CREATE on the database, or \
-                     create it yourself with `MYSQL_SCHEMA_SQL` and disable migrate"
+                    "cannot create the idem table `{table}`; grant CREATE and CREATE ROUTINE \
+                     on the database, or create it yourself with `MYSQL_SCHEMA_SQL` and \
+                     disable migrate"
                 ),
             )
         })?;
     }
-    SqlStore::prepare(MySql { pool }, &table, &opts.key_mode).await
+    let store = SqlStore::prepare(MySql { pool }, &table, &opts.key_mode).await?;
+    let procedure = table.render("{claim_procedure}", NOW_MS);
+    // A routine runs under the SQL mode it was created with, not the session's.
+    let found: Option<String> = sqlx::query_scalar(
+        "SELECT CAST(sql_mode AS CHAR) FROM information_schema.routines \
+         WHERE routine_schema = DATABASE() AND routine_type = 'PROCEDURE' \
+           AND routine_name = TRIM(BOTH '`' FROM ?)",
+    )
+    .bind(&procedure)
+    .fetch_optional(&store.dialect.pool)
+    .await
+    .map_err(|e| open_error::<MySql>(e, format!("cannot look up {procedure}")))?;
+    if found.as_ref().is_some_and(|m| simultaneous(m)) {
+        return Err(IdemError::Config {
+            message: format!(
+                "the idem claim procedure {procedure} was created under the SQL mode \
+                 `SIMULTANEOUS_ASSIGNMENT`, under which it cannot decide in one upsert; drop \
+                 it and create it again without that mode"
+            ),
+        });
+    }
+    if found.is_none() {
+        return Err(IdemError::Config {
+            message: format!(
+                "the idem table `{table}` has no claim procedure {procedure}; create it with \
+                 `idem_runtime::schema::MYSQL_SCHEMA_SQL` (renamed to `{table}`) or enable \
+                 migrate (which needs the CREATE ROUTINE privilege)"
+            ),
+        });
+    }
+    Ok(store)
 }
 
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -619,30 +838,275 @@ mod tests {
         let name = TableName::parse(&table, false).unwrap().backticked();
         crate::store::engine::tests::earlier_lives_leave_no_steps(&store, &name).await;
         crate::store::engine::tests::steps_of_one_operation_record_at_once(&store).await;
+        drop_test_tables(&store, &table).await;
+    }
+
+    /// The server at `IDEM_MYSQL_URL`, opened on a table of its own with `size`
+    /// connections; `None` (skip) when it cannot be reached, unless `IDEM_REQUIRE_DB=1`.
+    async fn open_test_store(label: &str, size: Option<u32>) -> Option<(MySqlStore, String)> {
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let required = std::env::var("IDEM_REQUIRE_DB").as_deref() == Ok("1");
+        let table = format!("idem_t_{label}_{}", std::process::id());
+        let opts = SqlOptions {
+            table: table.clone(),
+            max_connections: size,
+            ..SqlOptions::default()
+        };
+        match open(&url, &opts).await {
+            Ok(store) => Some((store, table)),
+            Err(e) if !required => {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "skipping: no MySQL: {e}");
+                None
+            }
+            Err(e) => panic!("MySQL not reachable and IDEM_REQUIRE_DB=1: {e}"),
+        }
+    }
+
+    async fn drop_test_tables(store: &MySqlStore, table: &str) {
         let pool = store.dialect.pool.clone();
         for suffix in ["", "_meta", "_epoch_seq", "_steps"] {
             let drop = format!("DROP TABLE IF EXISTS `{table}{suffix}`");
             pool.execute(drop.as_str()).await.unwrap();
         }
+        let drop = format!("DROP PROCEDURE IF EXISTS `{table}_claim`");
+        pool.execute(drop.as_str()).await.unwrap();
         sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ?")
+            .bind(table)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+
+    /// A TCP proxy to `to` on a port of its own, counting the commands clients send
+    /// through it (the packets that start a command: sequence number 0), each one round
+    /// trip, except pings.
+    async fn counting_proxy(to: String) -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let commands = std::sync::Arc::new(AtomicU64::new(0));
+        let counted = commands.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&to).await.unwrap();
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                });
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let (mut buf, mut chunk) = (Vec::new(), vec![0u8; 1 << 16]);
+                    loop {
+                        let n = match from_client.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if to_server.write_all(&chunk[..n]).await.is_err() {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while buf.len() >= 4 {
+                            let len = usize::from(buf[0])
+                                | usize::from(buf[1]) << 8
+                                | usize::from(buf[2]) << 16;
+                            if buf.len() < 4 + len {
+                                break;
+                            }
+                            // sqlx's ping as it returns a connection to the pool, after
+                            // the caller has its answer, is not counted.
+                            if buf[3] == 0 && buf.get(4) != Some(&COM_PING) {
+                                counted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            buf.drain(..4 + len);
+                        }
+                    }
+                });
+            }
+        });
+        (port, commands)
+    }
+
+    const COM_PING: u8 = 0x0e;
+
+    /// A fresh call is two round trips: the claim's transaction as one batch, then the
+    /// record. Counted on the wire, on the store's only connection (no ping on acquire).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fresh_call_is_two_round_trips() {
+        use crate::store::{Claim, ClaimRequest, Fence, OperationId, Store, StoredOutcome};
+        use std::sync::atomic::Ordering;
+        // Opened the usual way first, so that a server that is down skips or fails here.
+        let Some((store, table)) = open_test_store("round_trips", Some(1)).await else {
+            return;
+        };
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let connect = MySqlConnectOptions::from_str(&url).unwrap();
+        let at = format!("{}:{}", connect.get_host(), connect.get_port());
+        let (port, commands) = counting_proxy(at).await;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect_with(connect.host("127.0.0.1").port(port))
+            .await
+            .unwrap();
+        let opts = SqlOptions {
+            table: table.clone(),
+            ..SqlOptions::default()
+        };
+        let counted = from_pool(pool, &opts).await.unwrap();
+        let call = |n: u32| {
+            let store = &counted;
+            async move {
+                let id = OperationId {
+                    scope: String::new(),
+                    name: "round-trips".into(),
+                    key: format!("k{n}"),
+                };
+                let req = ClaimRequest {
+                    id: &id,
+                    fingerprint: [7; 32],
+                    lease: std::time::Duration::from_secs(60),
+                    on_takeover: crate::store::Takeover::Rerun,
+                };
+                let Claim::Acquired { epoch, .. } = store.claim(&req).await.unwrap() else {
+                    panic!("a fresh key is claimed");
+                };
+                let outcome = StoredOutcome {
+                    is_err: false,
+                    version: 1,
+                    body: b"1".to_vec(),
+                };
+                let retain = std::time::Duration::from_secs(60);
+                let fence = store.record(&id, epoch, &outcome, retain).await.unwrap();
+                assert_eq!(fence, Fence::Held);
+            }
+        };
+        // The record's statement prepared on the connection before counting.
+        call(0).await;
+        let before = commands.load(Ordering::Relaxed);
+        for n in 1..=100 {
+            call(n).await;
+        }
+        let sent = commands.load(Ordering::Relaxed) - before;
+        counted.dialect.pool.close().await;
+        drop_test_tables(&store, &table).await;
+        assert_eq!(sent, 200, "round trips of 100 fresh calls");
+    }
+
+    /// A table of an earlier version (migrations 1 and 2, no procedure) gains the
+    /// procedure on open, once; opened with `migrate(false)`, it is a clear error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_earlier_table_gains_the_claim_procedure() {
+        let Some((store, table)) = open_test_store("earlier", None).await else {
+            return;
+        };
+        let pool = store.dialect.pool.clone();
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let versions = || async {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM idem_schema_migrations WHERE table_name = ?",
+            )
+            .bind(&table)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n
+        };
+        assert_eq!(versions().await, 3);
+        // As an earlier version of idem left it.
+        sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ? AND version = 3")
             .bind(&table)
             .execute(&pool)
             .await
             .unwrap();
+        let forget = format!("DROP PROCEDURE `{table}_claim`");
+        pool.execute(forget.as_str()).await.unwrap();
+        let unmigrated = SqlOptions {
+            table: table.clone(),
+            migrate: false,
+            ..SqlOptions::default()
+        };
+        match open(&url, &unmigrated).await {
+            Err(IdemError::Config { message }) => {
+                assert!(message.contains("MYSQL_SCHEMA_SQL"), "{message}");
+                assert!(message.contains("claim procedure"), "{message}");
+            }
+            other => panic!("expected Config, got {:?}", other.err()),
+        }
+        let opts = SqlOptions {
+            table: table.clone(),
+            ..SqlOptions::default()
+        };
+        for _ in 0..2 {
+            let again = open(&url, &opts).await.unwrap();
+            assert_eq!(versions().await, 3);
+            drop(again);
+        }
+        open(&url, &unmigrated).await.unwrap();
+        drop_test_tables(&store, &table).await;
+    }
+
+    #[test]
+    fn a_step_is_one_batch_with_its_arguments_written_in() {
+        let table = TableName::parse("ops", false).unwrap().backticked();
+        let step = Stmt::render::<MySql>(MySql::sql("record_step"), &table);
+        let named = [
+            ("scope", Arg::Text("s'")),
+            ("name", Arg::Text("n")),
+            ("key", Arg::Text("k")),
+            ("epoch", Arg::Int(-5)),
+            ("label", Arg::Text("l")),
+            ("outcome", Arg::Bytes(&[0xab; 32])),
+            ("is_err", Arg::Bool(false)),
+            ("version", Arg::Int(1)),
+        ];
+        let parts = split(&step.sql);
+        assert_eq!(parts.len(), 4, "{}", step.sql);
+        let args = step.args(&named).unwrap();
+        let batch = Batch::new(&parts, &args).unwrap();
+        // The last statement writes: the result is what they all matched.
+        assert!(!batch.reads);
+        assert!(batch.sql.starts_with("BEGIN;\n") && batch.sql.ends_with(";\nCOMMIT"));
+        assert!(!batch.sql.contains('?'), "{}", batch.sql);
+        // Every part between `BEGIN` and `COMMIT`, each one statement.
+        assert_eq!(split(&batch.sql).len(), parts.len() + 2, "{}", batch.sql);
+        let scope = "CONVERT(X'7327' USING utf8mb4)";
+        assert!(batch.sql.contains(scope), "{}", batch.sql);
+        assert!(batch.sql.contains(&format!("X'{}'", "AB".repeat(32))));
+        assert!(batch.sql.contains("epoch = -5"), "{}", batch.sql);
+        assert!(!batch.sql.contains("s'"), "never quoted: {}", batch.sql);
+        // Too few arguments, or large values: not batched.
+        assert!(Batch::new(&parts, &[]).is_none());
+        let large = vec![0; BATCH_VALUES_MAX + 1];
+        let named = [&named[..5], &[("outcome", Arg::Bytes(&large))], &named[6..]].concat();
+        assert!(Batch::new(&parts, &step.args(&named).unwrap()).is_none());
+        let mut sql = String::new();
+        for arg in [
+            Arg::OptText(None),
+            Arg::OptInt(Some(3)),
+            Arg::Bool(true),
+            Arg::Bytes(&[]),
+        ] {
+            literal(&mut sql, &arg);
+            sql.push(' ');
+        }
+        assert_eq!(sql, "NULL 3 TRUE X'' ");
     }
 
     #[test]
     fn statements_split_and_bind_by_occurrence() {
         let table = TableName::parse("ops", false).unwrap().backticked();
         let claim = Stmt::render::<MySql>(MySql::sql("claim"), &table);
+        // One statement, the procedure's call, which answers with the decided row.
         let parts = split(&claim.sql);
-        assert_eq!(parts.len(), 5, "{}", claim.sql);
-        assert!(is_select(parts[4]));
-        assert!(
-            claim.sql.contains("INSERT INTO `ops_epoch_seq`"),
-            "{}",
-            claim.sql
-        );
+        assert_eq!(parts.len(), 1, "{}", claim.sql);
+        assert!(is_select(parts[0]));
+        assert!(claim.sql.starts_with("CALL `ops_claim`("), "{}", claim.sql);
         let named = [
             ("scope", Arg::Text("s")),
             ("name", Arg::Text("n")),
@@ -655,7 +1119,18 @@ mod tests {
         let args = claim.args(&named).unwrap();
         assert_eq!(args.len(), claim.sql.matches('?').count());
         let ddl = table.render_ddl(MYSQL_SCHEMA_SQL);
-        assert_eq!(split_script(&ddl).len(), 9, "{ddl}");
+        let script = split_script(&ddl);
+        assert_eq!(script.len(), 10, "{ddl}");
+        // The procedure is one statement, its body's `;`s included.
+        let procedure = script[9];
+        assert!(
+            procedure.starts_with("--") && procedure.ends_with("\nEND"),
+            "{procedure}"
+        );
+        assert!(procedure.contains("PROCEDURE IF NOT EXISTS `ops_claim`("));
+        assert!(procedure.contains("INSERT INTO `ops_epoch_seq`"));
+        assert!(procedure.contains("DELETE FROM `ops_epoch_seq`"));
+        assert_eq!(procedure.matches("START TRANSACTION").count(), 1);
         assert!(!ddl.contains("idem_operations"), "{ddl}");
         assert!(ddl.contains("TRIM(BOTH '`' FROM '`ops`')"), "{ddl}");
         assert!(

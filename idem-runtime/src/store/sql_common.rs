@@ -210,6 +210,8 @@ impl TableName {
             .replace("{epoch_seq}", &self.companion("_epoch_seq"))
             .replace("{steps}", &self.companion("_steps"))
             .replace("{bookkeeping}", &self.sibling("idem_schema_migrations"))
+            // MySQL's claim, a stored procedure named after the table.
+            .replace("{claim_procedure}", &self.companion("_claim"))
             .replace("{now}", now)
     }
 }
