@@ -422,6 +422,33 @@ async fn scripts_per_fresh_call_replay_and_run_of_replays() {
     assert_eq!(runs.get(), 3, "an expired record replayed");
 }
 
+/// With the replay cache on (the default), a replay of an outcome this process recorded
+/// a moment ago reaches no server at all.
+#[tokio::test]
+async fn a_replay_from_the_replay_cache_sends_nothing() {
+    let Some(server) = OwnServer::start("a_replay_from_the_replay_cache_sends_nothing").await
+    else {
+        return;
+    };
+    let idem = Idem::builder().redis(&server.url).await.unwrap();
+    let call = || {
+        idem.operation("send", "k")
+            .retain(std::time::Duration::from_secs(86_400))
+            .fingerprint_none()
+            .run(|| async { Ok::<_, IdemError>(7u32) })
+    };
+    assert_eq!(call().await.unwrap(), 7);
+    server.commands_run().await;
+    for _ in 0..3 {
+        assert_eq!(call().await.unwrap(), 7);
+    }
+    assert_eq!(
+        server.commands_run().await,
+        (0, 0),
+        "replays went to the server"
+    );
+}
+
 /// A `hash_keys` secret shorter than 16 bytes is refused on Redis as on every store,
 /// before anything is opened; a long enough one opens.
 #[tokio::test]

@@ -201,7 +201,7 @@ enum StateArg {
     Unknown,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Dialect {
     Sqlite,
     Postgres,
@@ -296,7 +296,9 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
 }
 
 /// The DDL of `dialect` for `table`. Companion objects share the table's name as a
-/// prefix, so every name is renamed; the comments are left as shipped.
+/// prefix, so every name is renamed; the comments are left as shipped. For MySQL the
+/// claim's stored procedure, whose body holds `;`s, is set between `DELIMITER` lines,
+/// so the output can be piped into the `mysql` command-line client.
 fn schema(dialect: Dialect, table: &str) -> String {
     const DEFAULT: &str = "idem_operations";
     let sql = match dialect {
@@ -310,7 +312,18 @@ fn schema(dialect: Dialect, table: &str) -> String {
             "-- For the table `{table}`: the comments below name it `{DEFAULT}`, as shipped.\n"
         ));
     }
+    let mut in_procedure = false;
     for line in sql.split_inclusive('\n') {
+        if dialect == Dialect::Mysql {
+            if line.starts_with("CREATE PROCEDURE") {
+                in_procedure = true;
+                out.push_str("DELIMITER $$\n");
+            } else if in_procedure && line.trim_end() == "END;" {
+                in_procedure = false;
+                out.push_str("END$$\nDELIMITER ;\n");
+                continue;
+            }
+        }
         // No statement holds `--` inside a string, so it starts a comment.
         let (code, comment) = line.split_at(line.find("--").unwrap_or(line.len()));
         out.push_str(&code.replace(DEFAULT, table));

@@ -513,6 +513,10 @@ async fn every_subcommand_on_mysql() {
     .execute(&pool)
     .await
     .unwrap();
+    sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{table}_claim`"))
+        .execute(&pool)
+        .await
+        .unwrap();
     sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ?")
         .bind(&table)
         .execute(&pool)
@@ -615,10 +619,87 @@ fn schema_prints_the_ddl_for_a_table() {
             sql.contains("idem renames `idem_operations`"),
             "the comment keeps its own name: {sql}"
         );
-        // The default table: the DDL exactly as shipped.
+        // The default table: the DDL exactly as shipped, the procedure between
+        // `DELIMITER` lines for the command-line client.
         let out = idem_cmd("unused://", "idem_operations", &["schema", dialect]);
-        assert_eq!(String::from_utf8_lossy(&out.stdout), shipped);
+        let printed = String::from_utf8_lossy(&out.stdout);
+        let delimited = printed
+            .replace("DELIMITER $$\n", "")
+            .replace("END$$\nDELIMITER ;\n", "END;\n");
+        assert_eq!(delimited, shipped);
+        assert_eq!(printed.contains("DELIMITER $$\n"), dialect == "mysql");
     }
+}
+
+/// `idem schema mysql` piped into the `mysql` command-line client creates the table and
+/// the claim's procedure, and the store then opens on them without migrating.
+#[tokio::test]
+async fn the_mysql_schema_runs_in_the_mysql_client() {
+    let url = std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let required = std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1");
+    // mysql://user[:password]@host[:port]/database
+    let rest = url.strip_prefix("mysql://").expect("a mysql:// URL");
+    let (user, rest) = rest.split_once('@').expect("a user in the URL");
+    let (user, password) = user.split_once(':').unwrap_or((user, ""));
+    let (host, database) = rest.split_once('/').expect("a database in the URL");
+    let (host, port) = host.split_once(':').unwrap_or((host, "3306"));
+    let mut client = std::process::Command::new("mysql");
+    client.args(["-h", host, "-P", port, "-u", user, database]);
+    if !password.is_empty() {
+        client.arg(format!("-p{password}"));
+    }
+    let table = format!("cli_piped_{}", std::process::id());
+    let ddl = idem_cmd("unused://", &table, &["schema", "mysql"]);
+    assert!(ddl.status.success());
+    let mut child = match client
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if required => panic!("the mysql client is required (IDEM_REQUIRE_DB=1): {e}"),
+        Err(e) => {
+            eprintln!("skipping: no mysql client ({e})");
+            return;
+        }
+    };
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&ddl.stdout).unwrap();
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    if !done.status.success() && !required && err.contains("Can't connect") {
+        eprintln!("skipping: MySQL not reachable at {url} ({err})");
+        return;
+    }
+    assert!(done.status.success(), "{err}");
+    let outcome = async {
+        let idem = Idem::builder()
+            .table(&table)
+            .migrate(false)
+            .mysql(&url)
+            .await?;
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let n = idem
+                .operation("piped", "k")
+                .retain(std::time::Duration::from_secs(60))
+                .fingerprint_none()
+                .run(|| async { Ok::<_, idem_runtime::IdemError>(7) })
+                .await?;
+            answers.push(n);
+        }
+        Ok::<_, idem_runtime::IdemError>(answers)
+    }
+    .await;
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    for drop in [
+        format!("DROP TABLE `{table}_steps`, `{table}`, `{table}_meta`, `{table}_epoch_seq`"),
+        format!("DROP PROCEDURE `{table}_claim`"),
+    ] {
+        sqlx::query(&drop).execute(&pool).await.unwrap();
+    }
+    assert_eq!(outcome.expect("the store runs on the piped schema"), [7, 7]);
 }
 
 /// `completions` prints a script for each shell, with no store needed.
