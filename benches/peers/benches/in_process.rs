@@ -118,6 +118,11 @@ fn in_process(c: &mut Criterion) {
     let small = charge(7);
     let large = idem_peer_bench::request(Size::Large, 7);
     let size = serde_json::to_vec(&large).expect("json").len();
+    let encoded = idem_runtime::bench::canonical_encoding(&large).expect("encoding");
+    println!(
+        "the 4 KiB request: {size} bytes of JSON, {} of idem's canonical encoding",
+        encoded.len()
+    );
     g.bench_function("small request", |b| {
         b.iter(|| idem_runtime::fingerprint(black_box(&small)))
     });
@@ -143,12 +148,14 @@ fn in_process(c: &mut Criterion) {
             <sha2::Sha256 as sha2::Digest>::digest(&json)
         })
     });
-    // What the hash alone costs: idem's canonical encoding of the small request is
-    // 150 bytes (three SHA-256 blocks with the padding); the peer hashes its JSON with
-    // xxh3, a 64-bit hash that is not collision resistant.
-    g.bench_function("sha256 of 150 bytes", |b| {
-        b.iter(|| <sha2::Sha256 as sha2::Digest>::digest(black_box([7u8; 150])))
-    });
+    // What the hash alone costs: SHA-256 of idem's canonical encoding of the small
+    // request. The peer hashes its JSON with xxh3, a 64-bit hash that is not collision
+    // resistant.
+    let encoded = idem_runtime::bench::canonical_encoding(&small).expect("encoding");
+    g.bench_function(
+        format!("sha256 of the small request's {} bytes", encoded.len()),
+        |b| b.iter(|| <sha2::Sha256 as sha2::Digest>::digest(black_box(&encoded[..]))),
+    );
     g.bench_function("idempotent's fingerprint (JSON, xxh3)", |b| {
         b.iter(|| {
             let json = serde_json::to_vec(black_box(&small)).expect("json");

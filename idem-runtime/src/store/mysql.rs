@@ -105,11 +105,6 @@ const MIGRATION_LOCK: &str = "idem_migrations";
 /// How long an open waits for another process's migrations, in seconds.
 const MIGRATION_LOCK_WAIT_S: i64 = 60;
 
-/// A connection idle for longer than this is pinged before use: short enough that a
-/// server restart is caught before a statement fails on a dead connection, long enough
-/// that a busy connection is never pinged.
-const IDLE_BEFORE_PING: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Connections `Idem::mysql` opens, unless the builder says otherwise.
 const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 
@@ -596,20 +591,7 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, Ide
     };
     let first = first_connection(&server, &connect).await?;
     let _ = sqlx::Connection::close(first).await;
-    // sqlx pings every connection it hands out, one extra round trip per call; ping
-    // only those that sat idle long enough to have been dropped by a proxy or a server
-    // restart.
-    let pool = MySqlPoolOptions::new()
-        .max_connections(size)
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for > IDLE_BEFORE_PING {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
+    let pool = sql_common::pinged_when_idle(MySqlPoolOptions::new().max_connections(size))
         .connect_lazy_with(connect);
     prepare(pool, table, opts).await
 }

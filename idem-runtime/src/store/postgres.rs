@@ -112,11 +112,6 @@ fn footprint(hot: u32) -> String {
     )
 }
 
-/// A connection idle for longer than this is pinged before use. Short enough that a
-/// server restart is caught before a statement fails on a dead connection (restarts
-/// take longer than this), long enough that a busy connection is never pinged.
-const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
-
 const LOCK_MIGRATIONS: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// Aborts the wake listener when the store goes away.
@@ -187,7 +182,7 @@ impl Conns {
             let Some((mut conn, since)) = next else {
                 return sqlx::Connection::connect_with(&self.options).await;
             };
-            if since.elapsed() <= IDLE_BEFORE_PING
+            if since.elapsed() <= sql_common::IDLE_BEFORE_PING
                 || sqlx::Connection::ping(&mut conn).await.is_ok()
             {
                 return Ok(conn);
@@ -689,21 +684,10 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
     let first = first_connection(&server, &connect).await?;
     let _ = sqlx::Connection::close(first).await;
     // The claim and the record run on idem's own connections (`Conns`); this pool
-    // serves migrations, renewals and the operations queries. sqlx pings every
-    // connection it hands out, one extra round trip per statement; ping only those that
-    // sat idle long enough to have been dropped by a proxy or a server restart.
-    let pool = PgPoolOptions::new()
-        .max_connections(ADMIN_CONNECTIONS)
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for > IDLE_BEFORE_PING {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
-        .connect_lazy_with(connect.clone());
+    // serves migrations, renewals and the operations queries.
+    let pool =
+        sql_common::pinged_when_idle(PgPoolOptions::new().max_connections(ADMIN_CONNECTIONS))
+            .connect_lazy_with(connect.clone());
     // The open's own statements run one at a time on a pool of one. A bigger pool opens
     // a second connection while the first is still on its way back to it, and on a
     // server with one slot left that second one is refused, retried and refused until

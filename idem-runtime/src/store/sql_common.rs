@@ -786,6 +786,31 @@ fn redact_query(url: &str) -> String {
     out
 }
 
+/// A connection idle for longer than this is pinged before use: short enough that a
+/// server restart is caught before a statement fails on a dead connection (restarts take
+/// longer than this), long enough that a busy connection is never pinged.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+
+/// Pool options that ping a connection before use only when it sat idle past
+/// [`IDLE_BEFORE_PING`]: sqlx's own test pings every connection it hands out, one extra
+/// round trip per statement.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn pinged_when_idle<DB: sqlx::Database>(
+    options: sqlx::pool::PoolOptions<DB>,
+) -> sqlx::pool::PoolOptions<DB> {
+    options
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > IDLE_BEFORE_PING {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
