@@ -57,8 +57,8 @@ section "PostgreSQL purge" cargo bench --quiet -p idem-tests --bench purge
 section "PostgreSQL: throughput as the table grows" cargo bench --quiet -p idem-tests --bench growth
 section "SQLite: group commit by callers, beside two bare commits" \
     cargo bench --quiet -p idem-tests --bench sqlite
-section "Beside the idempotent crate and redis-benchmark" \
-    "${pin[@]}" benches/peers/target/release/idem-peer-bench "${peer_args[@]}"
+section "Beside the idempotent crate, redis-benchmark and two trivial scripts" \
+    env IDEM_BENCH_COMMANDS=1 "${pin[@]}" benches/peers/target/release/idem-peer-bench "${peer_args[@]}"
 section "In process under criterion: idem and the idempotent crate" \
     "${pin[@]}" cargo bench --quiet --manifest-path benches/peers/Cargo.toml --bench in_process \
     -- --warm-up-time 1 --measurement-time "${criterion_secs}"
