@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use idem_peer_bench::{
-    Size, body, charge, idem_call, idem_call_sized, peer_call, peer_call_sized, peer_memory,
+    Size, body, charge, idem_call, idem_call_of, idem_call_sized, peer_call, peer_call_sized,
+    peer_memory,
 };
 use idem_runtime::Idem;
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
@@ -37,6 +38,16 @@ fn in_process(c: &mut Criterion) {
         }
     });
     // The 4 KiB request's replays, on stores of their own.
+    // The small request's replays with no fingerprint: the floor of what idem's replay
+    // costs apart from hashing the request.
+    let idem_unhashed = Idem::memory();
+    rt.block_on(async {
+        for k in 0..REPLAY_KEYS {
+            idem_call_of(&idem_unhashed, k, Size::Small, false)
+                .await
+                .expect("idem");
+        }
+    });
     let idem_large = Idem::memory();
     let peer_large = Arc::new(rt.block_on(async { peer_memory() }));
     rt.block_on(async {
@@ -83,6 +94,10 @@ fn in_process(c: &mut Criterion) {
     });
     g.bench_function("idempotent replay", |b| {
         b.to_async(&rt).iter(|| peer_call(&*peer, replay()))
+    });
+    g.bench_function("idem replay, no fingerprint", |b| {
+        b.to_async(&rt)
+            .iter(|| idem_call_of(&idem_unhashed, replay(), Size::Small, false))
     });
     g.bench_function("idem fresh 4 KiB", |b| {
         b.to_async(&rt).iter_custom(|iters| async move {
