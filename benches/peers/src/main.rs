@@ -487,14 +487,21 @@ fn idem_memory_large() -> Call {
     idem_calls_sized(Idem::memory(), Size::Large)
 }
 
-/// idem with the 4 KiB request and no fingerprint: the call's cost apart from hashing
-/// the request.
-fn idem_memory_large_unhashed() -> Call {
+/// idem with no fingerprint: the call's cost apart from hashing the request.
+fn unhashed(size: Size) -> Call {
     let idem = Idem::memory();
     Arc::new(move |k| {
         let idem = idem.clone();
-        Box::pin(async move { idem_call_of(&idem, k, Size::Large, false).await })
+        Box::pin(async move { idem_call_of(&idem, k, size, false).await })
     })
+}
+
+fn idem_memory_unhashed() -> Call {
+    unhashed(Size::Small)
+}
+
+fn idem_memory_large_unhashed() -> Call {
+    unhashed(Size::Large)
 }
 
 fn peer_in_memory_large() -> Call {
@@ -502,14 +509,15 @@ fn peer_in_memory_large() -> Call {
 }
 
 /// Both libraries on their memory stores (inside a runtime: the peer's store spawns a
-/// task): with the small request, then with the 4 KiB one, and idem with that request
+/// task): with the small request, then with the 4 KiB one, and idem with each request
 /// and no fingerprint.
-fn memory_systems() -> [Measured; 5] {
+fn memory_systems() -> [Measured; 6] {
     [
         ("idem", idem_memory as fn() -> Call),
         ("idempotent", peer_in_memory),
         ("idem 4 KiB", idem_memory_large),
         ("idempotent 4 KiB", peer_in_memory_large),
+        ("idem unhashed", idem_memory_unhashed),
         ("idem 4 KiB unhashed", idem_memory_large_unhashed),
     ]
     .map(|(name, empty)| Measured {
@@ -574,12 +582,14 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
             println!("- {what}{size} ×{c}: idem / idempotent = {:.2}", a / b);
         }
     }
-    for (what, c) in [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)] {
+    for (size, (what, c)) in ["", " 4 KiB"].into_iter().flat_map(|size| {
+        [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)].map(|row| (size, row))
+    }) {
         let rows = if c == 1 { &rows1 } else { &rows64 };
-        let a = get(rows, &format!("idem 4 KiB unhashed {what} ×{c}"));
-        let b = get(rows, &format!("idempotent 4 KiB {what} ×{c}"));
+        let a = get(rows, &format!("idem{size} unhashed {what} ×{c}"));
+        let b = get(rows, &format!("idempotent{size} {what} ×{c}"));
         println!(
-            "- {what} 4 KiB ×{c}, no fingerprint (floor): idem / idempotent = {:.2}",
+            "- {what}{size} ×{c}, no fingerprint (floor): idem / idempotent = {:.2}",
             a / b
         );
     }
