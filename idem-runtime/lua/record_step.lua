@@ -1,7 +1,7 @@
--- ARGV: epoch, label, is_err, version, body. Records step `label` under an IN_PROGRESS
--- claim held at epoch (not released), replacing the label's earlier value in place.
--- A step is packed as `seq:epoch:at:is_err:version:body`; `seq` orders the steps,
--- oldest first, and a label recorded again keeps its own.
+-- ARGV: epoch, label, outcome (`is_err:version:body`, packed by the client). Records
+-- step `label` under an IN_PROGRESS claim held at epoch (not released), replacing the
+-- label's earlier value in place. A step is packed as `seq:epoch:at:` and its outcome;
+-- `seq` orders the steps, oldest first, and a label recorded again keeps its own.
 local state, r = held_state(ARGV[1])
 if state ~= '0' then
   return 0
@@ -20,7 +20,6 @@ else
   -- Labels are never removed within a life, so the count numbers them in order.
   seq = redis.call('HLEN', STEPS) + 1
 end
-local packed = seq .. ':' .. ARGV[1] .. ':' .. dec(now_ms()) .. ':' .. ARGV[3] .. ':'
-  .. ARGV[4] .. ':' .. ARGV[5]
+local packed = seq .. ':' .. ARGV[1] .. ':' .. dec(now_ms()) .. ':' .. ARGV[3]
 redis.call('HSET', STEPS, label, packed)
 return 1

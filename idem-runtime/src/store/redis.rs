@@ -698,44 +698,37 @@ fn parse_wakeup(mut b: &[u8]) -> Option<OperationId> {
     })
 }
 
-/// A step as `record_step.lua` packs it: `seq:epoch:at:is_err:version:body`.
-struct PackedStep<'a> {
+/// A step as `record_step.lua` packs it: `seq:epoch:at:` and its outcome as
+/// [`packed`] writes it.
+struct PackedStep {
     /// Its place among the operation's steps, from 1.
     seq: u64,
     epoch: u64,
     /// When it was recorded, by the server's clock (ms).
     at: i64,
-    is_err: bool,
-    version: u32,
-    body: &'a [u8],
+    outcome: StoredOutcome,
 }
 
-impl<'a> PackedStep<'a> {
-    fn parse(packed: &'a [u8]) -> Option<PackedStep<'a>> {
-        let mut parts = packed.splitn(6, |&b| b == b':');
+impl PackedStep {
+    fn parse(packed: &[u8]) -> Option<PackedStep> {
+        let mut parts = packed.splitn(4, |&b| b == b':');
         let mut num = || std::str::from_utf8(parts.next()?).ok();
-        let (seq, epoch, at, is_err, version) = (num()?, num()?, num()?, num()?, num()?);
+        let (seq, epoch, at) = (num()?, num()?, num()?);
         Some(PackedStep {
             seq: seq.parse().ok()?,
             epoch: epoch.parse().ok()?,
             at: at.parse().ok()?,
-            is_err: is_err == "1",
-            version: version.parse().ok()?,
-            body: parts.next()?,
+            outcome: unpack(parts.next()?)?,
         })
     }
 
     /// The step as the store's contract gives it, its age by the server's `now`.
-    fn record(&self, label: String, now: i64) -> StepRecord {
+    fn record(self, label: String, now: i64) -> StepRecord {
         StepRecord {
             label,
             epoch: self.epoch,
             age: Duration::from_millis(now.saturating_sub(self.at).max(0) as u64),
-            outcome: StoredOutcome {
-                is_err: self.is_err,
-                version: self.version,
-                body: self.body.to_vec(),
-            },
+            outcome: self.outcome,
         }
     }
 }
@@ -870,7 +863,8 @@ fn ms(d: Duration) -> String {
     d.as_millis().min(MAX_RETAIN_MS).to_string()
 }
 
-/// An outcome as the record's field `o` holds it: `is_err:version:body`.
+/// An outcome as the record's field `o` and the end of a packed step hold it:
+/// `is_err:version:body`.
 fn packed(outcome: &StoredOutcome) -> Vec<u8> {
     let head = format!("{}:{}:", u8::from(outcome.is_err), outcome.version);
     let mut out = Vec::with_capacity(head.len() + outcome.body.len());
@@ -879,31 +873,29 @@ fn packed(outcome: &StoredOutcome) -> Vec<u8> {
     out
 }
 
-/// The outcome a record's field `o` holds.
-fn unpacked(v: &Value) -> Result<StoredOutcome, StoreError> {
-    let bad = || protocol(format!("a completed record's outcome is {v:?}"));
-    let b = match v {
-        Value::BulkString(b) => &b[..],
-        _ => return Err(bad()),
-    };
+/// The outcome [`packed`] wrote.
+fn unpack(b: &[u8]) -> Option<StoredOutcome> {
     let mut parts = b.splitn(3, |&c| c == b':');
-    let (Some(is_err), Some(version), Some(body)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Err(bad());
-    };
+    let (is_err, version, body) = (parts.next()?, parts.next()?, parts.next()?);
     let is_err = match is_err {
         b"0" => false,
         b"1" => true,
-        _ => return Err(bad()),
+        _ => return None,
     };
-    Ok(StoredOutcome {
+    Some(StoredOutcome {
         is_err,
-        version: std::str::from_utf8(version)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(bad)?,
+        version: std::str::from_utf8(version).ok()?.parse().ok()?,
         body: body.to_vec(),
     })
+}
+
+/// The outcome a record's field `o` holds.
+fn unpacked(v: &Value) -> Result<StoredOutcome, StoreError> {
+    match v {
+        Value::BulkString(b) => unpack(b),
+        _ => None,
+    }
+    .ok_or_else(|| protocol(format!("a completed record's outcome is {v:?}")))
 }
 
 /// A record as `read.lua` returns it, with the server's time.
@@ -1163,18 +1155,11 @@ impl Store for RedisStore {
         label: &str,
         outcome: &StoredOutcome,
     ) -> Result<Fence, StoreError> {
-        let (epoch, version) = (epoch.to_string(), outcome.version.to_string());
-        let is_err: &[u8] = if outcome.is_err { b"1" } else { b"0" };
+        let epoch = epoch.to_string();
         self.fenced(
             &self.scripts.record_step,
             id,
-            &[
-                epoch.as_bytes(),
-                label.as_bytes(),
-                is_err,
-                version.as_bytes(),
-                &outcome.body,
-            ],
+            &[epoch.as_bytes(), label.as_bytes(), &packed(outcome)],
         )
         .await
     }
