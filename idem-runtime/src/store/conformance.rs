@@ -1086,10 +1086,10 @@ pub mod tx {
         }
 
         /// How a transaction whose call may be cancelled mid-statement begins, and how
-        /// it is abandoned after a cancellation. On MySQL the connection must be closed,
-        /// not rolled back on: sqlx's MySQL driver cannot resume a connection with an
-        /// unanswered statement, and the server rolls back a closed session's
-        /// transaction.
+        /// it is abandoned after a cancellation. On MySQL the connection is closed
+        /// rather than sent a `ROLLBACK`: sqlx's MySQL driver cannot go on with a
+        /// connection whose statement is unanswered, and the server discards the open
+        /// transaction of a session that closes.
         pub fn cancellable_with<F, Fut, A, AFut>(mut self, begin: F, abandon: A) -> Self
         where
             F: Fn(Pool<DB>) -> Fut + Send + Sync + 'static,

@@ -640,7 +640,8 @@ async fn prepare(
     }
     let store = SqlStore::prepare(MySql { pool }, &table, &opts.key_mode).await?;
     let procedure = table.render("{claim_procedure}", NOW_MS);
-    // A routine runs under the SQL mode it was created with, not the session's.
+    // A stored procedure keeps the SQL mode in force where it was defined, whatever the
+    // calling session's mode is.
     let found: Option<String> = sqlx::query_scalar(
         "SELECT CAST(sql_mode AS CHAR) FROM information_schema.routines \
          WHERE routine_schema = DATABASE() AND routine_type = 'PROCEDURE' \
@@ -800,22 +801,8 @@ mod tests {
     /// default); skipped when it cannot be reached, unless `IDEM_REQUIRE_DB=1`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn engine_steps() {
-        let url = std::env::var("IDEM_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-        let required = std::env::var("IDEM_REQUIRE_DB").as_deref() == Ok("1");
-        let table = format!("idem_t_leftovers_{}", std::process::id());
-        let opts = SqlOptions {
-            table: table.clone(),
-            ..SqlOptions::default()
-        };
-        let store = match open(&url, &opts).await {
-            Ok(store) => store,
-            Err(e) if !required => {
-                use std::io::Write;
-                let _ = writeln!(std::io::stderr(), "skipping: no MySQL: {e}");
-                return;
-            }
-            Err(e) => panic!("MySQL not reachable and IDEM_REQUIRE_DB=1: {e}"),
+        let Some((store, table)) = open_test_store("leftovers", None).await else {
+            return;
         };
         let name = TableName::parse(&table, false).unwrap().backticked();
         crate::store::engine::tests::earlier_lives_leave_no_steps(&store, &name).await;
@@ -826,8 +813,7 @@ mod tests {
     /// The server at `IDEM_MYSQL_URL`, opened on a table of its own with `size`
     /// connections; `None` (skip) when it cannot be reached, unless `IDEM_REQUIRE_DB=1`.
     async fn open_test_store(label: &str, size: Option<u32>) -> Option<(MySqlStore, String)> {
-        let url = std::env::var("IDEM_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let url = test_url();
         let required = std::env::var("IDEM_REQUIRE_DB").as_deref() == Ok("1");
         let table = format!("idem_t_{label}_{}", std::process::id());
         let opts = SqlOptions {
@@ -844,6 +830,12 @@ mod tests {
             }
             Err(e) => panic!("MySQL not reachable and IDEM_REQUIRE_DB=1: {e}"),
         }
+    }
+
+    /// `IDEM_MYSQL_URL`, or the local server.
+    fn test_url() -> String {
+        std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
     }
 
     async fn drop_test_tables(store: &MySqlStore, table: &str) {
@@ -924,8 +916,7 @@ mod tests {
         let Some((store, table)) = open_test_store("round_trips", Some(1)).await else {
             return;
         };
-        let url = std::env::var("IDEM_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let url = test_url();
         let connect = MySqlConnectOptions::from_str(&url).unwrap();
         let at = format!("{}:{}", connect.get_host(), connect.get_port());
         let (port, commands) = counting_proxy(at).await;
@@ -987,8 +978,7 @@ mod tests {
             return;
         };
         let pool = store.dialect.pool.clone();
-        let url = std::env::var("IDEM_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let url = test_url();
         let versions = || async {
             let n: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM idem_schema_migrations WHERE table_name = ?",
