@@ -205,13 +205,10 @@ impl std::fmt::Debug for FingerprintKey {
 /// assert_ne!(idem_runtime::fingerprint(&1).unwrap(), idem_runtime::fingerprint(&"1").unwrap());
 /// ```
 pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<[u8; 32], crate::IdemError> {
-    let mut b = FingerprintBuilder::default();
-    b.add("", value)
-        .map_err(|message| crate::IdemError::Codec {
-            name: String::new(),
-            message: format!("cannot fingerprint the value: {message}"),
-        })?;
-    Ok(b.finish())
+    fingerprint_with_bound(value, LARGE_PART).map_err(|message| crate::IdemError::Codec {
+        name: String::new(),
+        message: format!("cannot fingerprint the value: {message}"),
+    })
 }
 
 /// The struct name serde_json gives a `Number` under its `arbitrary_precision` feature
