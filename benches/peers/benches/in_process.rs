@@ -9,13 +9,12 @@
 //! ```
 
 use std::hint::black_box;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use idem_peer_bench::{
-    Size, body, charge, idem_call, idem_call_of, idem_call_sized, peer_call, peer_call_sized,
+    Size, body, charge, idem_call_of, idem_call_sized, peer_call_sized,
     peer_memory,
 };
 use idem_runtime::Idem;
@@ -29,15 +28,18 @@ fn in_process(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    let idem = Idem::memory();
-    let peer = Arc::new(rt.block_on(async { peer_memory() }));
-    rt.block_on(async {
-        for k in 0..REPLAY_KEYS {
-            idem_call(&idem, k).await.expect("idem");
-            peer_call(&*peer, k).await.expect("peer");
-        }
-    });
-    // The 4 KiB request's replays, on stores of their own.
+    // Each size's replays on stores of their own, recorded before.
+    let recorded = |size| {
+        let idem = Idem::memory();
+        let peer = rt.block_on(async { peer_memory() });
+        rt.block_on(async {
+            for k in 0..REPLAY_KEYS {
+                idem_call_sized(&idem, k, size).await.expect("idem");
+                peer_call_sized(&peer, k, size).await.expect("peer");
+            }
+        });
+        (idem, peer)
+    };
     // The small request's replays with no fingerprint: the floor of what idem's replay
     // costs apart from hashing the request.
     let idem_unhashed = Idem::memory();
@@ -46,15 +48,6 @@ fn in_process(c: &mut Criterion) {
             idem_call_of(&idem_unhashed, k, Size::Small, false)
                 .await
                 .expect("idem");
-        }
-    });
-    let idem_large = Idem::memory();
-    let peer_large = Arc::new(rt.block_on(async { peer_memory() }));
-    rt.block_on(async {
-        for k in 0..REPLAY_KEYS {
-            let large = Size::Large;
-            idem_call_sized(&idem_large, k, large).await.expect("idem");
-            peer_call_sized(&*peer_large, k, large).await.expect("peer");
         }
     });
     let cycle = AtomicU64::new(0);
@@ -66,66 +59,43 @@ fn in_process(c: &mut Criterion) {
         b.to_async(&rt)
             .iter(|| async { black_box(body(black_box(&request))) })
     });
-    // Each sample on a store of its own, empty at its start: one store kept across
-    // samples grows to millions of records, and its table's doublings land in some
-    // samples and not others.
-    g.bench_function("idem fresh", |b| {
-        b.to_async(&rt).iter_custom(|iters| async move {
-            let idem = Idem::memory();
-            let start = Instant::now();
-            for k in 0..iters {
-                idem_call(&idem, k).await.expect("idem");
-            }
-            start.elapsed()
-        })
-    });
-    g.bench_function("idempotent fresh", |b| {
-        b.to_async(&rt).iter_custom(|iters| async move {
-            let peer = peer_memory();
-            let start = Instant::now();
-            for k in 0..iters {
-                peer_call(&peer, k).await.expect("peer");
-            }
-            start.elapsed()
-        })
-    });
-    g.bench_function("idem replay", |b| {
-        b.to_async(&rt).iter(|| idem_call(&idem, replay()))
-    });
-    g.bench_function("idempotent replay", |b| {
-        b.to_async(&rt).iter(|| peer_call(&*peer, replay()))
-    });
+    for (size, suffix) in [(Size::Small, ""), (Size::Large, " 4 KiB")] {
+        // Each sample on a store of its own, empty at its start: one store kept across
+        // samples grows to millions of records, and its table's doublings land in some
+        // samples and not others.
+        g.bench_function(format!("idem fresh{suffix}"), |b| {
+            b.to_async(&rt).iter_custom(|iters| async move {
+                let idem = Idem::memory();
+                let start = Instant::now();
+                for k in 0..iters {
+                    idem_call_sized(&idem, k, size).await.expect("idem");
+                }
+                start.elapsed()
+            })
+        });
+        g.bench_function(format!("idempotent fresh{suffix}"), |b| {
+            b.to_async(&rt).iter_custom(|iters| async move {
+                let peer = peer_memory();
+                let start = Instant::now();
+                for k in 0..iters {
+                    peer_call_sized(&peer, k, size).await.expect("peer");
+                }
+                start.elapsed()
+            })
+        });
+        let (idem, peer) = recorded(size);
+        g.bench_function(format!("idem replay{suffix}"), |b| {
+            b.to_async(&rt)
+                .iter(|| idem_call_sized(&idem, replay(), size))
+        });
+        g.bench_function(format!("idempotent replay{suffix}"), |b| {
+            b.to_async(&rt)
+                .iter(|| peer_call_sized(&peer, replay(), size))
+        });
+    }
     g.bench_function("idem replay, no fingerprint", |b| {
         b.to_async(&rt)
             .iter(|| idem_call_of(&idem_unhashed, replay(), Size::Small, false))
-    });
-    g.bench_function("idem fresh 4 KiB", |b| {
-        b.to_async(&rt).iter_custom(|iters| async move {
-            let idem = Idem::memory();
-            let start = Instant::now();
-            for k in 0..iters {
-                idem_call_sized(&idem, k, Size::Large).await.expect("idem");
-            }
-            start.elapsed()
-        })
-    });
-    g.bench_function("idempotent fresh 4 KiB", |b| {
-        b.to_async(&rt).iter_custom(|iters| async move {
-            let peer = peer_memory();
-            let start = Instant::now();
-            for k in 0..iters {
-                peer_call_sized(&peer, k, Size::Large).await.expect("peer");
-            }
-            start.elapsed()
-        })
-    });
-    g.bench_function("idem replay 4 KiB", |b| {
-        b.to_async(&rt)
-            .iter(|| idem_call_sized(&idem_large, replay(), Size::Large))
-    });
-    g.bench_function("idempotent replay 4 KiB", |b| {
-        b.to_async(&rt)
-            .iter(|| peer_call_sized(&*peer_large, replay(), Size::Large))
     });
     g.finish();
 

@@ -137,11 +137,6 @@ pub async fn idem_call_of(idem: &Idem, key: u64, size: Size, fingerprinted: bool
     Ok(())
 }
 
-/// The same call through the peer's store, with a small request.
-pub async fn peer_call<S: IdempotencyStore>(store: &S, key: u64) -> Res<()> {
-    peer_call_sized(store, key, Size::Small).await
-}
-
 /// The same call through the peer's store, with a request of `size`.
 pub async fn peer_call_sized<S: IdempotencyStore>(store: &S, key: u64, size: Size) -> Res<()> {
     let c = request(size, key);

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use idem_peer_bench::{
-    Res, Size, idem_call, idem_call_of, idem_call_sized, peer_call_sized, peer_memory,
+    Res, Size, idem_call, idem_call_of, peer_call_sized, peer_memory,
 };
 use idem_runtime::Idem;
 use idempotent::store::IdempotencyStore;
@@ -149,13 +149,14 @@ struct Row {
 }
 
 fn idem_calls(idem: Idem) -> Call {
-    idem_calls_sized(idem, Size::Small)
+    idem_calls_of(idem, Size::Small, true)
 }
 
-fn idem_calls_sized(idem: Idem, size: Size) -> Call {
+/// idem's calls with a request of `size`, fingerprinted or not.
+fn idem_calls_of(idem: Idem, size: Size, fingerprinted: bool) -> Call {
     Arc::new(move |k| {
         let idem = idem.clone();
-        Box::pin(async move { idem_call_sized(&idem, k, size).await })
+        Box::pin(async move { idem_call_of(&idem, k, size, fingerprinted).await })
     })
 }
 
@@ -484,24 +485,16 @@ fn peer_in_memory() -> Call {
 }
 
 fn idem_memory_large() -> Call {
-    idem_calls_sized(Idem::memory(), Size::Large)
+    idem_calls_of(Idem::memory(), Size::Large, true)
 }
 
 /// idem with no fingerprint: the call's cost apart from hashing the request.
-fn unhashed(size: Size) -> Call {
-    let idem = Idem::memory();
-    Arc::new(move |k| {
-        let idem = idem.clone();
-        Box::pin(async move { idem_call_of(&idem, k, size, false).await })
-    })
-}
-
 fn idem_memory_unhashed() -> Call {
-    unhashed(Size::Small)
+    idem_calls_of(Idem::memory(), Size::Small, false)
 }
 
 fn idem_memory_large_unhashed() -> Call {
-    unhashed(Size::Large)
+    idem_calls_of(Idem::memory(), Size::Large, false)
 }
 
 fn peer_in_memory_large() -> Call {
