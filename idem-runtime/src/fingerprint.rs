@@ -9,16 +9,24 @@ use serde::ser::{self, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Bumped if the encoding below ever changes, so old and new fingerprints never collide.
-const ENCODING_VERSION: u8 = 3;
+const ENCODING_VERSION: u8 = 4;
 
-/// An encoded part this long or longer enters the SHA-256 stream as `D` and its BLAKE3
-/// digest: BLAKE3 hashes a large input several times faster (its 1 KiB chunks go side
-/// by side), a small one slower than SHA-256 on the CPU's SHA extensions, and inside a
-/// fingerprint it gained nothing measurable at 4 KiB (BENCHMARKS.md, "Fingerprint").
-/// Every part's own encoding starts with `P` and is self-delimiting, so the stream still
-/// reads back one way only, and the fingerprint is as collision-resistant as the weaker
-/// of the two hashes.
-const LARGE_PART: usize = 16 * 1024;
+/// An encoded part this long or longer enters the SHA-256 stream as `D` and the BLAKE3
+/// digest of its encoding padded with zeros to a multiple of [`BLAKE3_PAD`].
+///
+/// BLAKE3 hashes its 1 KiB chunks side by side only in groups of four or more whole
+/// ones, and a partial last chunk one block after another: a 3,622-byte encoding takes
+/// longer than SHA-256 on the CPU's SHA extensions, and the same bytes padded to 4 KiB
+/// less than half as long (BENCHMARKS.md, "Fingerprint"). From about 2 KiB, padded
+/// BLAKE3 is the faster; under it, SHA-256.
+///
+/// Every part's own encoding starts with `P` and is self-delimiting, so the zeros after
+/// it and the stream around it still read back one way only, and the fingerprint is as
+/// collision-resistant as the weaker of the two hashes.
+const LARGE_PART: usize = 2 * 1024;
+
+/// What a large part's encoding is padded to a multiple of: four BLAKE3 chunks.
+const BLAKE3_PAD: usize = 4 * 1024;
 
 /// A request fingerprint being built from named parts: each part is encoded into this
 /// thread's scratch buffer and hashed at once, so a call allocates nothing for it.
@@ -90,6 +98,8 @@ impl FingerprintBuilder {
         let encoded = encode_part(out, name, value);
         if encoded.is_ok() {
             if out.buf.len() >= large {
+                out.buf
+                    .resize(out.buf.len().next_multiple_of(BLAKE3_PAD), 0);
                 self.hasher.update([b'D']);
                 self.hasher.update(blake3::hash(&out.buf).as_bytes());
             } else {
@@ -235,7 +245,70 @@ fn entry_le(a: &[u8], b: &[u8]) -> bool {
 /// field name, most strings) costs one byte where a fixed `u64` would cost eight, which
 /// keeps a small request within fewer hash blocks.
 fn write_len(out: &mut Vec<u8>, n: usize) {
-    write_varint(out, n as u128);
+    let (bytes, len) = leb128(n as u64);
+    out.extend_from_slice(&bytes[..len]);
+}
+
+/// `n` in LEB128 and how many bytes of the array that takes: built in registers and
+/// written to the buffer at once, since each byte pushed on its own reloads the vector.
+#[inline]
+fn leb128(mut n: u64) -> ([u8; 10], usize) {
+    let mut bytes = [0u8; 10];
+    let mut i = 0;
+    while n >= 0x80 {
+        bytes[i] = (n as u8) | 0x80;
+        n >>= 7;
+        i += 1;
+    }
+    bytes[i] = n as u8;
+    (bytes, i + 1)
+}
+
+/// A one-byte tag and `n` in LEB128. The one- and two-byte forms (every length under
+/// 16 KiB, most integers) are fixed-size copies of a few bytes built in registers.
+#[inline(always)]
+fn write_tagged(out: &mut Vec<u8>, tag: u8, n: u64) {
+    if n < 0x80 {
+        out.extend_from_slice(&[tag, n as u8]);
+    } else if n < 0x4000 {
+        out.extend_from_slice(&[tag, (n as u8) | 0x80, (n >> 7) as u8]);
+    } else {
+        write_tagged_long(out, tag, n);
+    }
+}
+
+#[cold]
+fn write_tagged_long(out: &mut Vec<u8>, tag: u8, n: u64) {
+    out.push(tag);
+    let (bytes, len) = leb128(n);
+    out.extend_from_slice(&bytes[..len]);
+}
+
+/// Appends `bytes`; one of 16 bytes or fewer with fixed-size copies rather than a call
+/// to `memcpy`, whose start-up costs more than such a copy (most field names and many
+/// values are this short).
+#[inline]
+fn append(out: &mut Vec<u8>, bytes: &[u8]) {
+    let n = bytes.len();
+    if n > 16 {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    let start = out.len();
+    out.extend_from_slice(&[0u8; 16]);
+    let dst = &mut out[start..start + 16];
+    if n >= 8 {
+        dst[..8].copy_from_slice(&bytes[..8]);
+        dst[n - 8..n].copy_from_slice(&bytes[n - 8..]);
+    } else if n >= 4 {
+        dst[..4].copy_from_slice(&bytes[..4]);
+        dst[n - 4..n].copy_from_slice(&bytes[n - 4..]);
+    } else {
+        for (d, b) in dst.iter_mut().zip(bytes) {
+            *d = *b;
+        }
+    }
+    out.truncate(start + n);
 }
 
 fn write_varint(out: &mut Vec<u8>, mut n: u128) {
@@ -263,6 +336,14 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
+/// A string with its tag: `s`, its length, its bytes.
+#[inline]
+fn write_tagged_str(out: &mut Vec<u8>, s: &str) {
+    out.reserve(27 + s.len());
+    write_tagged(out, b's', s.len() as u64);
+    append(out, s.as_bytes());
+}
+
 #[derive(Debug)]
 pub(crate) struct CanonError(String);
 
@@ -272,6 +353,7 @@ impl std::fmt::Display for CanonError {
     }
 }
 impl std::error::Error for CanonError {}
+
 impl ser::Error for CanonError {
     fn custom<T: std::fmt::Display>(msg: T) -> Self {
         CanonError(msg.to_string())
@@ -294,9 +376,27 @@ struct Compound<'a> {
     /// Where the pending map key starts in `out`.
     key_start: usize,
     json: Option<&'static str>,
+    /// For a struct: whether its fields arrived in the encoding's order so far, judged by
+    /// their names alone, and the last name. Spares `finish` comparing the entries.
+    names: Option<(bool, Option<&'static str>)>,
+}
+
+/// Whether a field named `a` encodes before one named `b`: shorter first (the LEB128
+/// length comes first), then by bytes. Only for lengths of one LEB128 byte, where byte
+/// order is numeric order; longer names are left to `finish`'s comparison.
+#[inline]
+fn name_before(a: &str, b: &str) -> bool {
+    if a.len() >= 0x80 || b.len() >= 0x80 {
+        return false;
+    }
+    if a.len() != b.len() {
+        return a.len() < b.len();
+    }
+    !entry_le(b.as_bytes(), a.as_bytes())
 }
 
 impl<'a> Compound<'a> {
+    #[inline]
     fn seq(out: &'a mut Out) -> Self {
         out.buf.push(b'L');
         Compound {
@@ -304,8 +404,10 @@ impl<'a> Compound<'a> {
             map: None,
             key_start: 0,
             json: None,
+            names: None,
         }
     }
+    #[inline]
     fn map(out: &'a mut Out) -> Self {
         out.buf.push(b'M');
         let key_start = out.buf.len();
@@ -315,6 +417,14 @@ impl<'a> Compound<'a> {
             map: Some((key_start, spans_from)),
             key_start,
             json: None,
+            names: None,
+        }
+    }
+    #[inline]
+    fn structure(out: &'a mut Out) -> Self {
+        Compound {
+            names: Some((true, None)),
+            ..Compound::map(out)
         }
     }
     fn json(out: &'a mut Out, token: &'static str) -> Self {
@@ -323,12 +433,16 @@ impl<'a> Compound<'a> {
             map: None,
             key_start: 0,
             json: Some(token),
+            names: None,
         }
     }
 
     /// A serde_json number or raw value, encoded exactly as serde_json's default build
     /// would have serialized it, so enabling `arbitrary_precision` or `raw_value`
-    /// anywhere in an application's graph changes no fingerprint.
+    /// anywhere in an application's graph changes no fingerprint. Kept out of line, so
+    /// that every other struct's fields stay small enough to inline.
+    #[cold]
+    #[inline(never)]
     fn json_field<T: Serialize + ?Sized>(&mut self, token: &str, v: &T) -> Result<(), CanonError> {
         let mut field = Out::default();
         v.serialize(Canonical { out: &mut field })?;
@@ -341,7 +455,9 @@ impl<'a> Compound<'a> {
             Some((len, bytes)) if bytes.len() == len => std::str::from_utf8(bytes)
                 .map_err(|e| CanonError(format!("serde_json sent a non-UTF-8 number: {e}")))?
                 .to_owned(),
-            _ => return Err(CanonError(format!("`{token}` without its string field"))),
+            _ => {
+                return Err(CanonError(format!("`{token}` without its string field")));
+            }
         };
         let out = Canonical { out: self.out };
         if token == JSON_NUMBER {
@@ -361,58 +477,79 @@ impl<'a> Compound<'a> {
             .map_err(|e| CanonError(format!("invalid raw JSON: {e}")))?;
         value.serialize(out)
     }
+    #[inline]
     fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
         v.serialize(Canonical { out: self.out })
     }
+    #[inline]
     fn key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), CanonError> {
         self.key_start = self.out.buf.len();
         k.serialize(Canonical { out: self.out })
     }
+    #[inline]
     fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
         v.serialize(Canonical { out: self.out })?;
         let span = (self.key_start, self.out.buf.len());
         self.out.spans.push(span);
         Ok(())
     }
-    fn field<T: Serialize + ?Sized>(&mut self, name: &str, v: &T) -> Result<(), CanonError> {
+    #[inline]
+    fn field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        v: &T,
+    ) -> Result<(), CanonError> {
         if let Some(token) = self.json {
             return self.json_field(token, v);
         }
-        self.key(name)?;
+        if let Some((in_order, last)) = &mut self.names {
+            *in_order = *in_order && last.is_none_or(|last| name_before(last, name));
+            *last = Some(name);
+        }
+        self.key_start = self.out.buf.len();
+        write_tagged_str(&mut self.out.buf, name);
         self.value(v)
     }
+    #[inline]
     fn finish(self) -> Result<(), CanonError> {
         if self.json.is_some() {
             return Ok(());
         }
         if let Some((start, spans_from)) = self.map {
-            // The entries were written in arrival order; they are put in order only if
-            // they did not arrive in it. Keys are self-delimiting, so
-            // ordering whole entries orders them by key first.
-            let Out {
-                buf,
-                spans,
-                scratch,
-            } = &mut *self.out;
-            let entries = &mut spans[spans_from..];
-            let in_order = entries
-                .windows(2)
-                .all(|w| entry_le(&buf[w[0].0..w[0].1], &buf[w[1].0..w[1].1]));
-            if !in_order {
-                scratch.clear();
-                scratch.extend_from_slice(&buf[start..]);
-                entries.sort_unstable_by(|a, b| {
-                    scratch[a.0 - start..a.1 - start].cmp(&scratch[b.0 - start..b.1 - start])
-                });
-                buf.truncate(start);
-                for &(a, b) in entries.iter() {
-                    buf.extend_from_slice(&scratch[a - start..b - start]);
-                }
+            if !matches!(self.names, Some((true, _))) {
+                order_entries(self.out, start, spans_from);
             }
-            spans.truncate(spans_from);
+            self.out.spans.truncate(spans_from);
         }
         self.out.buf.push(b'E');
         Ok(())
+    }
+}
+
+/// Puts the entries of the map being finished in order: they were written in arrival
+/// order, and are moved only if they did not arrive in it. Keys are self-delimiting, so
+/// ordering whole entries orders them by key first.
+#[inline(never)]
+fn order_entries(out: &mut Out, start: usize, spans_from: usize) {
+    let Out {
+        buf,
+        spans,
+        scratch,
+    } = out;
+    let entries = &mut spans[spans_from..];
+    let in_order = entries
+        .windows(2)
+        .all(|w| entry_le(&buf[w[0].0..w[0].1], &buf[w[1].0..w[1].1]));
+    if !in_order {
+        scratch.clear();
+        scratch.extend_from_slice(&buf[start..]);
+        entries.sort_unstable_by(|a, b| {
+            scratch[a.0 - start..a.1 - start].cmp(&scratch[b.0 - start..b.1 - start])
+        });
+        buf.truncate(start);
+        for &(a, b) in entries.iter() {
+            buf.extend_from_slice(&scratch[a - start..b - start]);
+        }
     }
 }
 
@@ -427,21 +564,25 @@ impl<'a> ser::Serializer for Canonical<'a> {
     type SerializeStruct = Compound<'a>;
     type SerializeStructVariant = Compound<'a>;
 
+    #[inline]
     fn serialize_bool(self, v: bool) -> Result<(), CanonError> {
         self.out.buf.extend_from_slice(&[b'B', v as u8]);
         Ok(())
     }
     fn serialize_i8(self, v: i8) -> Result<(), CanonError> {
-        self.serialize_i128(v.into())
+        self.serialize_i64(v.into())
     }
     fn serialize_i16(self, v: i16) -> Result<(), CanonError> {
-        self.serialize_i128(v.into())
+        self.serialize_i64(v.into())
     }
     fn serialize_i32(self, v: i32) -> Result<(), CanonError> {
-        self.serialize_i128(v.into())
+        self.serialize_i64(v.into())
     }
+    #[inline]
     fn serialize_i64(self, v: i64) -> Result<(), CanonError> {
-        self.serialize_i128(v.into())
+        // The zigzag of an `i64` fits a `u64`: the same bytes as the `i128` path.
+        write_tagged(&mut self.out.buf, b'I', ((v << 1) ^ (v >> 63)) as u64);
+        Ok(())
     }
     fn serialize_i128(self, v: i128) -> Result<(), CanonError> {
         // Zigzag, then LEB128: small magnitudes of either sign take a byte or two, and
@@ -451,16 +592,23 @@ impl<'a> ser::Serializer for Canonical<'a> {
         Ok(())
     }
     fn serialize_u8(self, v: u8) -> Result<(), CanonError> {
-        self.serialize_i128(v.into())
+        self.serialize_u64(v.into())
     }
     fn serialize_u16(self, v: u16) -> Result<(), CanonError> {
-        self.serialize_i128(v.into())
+        self.serialize_u64(v.into())
     }
     fn serialize_u32(self, v: u32) -> Result<(), CanonError> {
-        self.serialize_i128(v.into())
+        self.serialize_u64(v.into())
     }
+    #[inline]
     fn serialize_u64(self, v: u64) -> Result<(), CanonError> {
-        self.serialize_i128(v.into())
+        match v.checked_mul(2) {
+            Some(zigzag) => {
+                write_tagged(&mut self.out.buf, b'I', zigzag);
+                Ok(())
+            }
+            None => self.serialize_i128(v.into()),
+        }
     }
     fn serialize_u128(self, v: u128) -> Result<(), CanonError> {
         match i128::try_from(v) {
@@ -483,9 +631,9 @@ impl<'a> ser::Serializer for Canonical<'a> {
     fn serialize_char(self, v: char) -> Result<(), CanonError> {
         self.serialize_str(v.encode_utf8(&mut [0; 4]))
     }
+    #[inline]
     fn serialize_str(self, v: &str) -> Result<(), CanonError> {
-        self.out.buf.push(b's');
-        write_str(&mut self.out.buf, v);
+        write_tagged_str(&mut self.out.buf, v);
         Ok(())
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), CanonError> {
@@ -494,6 +642,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
         self.out.buf.extend_from_slice(v);
         Ok(())
     }
+    #[inline]
     fn serialize_none(self) -> Result<(), CanonError> {
         self.out.buf.push(b'N');
         Ok(())
@@ -537,9 +686,11 @@ impl<'a> ser::Serializer for Canonical<'a> {
         write_str(&mut self.out.buf, variant);
         value.serialize(self)
     }
+    #[inline]
     fn serialize_seq(self, _: Option<usize>) -> Result<Compound<'a>, CanonError> {
         Ok(Compound::seq(self.out))
     }
+    #[inline]
     fn serialize_tuple(self, _: usize) -> Result<Compound<'a>, CanonError> {
         Ok(Compound::seq(self.out))
     }
@@ -557,14 +708,16 @@ impl<'a> ser::Serializer for Canonical<'a> {
         write_str(&mut self.out.buf, variant);
         Ok(Compound::seq(self.out))
     }
+    #[inline]
     fn serialize_map(self, _: Option<usize>) -> Result<Compound<'a>, CanonError> {
         Ok(Compound::map(self.out))
     }
+    #[inline]
     fn serialize_struct(self, name: &'static str, _: usize) -> Result<Compound<'a>, CanonError> {
         Ok(match name {
             JSON_NUMBER => Compound::json(self.out, JSON_NUMBER),
             JSON_RAW => Compound::json(self.out, JSON_RAW),
-            _ => Compound::map(self.out),
+            _ => Compound::structure(self.out),
         })
     }
     fn serialize_struct_variant(
@@ -576,7 +729,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
     ) -> Result<Compound<'a>, CanonError> {
         self.out.buf.push(b'V');
         write_str(&mut self.out.buf, variant);
-        Ok(Compound::map(self.out))
+        Ok(Compound::structure(self.out))
     }
 }
 
@@ -695,7 +848,7 @@ mod tests {
             .collect();
         assert_eq!(hex, PINNED);
     }
-    const PINNED: &str = "2af959ba626a80247b7d04d3ed240b0bd810e58635d28809f6f67e1c3639c9ec";
+    const PINNED: &str = "cb4a564f9eb794e98d0e54d397273d45fbea825a15911146645abe75e507ad4d";
     #[test]
     fn nested_sorted_encoding_is_pinned() {
         // Entries arrive out of order at two depths (struct fields, map keys) and nest a
@@ -750,7 +903,7 @@ mod tests {
             .collect();
         assert_eq!(hex, NESTED_PINNED);
     }
-    const NESTED_PINNED: &str = "09a361f7da12742964843db9ecccc2030fde79ffda7b039423cd375874c803c7";
+    const NESTED_PINNED: &str = "f4e463700d0bf3efb987d48deb910726d9d557544d3a615d1e6dec2c4e8de01e";
 
     /// The encoding byte by byte: LEB128 lengths, zigzag LEB128 integers, maps closed by
     /// `E` without a count.
@@ -789,8 +942,9 @@ mod tests {
         assert_eq!(digest, fingerprint(&v).unwrap());
     }
 
-    /// A part whose encoding reaches `LARGE_PART` enters as `D` and its BLAKE3 digest; one
-    /// just under it, as itself. Both pinned.
+    /// A part whose encoding reaches `LARGE_PART` enters as `D` and the BLAKE3 digest of
+    /// its encoding padded with zeros to a multiple of 4 KiB; one just under it, as
+    /// itself. Both pinned.
     #[test]
     fn a_large_part_enters_as_its_blake3_digest() {
         use sha2::{Digest, Sha256};
@@ -801,8 +955,10 @@ mod tests {
             bytes.len() > super::LARGE_PART,
             "the part alone reaches the bound"
         );
+        let mut padded = bytes[1..].to_vec();
+        padded.resize(4096, 0);
         let mut h = Sha256::new_with_prefix([super::ENCODING_VERSION, b'D']);
-        h.update(blake3::hash(&bytes[1..]).as_bytes());
+        h.update(blake3::hash(&padded).as_bytes());
         let digest: [u8; 32] = h.finalize().into();
         assert_eq!(digest, fingerprint(&large).unwrap());
         assert_eq!(hex(digest), LARGE_PINNED);
@@ -813,7 +969,105 @@ mod tests {
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
         assert_eq!(digest, fingerprint(&small).unwrap());
     }
-    const LARGE_PINNED: &str = "93b924c43c8224119bd43160dce2a6233197cd3626a580a75ab271a691333e9f";
+    const LARGE_PINNED: &str = "ac9b5310c0606f3c5fd1c222a7d6c1785ae9e44e45950077b0e16ba07b1f2c68";
+
+    /// Strings of every length around the inline copies' bounds, and integers at each
+    /// LEB128 width's edges, byte by byte.
+    #[test]
+    fn short_copies_and_varint_widths_write_exact_bytes() {
+        let text: String = ('a'..='z').cycle().take(40).collect();
+        for n in 0..=40 {
+            let s = &text[..n];
+            let mut expected = vec![super::ENCODING_VERSION, b'P', 0, b's', n as u8];
+            expected.extend_from_slice(s.as_bytes());
+            assert_eq!(
+                super::canonical_encoding(s).unwrap(),
+                expected,
+                "length {n}"
+            );
+        }
+        let leb = |mut n: u128| {
+            let mut out = Vec::new();
+            while n >= 0x80 {
+                out.push(n as u8 | 0x80);
+                n >>= 7;
+            }
+            out.push(n as u8);
+            out
+        };
+        for v in [
+            0u64,
+            63,
+            64,
+            8191,
+            8192,
+            (1 << 62) - 1,
+            1 << 62,
+            u64::MAX / 2,
+            u64::MAX,
+        ] {
+            let mut expected = vec![super::ENCODING_VERSION, b'P', 0, b'I'];
+            expected.extend(leb(u128::from(v) * 2));
+            assert_eq!(super::canonical_encoding(&v).unwrap(), expected, "{v}");
+        }
+        for v in [-1i64, -64, -65, -8193, i64::MIN, i64::MAX] {
+            let zigzag = ((i128::from(v) << 1) ^ (i128::from(v) >> 127)) as u128;
+            let mut expected = vec![super::ENCODING_VERSION, b'P', 0, b'I'];
+            expected.extend(leb(zigzag));
+            assert_eq!(super::canonical_encoding(&v).unwrap(), expected, "{v}");
+        }
+    }
+
+    /// A struct's fields, in whatever order they arrive and however long their names,
+    /// fingerprint as the map of the same entries: the check on names alone that spares
+    /// sorting must agree with sorting the encoded entries.
+    #[test]
+    fn struct_fields_fingerprint_as_the_map_of_them() {
+        struct Fields(Vec<(&'static str, u32)>);
+        impl serde::Serialize for Fields {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeStruct;
+                let mut st = s.serialize_struct("Fields", self.0.len())?;
+                for (name, v) in &self.0 {
+                    st.serialize_field(name, v)?;
+                }
+                st.end()
+            }
+        }
+        // 200 bytes, whose LEB128 length starts 0xc8, and 300, whose starts 0xac: the
+        // shorter sorts first by number and last by bytes.
+        let long: &'static str = "l".repeat(200).leak();
+        let longer: &'static str = "k".repeat(300).leak();
+        let cases = [
+            vec![("zz", 1), ("aaa", 2)],
+            vec![("aaa", 2), ("zz", 1)],
+            vec![("b", 1), ("a", 2)],
+            vec![("a", 2), ("b", 1)],
+            vec![
+                ("order", 1),
+                ("amount", 2),
+                ("currency", 3),
+                ("customer", 4),
+            ],
+            vec![
+                ("customer", 4),
+                ("currency", 3),
+                ("amount", 2),
+                ("order", 1),
+            ],
+            vec![("x", 1), (long, 2), (longer, 3)],
+            vec![("x", 1), (longer, 3), (long, 2)],
+            vec![(long, 2), ("x", 1), (longer, 3)],
+        ];
+        for fields in cases {
+            let map: BTreeMap<&str, u32> = fields.iter().copied().collect();
+            assert_eq!(
+                fingerprint(&map).unwrap(),
+                fingerprint(&Fields(fields.clone())).unwrap(),
+                "{fields:?}"
+            );
+        }
+    }
 
     /// What serde_json's `Number` and `RawValue` serialize as under `arbitrary_precision`
     /// and `raw_value`: a private struct with one string field. Features unify across a

@@ -14,8 +14,7 @@ use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use idem_peer_bench::{
-    Size, body, charge, idem_call_of, idem_call_sized, peer_call_sized,
-    peer_memory,
+    Size, body, charge, idem_call_of, idem_call_sized, peer_call_sized, peer_memory,
 };
 use idem_runtime::Idem;
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
@@ -114,8 +113,8 @@ fn in_process(c: &mut Criterion) {
     g.bench_function(format!("{size}-byte request"), |b| {
         b.iter(|| idem_runtime::fingerprint(black_box(&large)))
     });
-    g.bench_function(format!("{size}-byte request, its part by BLAKE3"), |b| {
-        b.iter(|| idem_runtime::bench::fingerprint_with_bound(black_box(&large), 0))
+    g.bench_function(format!("{size}-byte request, SHA-256 only"), |b| {
+        b.iter(|| idem_runtime::bench::fingerprint_with_bound(black_box(&large), usize::MAX))
     });
     g.bench_function(
         format!("idempotent's fingerprint of the {size}-byte request"),
@@ -151,9 +150,10 @@ fn in_process(c: &mut Criterion) {
 
     // SHA-256 beside BLAKE3 on the very bytes idem's fingerprint hashes (its canonical
     // encoding, version byte first) of requests of about 100 B to 64 KiB; and the whole
-    // `idem_runtime::fingerprint` of each, encoding included.
+    // `idem_runtime::fingerprint` of each, encoding included, as shipped and with every
+    // part hashed one way.
     let mut g = c.benchmark_group("fingerprint hash");
-    for size in [100, 1024, 4096, 65536] {
+    for size in [100, 1024, 2048, 4096, 65536] {
         let request = document(size);
         let bytes = idem_runtime::bench::canonical_encoding(&request).expect("encoding");
         assert_eq!(bytes.len(), size);
@@ -173,10 +173,24 @@ fn in_process(c: &mut Criterion) {
                     .finalize()
             })
         });
+        // The same bytes copied and padded with zeros to a multiple of 4 KiB, as the
+        // fingerprint pads a large part in its own buffer.
+        let mut padded = Vec::with_capacity(size + 4096);
+        g.bench_function(format!("blake3 {size} B less 1, padded"), |b| {
+            b.iter(|| {
+                padded.clear();
+                padded.extend_from_slice(black_box(&bytes[1..]));
+                padded.resize(padded.len().next_multiple_of(4096), 0);
+                blake3::hash(&padded)
+            })
+        });
         g.bench_function(format!("fingerprint {size} B"), |b| {
             b.iter(|| idem_runtime::fingerprint(black_box(&request)))
         });
-        g.bench_function(format!("fingerprint {size} B, its part by BLAKE3"), |b| {
+        g.bench_function(format!("fingerprint {size} B, SHA-256 only"), |b| {
+            b.iter(|| idem_runtime::bench::fingerprint_with_bound(black_box(&request), usize::MAX))
+        });
+        g.bench_function(format!("fingerprint {size} B, BLAKE3 only"), |b| {
             b.iter(|| idem_runtime::bench::fingerprint_with_bound(black_box(&request), 0))
         });
     }

@@ -27,9 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_peer_bench::{
-    Res, Size, idem_call, idem_call_of, peer_call_sized, peer_memory,
-};
+use idem_peer_bench::{Res, Size, idem_call, idem_call_of, peer_call_sized, peer_memory};
 use idem_runtime::Idem;
 use idempotent::store::IdempotencyStore;
 

@@ -52,7 +52,8 @@
 //! [`IdemError::Mismatch`], whatever the record's state. The new payload never runs
 //! and the old outcome is never returned. The fingerprint is SHA-256 over a canonical
 //! encoding (typed, length-prefixed, versioned, map and struct entries sorted, and a
-//! part of 16 KiB or more in as its BLAKE3 digest, which hashes large inputs faster),
+//! part of 2 KiB or more in as the BLAKE3 digest of its encoding padded to a multiple
+//! of 4 KiB, which BLAKE3 hashes faster),
 //! the same across processes and builds; a `serde_json::Value` in the payload
 //! fingerprints the same whether or not some crate in the build turned on serde_json's
 //! `arbitrary_precision` or `raw_value`. Until 1.0 the encoding may change; its
