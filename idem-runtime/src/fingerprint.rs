@@ -1,7 +1,8 @@
 //! The canonical request fingerprint: SHA-256 over a typed, length-prefixed (LEB128),
 //! versioned encoding of any `Serialize` value, with map and struct entries sorted so
 //! that `HashMap` iteration order and serde_json's feature flags cannot change it (a
-//! part of [`LARGE_PART`] bytes or more enters as its BLAKE3 digest); and under
+//! part of [`LARGE_PART`] bytes or more enters as the BLAKE3 digest of its encoding,
+//! zero-padded); and under
 //! `hash_keys`, the keyed form of it that the store holds.
 
 use hmac::{Hmac, Mac};
@@ -73,8 +74,8 @@ impl FingerprintBuilder {
         self.add_bounded(name, value, LARGE_PART)
     }
 
-    /// [`add`](Self::add), with parts of `large` bytes or more entering as their BLAKE3
-    /// digest.
+    /// [`add`](Self::add), with parts of `large` bytes or more entering as their padded
+    /// encoding's BLAKE3 digest.
     fn add_bounded<T: Serialize + ?Sized>(
         &mut self,
         name: &str,
@@ -144,8 +145,9 @@ pub fn canonical_encoding<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, S
     Ok(bytes)
 }
 
-/// [`fingerprint`] with parts of `large` bytes or more entering as their BLAKE3 digest
-/// instead of [`LARGE_PART`]: the benches weigh the bound with it. Not a stable API.
+/// [`fingerprint`] with parts of `large` bytes or more, instead of [`LARGE_PART`],
+/// entering as their padded BLAKE3 digest: the benches weigh the bound with it. Not a
+/// stable API.
 #[doc(hidden)]
 pub fn fingerprint_with_bound<T: Serialize + ?Sized>(
     value: &T,
@@ -249,8 +251,7 @@ fn write_len(out: &mut Vec<u8>, n: usize) {
     out.extend_from_slice(&bytes[..len]);
 }
 
-/// `n` in LEB128 and how many bytes of the array that takes: built in registers and
-/// written to the buffer at once, since each byte pushed on its own reloads the vector.
+/// `n` in LEB128, and how many of the array's bytes that takes.
 #[inline]
 fn leb128(mut n: u64) -> ([u8; 10], usize) {
     let mut bytes = [0u8; 10];
@@ -339,6 +340,7 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
 /// A string with its tag: `s`, its length, its bytes.
 #[inline]
 fn write_tagged_str(out: &mut Vec<u8>, s: &str) {
+    // The tag, the longest length, and the 16-byte block `append` writes at most.
     out.reserve(27 + s.len());
     write_tagged(out, b's', s.len() as u64);
     append(out, s.as_bytes());
