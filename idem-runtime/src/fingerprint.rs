@@ -127,8 +127,7 @@ fn encode_part<T: Serialize + ?Sized>(
 ) -> Result<(), CanonError> {
     out.buf.clear();
     out.spans.clear();
-    out.buf.push(b'P');
-    write_str(&mut out.buf, name);
+    write_tagged_bytes(&mut out.buf, b'P', name.as_bytes());
     value.serialize(Canonical { out: &mut *out })
 }
 
@@ -242,15 +241,6 @@ fn entry_le(a: &[u8], b: &[u8]) -> bool {
     a <= b
 }
 
-/// Unsigned LEB128: seven bits a byte, low first, the high bit set on all but the last.
-/// Minimal by construction, so one length has one encoding; a length under 128 (every
-/// field name, most strings) costs one byte where a fixed `u64` would cost eight, which
-/// keeps a small request within fewer hash blocks.
-fn write_len(out: &mut Vec<u8>, n: usize) {
-    let (bytes, len) = leb128(n as u64);
-    out.extend_from_slice(&bytes[..len]);
-}
-
 /// `n` in LEB128, and how many of the array's bytes that takes.
 #[inline]
 fn leb128(mut n: u64) -> ([u8; 10], usize) {
@@ -265,8 +255,12 @@ fn leb128(mut n: u64) -> ([u8; 10], usize) {
     (bytes, i + 1)
 }
 
-/// A one-byte tag and `n` in LEB128. The one- and two-byte forms (every length under
-/// 16 KiB, most integers) are fixed-size copies of a few bytes built in registers.
+/// A one-byte tag and `n` in unsigned LEB128: seven bits a byte, low first, the high bit
+/// set on all but the last. Minimal by construction, so one length has one encoding; a
+/// length under 128 (every field name, most strings) costs one byte where a fixed `u64`
+/// would cost eight, which keeps a small request within fewer hash blocks. The one- and
+/// two-byte forms (every length under 16 KiB, most integers) are fixed-size copies of a
+/// few bytes built in registers.
 #[inline(always)]
 fn write_tagged(out: &mut Vec<u8>, tag: u8, n: u64) {
     if n < 0x80 {
@@ -320,7 +314,8 @@ fn write_varint(out: &mut Vec<u8>, mut n: u128) {
     out.push(n as u8);
 }
 
-/// Reads what [`write_len`] wrote at the start of `bytes`: the length and the rest.
+/// Reads a length as [`write_tagged`] wrote it (after the tag) at the start of `bytes`:
+/// the length and the rest.
 fn read_len(bytes: &[u8]) -> Option<(usize, &[u8])> {
     let mut n: usize = 0;
     for (i, &b) in bytes.iter().enumerate().take(10) {
@@ -332,18 +327,19 @@ fn read_len(bytes: &[u8]) -> Option<(usize, &[u8])> {
     None
 }
 
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    write_len(out, s.len());
-    out.extend_from_slice(s.as_bytes());
-}
-
 /// A string with its tag: `s`, its length, its bytes.
 #[inline]
 fn write_tagged_str(out: &mut Vec<u8>, s: &str) {
+    write_tagged_bytes(out, b's', s.as_bytes());
+}
+
+/// `tag`, the length of `bytes`, and `bytes`.
+#[inline]
+fn write_tagged_bytes(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
     // The tag, the longest length, and the 16-byte block `append` writes at most.
-    out.reserve(27 + s.len());
-    write_tagged(out, b's', s.len() as u64);
-    append(out, s.as_bytes());
+    out.reserve(27 + bytes.len());
+    write_tagged(out, tag, bytes.len() as u64);
+    append(out, bytes);
 }
 
 #[derive(Debug)]
@@ -639,9 +635,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
         Ok(())
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), CanonError> {
-        self.out.buf.push(b'b');
-        write_len(&mut self.out.buf, v.len());
-        self.out.buf.extend_from_slice(v);
+        write_tagged_bytes(&mut self.out.buf, b'b', v);
         Ok(())
     }
     #[inline]
@@ -666,8 +660,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
         variant: &'static str,
     ) -> Result<(), CanonError> {
         // Variant names, not indices: reordering an enum must not change fingerprints.
-        self.out.buf.push(b'V');
-        write_str(&mut self.out.buf, variant);
+        write_tagged_bytes(&mut self.out.buf, b'V', variant.as_bytes());
         Ok(())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
@@ -684,8 +677,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
         variant: &'static str,
         value: &T,
     ) -> Result<(), CanonError> {
-        self.out.buf.push(b'V');
-        write_str(&mut self.out.buf, variant);
+        write_tagged_bytes(&mut self.out.buf, b'V', variant.as_bytes());
         value.serialize(self)
     }
     #[inline]
@@ -706,8 +698,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
         variant: &'static str,
         _: usize,
     ) -> Result<Compound<'a>, CanonError> {
-        self.out.buf.push(b'V');
-        write_str(&mut self.out.buf, variant);
+        write_tagged_bytes(&mut self.out.buf, b'V', variant.as_bytes());
         Ok(Compound::seq(self.out))
     }
     #[inline]
@@ -729,8 +720,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
         variant: &'static str,
         _: usize,
     ) -> Result<Compound<'a>, CanonError> {
-        self.out.buf.push(b'V');
-        write_str(&mut self.out.buf, variant);
+        write_tagged_bytes(&mut self.out.buf, b'V', variant.as_bytes());
         Ok(Compound::structure(self.out))
     }
 }
@@ -930,6 +920,33 @@ mod tests {
         ]);
         expected.extend_from_slice(&[b's', 0xac, 0x02]); // 300 in LEB128
         expected.extend_from_slice(long.as_bytes());
+        expected.push(b'E');
+        assert_eq!(bytes, expected);
+    }
+
+    /// Variants and byte strings, byte by byte: `V` and `b`, each with its LEB128 length.
+    #[test]
+    fn variants_and_bytes_are_pinned_byte_by_byte() {
+        #[derive(serde::Serialize)]
+        enum Shape {
+            Unit,
+            Newtype(u8),
+        }
+        struct Raw(&'static [u8]);
+        impl serde::Serialize for Raw {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(self.0)
+            }
+        }
+        let head = [super::ENCODING_VERSION, b'P', 0];
+        let bytes = super::canonical_encoding(&(Shape::Unit, Shape::Newtype(3))).unwrap();
+        let expected = [&head[..], b"L", b"V\x04Unit", b"V\x07NewtypeI\x06", b"E"].concat();
+        assert_eq!(bytes, expected);
+        static LONG: [u8; 200] = [7; 200];
+        let long = &LONG;
+        let bytes = super::canonical_encoding(&(Raw(b"ab"), Raw(long))).unwrap();
+        let mut expected = [&head[..], b"L", b"b\x02ab", &[b'b', 0xc8, 0x01]].concat();
+        expected.extend_from_slice(long);
         expected.push(b'E');
         assert_eq!(bytes, expected);
     }
