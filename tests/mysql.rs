@@ -260,14 +260,12 @@ async fn shipped_schema_works_without_migrate() {
         .pool(pool.clone())
         .await
         .unwrap();
-    let run = || {
-        idem.operation("charge", "o-1")
-            .retain(std::time::Duration::from_secs(86_400))
-            .fingerprint_none()
-            .run(|| async { Ok::<_, IdemError>(42u32) })
-    };
+    let runs = common::Counter::default();
+    let day = std::time::Duration::from_secs(86_400);
+    let run = || common::counted_call(&idem, "charge", "o-1", day, &runs, 42);
     assert_eq!(run().await.unwrap(), 42);
     assert_eq!(run().await.unwrap(), 42);
+    assert_eq!(runs.get(), 1, "the replay ran the body");
     assert_eq!(idem.stats().await.unwrap().completed, 1);
     drop_database(&pool, &db).await;
 }

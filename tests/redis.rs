@@ -431,12 +431,9 @@ async fn a_replay_from_the_replay_cache_sends_nothing() {
         return;
     };
     let idem = Idem::builder().redis(&server.url).await.unwrap();
-    let call = || {
-        idem.operation("send", "k")
-            .retain(std::time::Duration::from_secs(86_400))
-            .fingerprint_none()
-            .run(|| async { Ok::<_, IdemError>(7u32) })
-    };
+    let runs = common::Counter::default();
+    let day = std::time::Duration::from_secs(86_400);
+    let call = || common::counted_call(&idem, "send", "k", day, &runs, 7);
     assert_eq!(call().await.unwrap(), 7);
     server.commands_run().await;
     for _ in 0..3 {
@@ -447,6 +444,7 @@ async fn a_replay_from_the_replay_cache_sends_nothing() {
         (0, 0),
         "replays went to the server"
     );
+    assert_eq!(runs.get(), 1, "a replay ran the body");
 }
 
 /// A `hash_keys` secret shorter than 16 bytes is refused on Redis as on every store,

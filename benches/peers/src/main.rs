@@ -531,6 +531,13 @@ fn memory_systems() -> [Measured; 7] {
     })
 }
 
+/// The rows each in-process summary reports: request size, then phase and callers.
+fn report_rows() -> impl Iterator<Item = (&'static str, (&'static str, usize))> {
+    ["", " 4 KiB"].into_iter().flat_map(|size| {
+        [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)].map(|row| (size, row))
+    })
+}
+
 fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     // Memory first, in a process that has done nothing else yet.
     let mem_rt = tokio::runtime::Builder::new_multi_thread()
@@ -578,17 +585,13 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     print(&rows1);
     print(&rows64);
     println!();
-    for size in ["", " 4 KiB"] {
-        for (what, c) in [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)] {
-            let rows = if c == 1 { &rows1 } else { &rows64 };
-            let a = get(rows, &format!("idem{size} {what} ×{c}"));
-            let b = get(rows, &format!("idempotent{size} {what} ×{c}"));
-            println!("- {what}{size} ×{c}: idem / idempotent = {:.2}", a / b);
-        }
+    for (size, (what, c)) in report_rows() {
+        let rows = if c == 1 { &rows1 } else { &rows64 };
+        let a = get(rows, &format!("idem{size} {what} ×{c}"));
+        let b = get(rows, &format!("idempotent{size} {what} ×{c}"));
+        println!("- {what}{size} ×{c}: idem / idempotent = {:.2}", a / b);
     }
-    for (size, (what, c)) in ["", " 4 KiB"].into_iter().flat_map(|size| {
-        [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)].map(|row| (size, row))
-    }) {
+    for (size, (what, c)) in report_rows() {
         let rows = if c == 1 { &rows1 } else { &rows64 };
         let a = get(rows, &format!("idem{size} unhashed {what} ×{c}"));
         let b = get(rows, &format!("idempotent{size} {what} ×{c}"));
@@ -599,9 +602,7 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     }
     // Each library's time per call less the harness's, as a ratio: what the libraries
     // themselves spend, with the tasks, boxing and clock of the harness taken out.
-    for (size, (what, c)) in ["", " 4 KiB"].into_iter().flat_map(|size| {
-        [("fresh", 1), ("replay", 1), ("fresh", 64), ("replay", 64)].map(|row| (size, row))
-    }) {
+    for (size, (what, c)) in report_rows() {
         let rows = if c == 1 { &rows1 } else { &rows64 };
         let h = 1.0 / get(rows, &format!("harness {what} ×{c}"));
         let a = 1.0 / get(rows, &format!("idem{size} {what} ×{c}")) - h;

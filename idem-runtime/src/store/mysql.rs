@@ -640,8 +640,8 @@ async fn prepare(
     }
     let store = SqlStore::prepare(MySql { pool }, &table, &opts.key_mode).await?;
     let procedure = table.render("{claim_procedure}", NOW_MS);
-    // A stored procedure keeps the SQL mode in force where it was defined, whatever the
-    // calling session's mode is.
+    // A stored procedure runs in the SQL mode in force where it was defined, whatever
+    // mode the caller's connection has.
     let found: Option<String> = sqlx::query_scalar(
         "SELECT CAST(sql_mode AS CHAR) FROM information_schema.routines \
          WHERE routine_schema = DATABASE() AND routine_type = 'PROCEDURE' \
