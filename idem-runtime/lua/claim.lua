@@ -3,34 +3,27 @@
 -- takeover, resume or unknown. Acquired: the epoch alone for a fresh claim, else
 -- {'acquired', epoch, takeover (0/1), resume (0/1)}.
 local fp, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local now = now_ms()
-
--- The counter outlives the record, so this epoch is above every earlier one. A counter
--- INCR just made has no expiry to remove.
-local function next_epoch()
-  local epoch = redis.call('INCR', CTR)
-  if epoch > 1 then
-    redis.call('PERSIST', CTR)
-  end
-  return epoch
-end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The server's clock in microseconds, in decimal: a new record's epoch, and the least
+-- epoch a claim takes, so epochs follow the clock across the record's lives.
+local clock = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 
 -- A new record, a new life without steps; `replace`: an expired record is there to be
 -- replaced (with the hash, its steps flag goes).
 local function create(replace)
-  local epoch = next_epoch()
   if replace then
     redis.call('DEL', REC)
   end
-  redis.call('HSET', REC, 's', '0', 'e', dec(epoch), 'fp', fp, 'lu', dec(now + lease),
+  redis.call('HSET', REC, 's', '0', 'e', clock, 'fp', fp, 'lu', dec(now + lease),
     'ca', dec(now), 'sn', ARGV[4], 'k', ARGV[5])
-  return epoch
+  return tonumber(clock)
 end
 
--- The record claimed again at a new epoch: a lapsed claim taken over (`takeover` 1) or
--- a released one resumed; `resume` 1 when it has steps, which are then live again.
-local function reclaim(takeover, resume)
-  local epoch = next_epoch()
+-- The record (at epoch `held`) claimed again: a lapsed claim taken over (`takeover` 1)
+-- or a released one resumed; `resume` 1 when it has steps, which are then live again.
+local function reclaim(held, takeover, resume)
+  local epoch = math.max(held + 1, tonumber(clock))
   if resume == 1 then
     redis.call('HSET', REC, 'e', dec(epoch), 'lu', dec(now + lease), 'ca', dec(now),
       'st', '1')
@@ -62,7 +55,7 @@ end
 if r[7] == '2' then
   -- Released with its steps: its last attempt ended knowing what it had done, so it
   -- resumes at once, whatever `on_takeover` says.
-  return reclaim(0, 1)
+  return reclaim(epoch, 0, 1)
 end
 local lease_until = tonumber(r[4])
 if lease_until > now then
@@ -74,6 +67,6 @@ if mode == 'unknown' then
   return {'unknown', epoch, 1}
 end
 if r[7] == '1' then
-  return reclaim(1, 1)
+  return reclaim(epoch, 1, 1)
 end
-return reclaim(1, 0)
+return reclaim(epoch, 1, 0)

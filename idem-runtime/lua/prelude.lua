@@ -1,6 +1,6 @@
 -- Shared by every idem script; the store prepends it. KEYS[1] is the record (a hash),
--- KEYS[2] the operation's epoch counter, KEYS[3] its steps (a hash: label -> packed
--- step); all carry the same hash tag, so one script touches one slot in Redis Cluster.
+-- KEYS[2] its steps (a hash: label -> packed step); both carry the same hash tag, so
+-- one script touches one slot in Redis Cluster.
 -- Times are the server's, in milliseconds.
 --
 -- The record's fields: `s` state ('0' in progress, '1' completed, '2' unknown), `e`
@@ -16,13 +16,10 @@
 --
 -- A number handed to `redis.call` is formatted with `%.17g`, several times slower than
 -- a string made with `dec`, so the scripts pass strings.
-local REC, CTR, STEPS = KEYS[1], KEYS[2], KEYS[3]
+local REC, STEPS = KEYS[1], KEYS[2]
 -- How long Redis keeps a completed record past its retention: claims treat it as
 -- absent from the retention on, purge_expired deletes it early, Redis drops it here.
 local GRACE_MS = 300000
--- How long an epoch counter outlives its record, so a new claim never reuses the
--- epoch of a stalled claimant that might still write (30 days).
-local KEEP_MS = 2592000000
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -75,17 +72,15 @@ local function complete(r, outcome, retain)
   end
   redis.call('HSET', REC, 's', '1', 'o', outcome, 'xa', dec(now_ms() + retain))
   redis.call('PEXPIRE', REC, dec(retain + GRACE_MS))
-  redis.call('PEXPIRE', CTR, dec(retain + GRACE_MS + KEEP_MS))
 end
 
--- Removes the record and its steps; its counter stays KEEP_MS longer.
+-- Removes the record and its steps.
 local function remove(r)
   wake(r[4])
   redis.call('DEL', REC)
   if r[3] then
     redis.call('DEL', STEPS)
   end
-  redis.call('PEXPIRE', CTR, dec(KEEP_MS))
 end
 
 -- Gives the claim up: a record without steps goes; one with steps stays IN_PROGRESS

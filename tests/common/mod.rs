@@ -120,7 +120,7 @@ pub async fn redis_command_calls(url: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Deletes every key under `prefix` (records and epoch counters) on the server at `url`.
+/// Deletes every key under `prefix` (records and steps) on the server at `url`.
 pub async fn delete_redis_prefix(url: &str, prefix: &str) {
     let Ok(client) = redis::Client::open(url) else {
         return;

@@ -100,9 +100,10 @@
 //! unknown`). The late finisher's record, release or renewal is refused with
 //! [`IdemError::Fenced`]: its outcome is not written. An epoch identifies one claim for
 //! all time. Every claim takes a new one from a counter of the store's (a PostgreSQL
-//! sequence, a SQLite row, a MySQL `AUTO_INCREMENT` table, a Redis counter key), so no
-//! late finisher or renewal can act on a newer claim, whatever was released, resolved or
-//! purged in between. Epochs are unique, increasing numbers, not attempt counts.
+//! sequence, a SQLite row, a MySQL `AUTO_INCREMENT` table) or, on Redis, from the
+//! server's clock in microseconds, so no late finisher or renewal can act on a newer
+//! claim, whatever was released, resolved or purged in between. Epochs are unique,
+//! increasing numbers, not attempt counts.
 //!
 //! A claim whose body never started (the caller went away while the claim was being
 //! made) is released, even if the store answers only later: nothing ran, so it must

@@ -20,9 +20,9 @@
 //!
 //! # Keys
 //!
-//! An operation `(scope, name, key)` lives in three keys sharing one hash tag, the
-//! first 128 bits of a SHA-256 of the three parts, so every script touches one slot in
-//! Redis Cluster:
+//! An operation `(scope, name, key)` lives in two keys sharing one hash tag, the first
+//! 128 bits of a SHA-256 of the three parts, so every script touches one slot in Redis
+//! Cluster:
 //!
 //! - `<prefix>:r:{<tag>}`, a hash: state, epoch, fingerprint, the operation, lease
 //!   deadline, claim time, and for a completed record its outcome (one field,
@@ -31,7 +31,6 @@
 //!   retention: claims treat it as absent from its retention on,
 //!   [`Store::purge_expired`] deletes (and counts) the ones it finds early, and Redis
 //!   drops the rest by itself, so nothing needs to run a purge.
-//! - `<prefix>:e:{<tag>}`, the operation's epoch counter (`INCR`).
 //! - `<prefix>:s:{<tag>}`, the operation's [steps](Store::record_step), a hash from
 //!   label to `seq:epoch:recorded-at:is_err:version:body` (`seq` numbers the labels
 //!   in the order first recorded, so [`Store::steps`] lists them oldest first; a label
@@ -57,13 +56,18 @@
 //!
 //! # Why epochs never repeat
 //!
-//! A claim takes its epoch from the operation's counter, never from the record, and the
-//! counter outlives the record: it has no expiry while a record exists without one (in
-//! progress, unknown), and it is set to expire 30 days after the record goes (a
-//! release, an operator's retry, or a completed record's expiry). So after a release or
-//! a purge the next claim's epoch is above every earlier one, and a stalled claimant's
-//! late write stays fenced. The one way to see an epoch again is a claimant that stays
-//! silent for 30 days after its operation's record was gone.
+//! An epoch is the server's clock (`TIME`) in microseconds when the claim ran, or the
+//! record's epoch plus one if that is higher: a new record takes the clock, and a
+//! takeover or a resume takes the larger of the clock and the epoch it replaces. Two
+//! claims of one operation are at least a round trip apart (the second needs the
+//! first's reply, then a release or a lapsed lease), so each claim's epoch is its own
+//! microsecond, later than every earlier claim's. A release or a purge that deletes the
+//! record therefore needs no tombstone: the next claim's clock is past every epoch the
+//! operation ever had, and a stalled claimant's late write stays fenced. Within one
+//! life of the record epochs only grow, whatever the clock does. The one way to see an
+//! epoch again is the server's clock stepping back (or a failover to a server whose
+//! clock is behind) onto the exact microsecond of an earlier claim of the same
+//! operation, deleted since, whose claimant is still running.
 //!
 //! # Waiters
 //!
@@ -515,8 +519,8 @@ impl RedisStore {
         )
     }
 
-    /// The record key, the epoch counter key and the steps key of `id`.
-    fn keys(&self, id: &OperationId) -> (String, String, String) {
+    /// The record key and the steps key of `id`.
+    fn keys(&self, id: &OperationId) -> (String, String) {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         for part in [&id.scope, &id.name, &id.key] {
@@ -532,15 +536,11 @@ impl RedisStore {
             rec.push(char::from(HEX[usize::from(b & 15)]));
         }
         rec.push('}');
-        // The other two differ from the record key in the kind's letter alone.
+        // The steps key differs from the record key in the kind's letter alone.
         let kind = self.prefix.len() + 1;
-        let beside = |letter: &str| {
-            let mut key = rec.clone();
-            key.replace_range(kind..kind + 1, letter);
-            key
-        };
-        let (ctr, steps) = (beside("e"), beside("s"));
-        (rec, ctr, steps)
+        let mut steps = rec.clone();
+        steps.replace_range(kind..kind + 1, "s");
+        (rec, steps)
     }
 
     /// Whether `key` is one of this store's record keys (and not one of a store whose
@@ -557,9 +557,9 @@ impl RedisStore {
         id: &OperationId,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
-        let (rec, ctr, steps) = self.keys(id);
+        let (rec, steps) = self.keys(id);
         let mut inv = script.prepare_invoke();
-        inv.key(rec).key(ctr).key(steps);
+        inv.key(rec).key(steps);
         for a in args {
             inv.arg(*a);
         }
@@ -1194,16 +1194,13 @@ impl Store for RedisStore {
         for (now, row) in self.scan().await? {
             if row.state == State::Completed && row.expires_at.is_some_and(|xa| xa <= now) {
                 // The script checks again: the record may have been claimed afresh since.
-                // Its counter and steps keys share the slot; the script touches neither
-                // (a completed record's steps went when it completed).
+                // Its steps key shares the slot; the script leaves it alone (a
+                // completed record's steps went when it completed).
                 let head = format!("{}:r:", self.prefix).len();
-                let beside = |kind: &str| {
-                    let mut key = format!("{}:{kind}:", self.prefix).into_bytes();
-                    key.extend_from_slice(&row.key[head..]);
-                    key
-                };
+                let mut steps = format!("{}:s:", self.prefix).into_bytes();
+                steps.extend_from_slice(&row.key[head..]);
                 let mut inv = self.scripts.purge.prepare_invoke();
-                inv.key(&row.key[..]).key(beside("e")).key(beside("s"));
+                inv.key(&row.key[..]).key(steps);
                 if int(&self.invoke(&inv).await?) == Some(1) {
                     purged += 1;
                 }
