@@ -20,6 +20,12 @@ local function create(replace)
   return tonumber(clock)
 end
 
+-- One read serves every answer, the replay's outcome included.
+local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'o', 'st')
+if not r[1] then
+  return create(false)
+end
+--[[lifecycle]]
 -- The record (at epoch `held`) claimed again: a lapsed claim taken over (`takeover` 1)
 -- or a released one resumed; `resume` 1 when it has steps, which are then live again.
 local function reclaim(held, takeover, resume)
@@ -33,11 +39,6 @@ local function reclaim(held, takeover, resume)
   return {'acquired', epoch, takeover, resume}
 end
 
--- One read serves every answer, the replay's outcome included.
-local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'o', 'st')
-if not r[1] then
-  return create(false)
-end
 local state, epoch = r[1], tonumber(r[2])
 if state == '1' and tonumber(r[5]) <= now then
   -- Past retention: absent, whatever fingerprint it had.

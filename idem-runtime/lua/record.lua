@@ -1,6 +1,13 @@
 -- ARGV: epoch, outcome (`<is_err>:<version>:<body>`), retain ms. Fenced on an
 -- IN_PROGRESS record at epoch; the same record retried after a lost reply holds.
-local state, r = held_state(ARGV[1])
+local r = redis.call('HMGET', REC, 's', 'e', 'st', 'w')
+if r[1] == '0' and r[2] == ARGV[1] and not r[3] and not r[4] then
+  -- The common case, before the helpers are made: held, no steps, no waiter.
+  finish(ARGV[2], tonumber(ARGV[3]))
+  return 1
+end
+--[[lifecycle]]
+local state = held_state(ARGV[1], r)
 if state == '0' then
   complete(r, ARGV[2], tonumber(ARGV[3]))
   return 1

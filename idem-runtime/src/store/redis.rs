@@ -167,8 +167,12 @@ const SCAN_COUNT: u32 = 1000;
 const GRACE_MS: i64 = 300_000;
 
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+const LIFECYCLE: &str = include_str!("../../lua/lifecycle.lua");
+/// The line of a script where the lifecycle helpers go, when not at its top.
+const LIFECYCLE_AT: &str = "--[[lifecycle]]";
 
-/// The scripts, each with the prelude in front.
+/// The scripts, each with the prelude in front and the lifecycle helpers at its
+/// `--[[lifecycle]]` line (or after the prelude).
 #[derive(Debug)]
 struct Scripts {
     claim: Script,
@@ -187,7 +191,13 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Scripts {
-        let s = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        let s = |body: &str| {
+            let body = match body.split_once(LIFECYCLE_AT) {
+                Some((first, rest)) => format!("{first}{LIFECYCLE}{rest}"),
+                None => format!("{LIFECYCLE}\n{body}"),
+            };
+            Script::new(&format!("{PRELUDE}\n{body}"))
+        };
         Scripts {
             claim: s(include_str!("../../lua/claim.lua")),
             record: s(include_str!("../../lua/record.lua")),
@@ -679,7 +689,7 @@ async fn relay_wakeups(client: ::redis::Client, channel: String, hub: Arc<WakeHu
     }
 }
 
-/// `<len>:<scope><len>:<name><key>`, as `wake()` in the prelude publishes it.
+/// `<len>:<scope><len>:<name><key>`, as `wake()` in lifecycle.lua publishes it.
 fn parse_wakeup(mut b: &[u8]) -> Option<OperationId> {
     let mut part = || {
         let colon = b.iter().position(|&c| c == b':')?;
