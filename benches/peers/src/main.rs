@@ -275,8 +275,12 @@ async fn floor_calls(url: &str, prefix: &str) -> Res<Call> {
 /// The floor's name in the report.
 const FLOOR: &str = "two trivial scripts (floor)";
 
-/// The commands the server saw for 100 fresh calls and 100 replays of each library, and
-/// for 100 calls of the floor.
+/// Calls per system whose server-side commands `IDEM_BENCH_COMMANDS` counts: enough for
+/// a steady time per script, few enough to stay a second or two.
+const COUNTED_CALLS: u64 = 2_000;
+
+/// The commands the server saw for `COUNTED_CALLS` fresh calls and as many replays of
+/// each library, and as many calls of the floor.
 async fn commands_per_op(url: &str) -> Res<()> {
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
@@ -300,7 +304,7 @@ async fn commands_per_op(url: &str) -> Res<()> {
                 .arg("RESETSTAT")
                 .query_async(&mut conn)
                 .await?;
-            for k in 0..100u64 {
+            for k in 0..COUNTED_CALLS {
                 call(1 << 50 | k).await?;
             }
             let stats: String = redis::cmd("INFO")
@@ -327,7 +331,10 @@ async fn commands_per_op(url: &str) -> Res<()> {
                 })
                 .filter(|l| !l.starts_with("config") && !l.starts_with("info"))
                 .collect();
-            println!("- {name} {what}, 100 calls: {}", calls.join(" "));
+            println!(
+                "- {name} {what}, {COUNTED_CALLS} calls: {}",
+                calls.join(" ")
+            );
         }
     }
     Ok(())
