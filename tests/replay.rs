@@ -83,18 +83,28 @@ async fn replay_survives_a_new_handle(ctx: Ctx) {
 }
 
 async fn observe_tells_replays_apart(ctx: Ctx) {
+    // The epoch the body ran under, as the body saw it (0 until it runs).
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let call = || {
+        let ran = ran.clone();
         ctx.idem
             .operation("webhook", "evt-1")
             .retain(std::time::Duration::from_secs(86_400))
             .fingerprint_none()
-            .run(|| async { Ok::<_, IdemError>(1) })
+            .run(move || async move {
+                let epoch = idem_runtime::current().epoch();
+                ran.store(epoch, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, IdemError>(1)
+            })
     };
     let (out, info) = observe(call()).await;
     assert_eq!(out.unwrap(), 1);
     assert!(!info.replayed());
-    assert_eq!(info.epoch(), Some(1));
+    let epoch = ran.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(epoch > 0, "the body ran under a claim");
+    assert_eq!(info.epoch(), Some(epoch), "the epoch that ran the body");
     let (out, info) = observe(call()).await;
     assert_eq!(out.unwrap(), 1);
     assert!(info.replayed());
+    assert_eq!(info.epoch(), None, "a replay ran no body");
 }
