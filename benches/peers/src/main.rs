@@ -353,9 +353,17 @@ impl Drop for Server {
     }
 }
 
+/// Whether the machine has a second core for the server: counted with `nproc --all`,
+/// since `available_parallelism` counts only the cores this process may use, one under
+/// `taskset -c 0`.
 fn two_cores() -> bool {
-    std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
-        && Command::new("taskset").arg("-V").output().is_ok()
+    let cores = Command::new("nproc")
+        .arg("--all")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<usize>().ok());
+    cores.is_some_and(|n| n >= 2) && Command::new("taskset").arg("-V").output().is_ok()
 }
 
 fn start_redis() -> Res<Server> {
@@ -666,8 +674,29 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             Measured::kept("idempotent", peer_calls(Arc::new(peer))),
             Measured::kept(FLOOR, floor_calls(&url, "floor").await?),
         ];
-        compare(&systems, &[1, 16], args, base).await
+        let rows = compare(&systems, &[1, 16], args, base).await?;
+        // Which side holds the 16-caller fresh rate back: each process's CPU time
+        // over one more measurement, as a share of its core.
+        let mut shares = Vec::new();
+        for Measured { name, call, .. } in &systems {
+            if args.only.as_deref().is_some_and(|o| o != *name) {
+                continue;
+            }
+            let before = (cpu_secs("self")?, cpu_secs(&server.child.id().to_string())?);
+            let start = Instant::now();
+            let b = base.fetch_add(1 << 32, Ordering::Relaxed);
+            rate(call, 16, args.secs, b, None).await?;
+            let wall = start.elapsed().as_secs_f64();
+            let after = (cpu_secs("self")?, cpu_secs(&server.child.id().to_string())?);
+            shares.push((
+                *name,
+                (after.0 - before.0) / wall,
+                (after.1 - before.1) / wall,
+            ));
+        }
+        Res::Ok((rows, shares))
     })?;
+    let (rows, shares) = rows;
     // The floor's "replays" are the same two scripts again: its fresh rows are the floor.
     let rows: Vec<Row> = rows
         .into_iter()
@@ -708,6 +737,41 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             r / getf
         );
     }
+    for (name, client, server) in shares {
+        println!(
+            "- {name} fresh ×16, share of a core busy: client {:.0}%, server {:.0}%",
+            client * 100.0,
+            server * 100.0
+        );
+    }
     drop(server);
     Ok(())
+}
+
+/// CPU seconds (user and system) the process `pid` (or `self`) has used, from
+/// `/proc/<pid>/stat`.
+fn cpu_secs(pid: &str) -> Res<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses and may hold spaces;
+    // utime and stime are the 14th and 15th of the line.
+    let rest = stat.rsplit_once(')').ok_or("a /proc stat line")?.1;
+    let field = |n: usize| -> Res<f64> {
+        Ok(rest
+            .split_whitespace()
+            .nth(n)
+            .ok_or("a /proc stat field")?
+            .parse::<f64>()?)
+    };
+    Ok((field(11)? + field(12)?) / clock_ticks())
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`), in which `/proc` counts.
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
 }
