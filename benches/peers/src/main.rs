@@ -357,13 +357,14 @@ impl Drop for Server {
 /// since `available_parallelism` counts only the cores this process may use, one under
 /// `taskset -c 0`.
 fn two_cores() -> bool {
-    let cores = Command::new("nproc")
-        .arg("--all")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse::<usize>().ok());
-    cores.is_some_and(|n| n >= 2) && Command::new("taskset").arg("-V").output().is_ok()
+    number_from("nproc", "--all").is_some_and(|n| n >= 2.0)
+        && Command::new("taskset").arg("-V").output().is_ok()
+}
+
+/// The number `program arg` prints, if it runs and prints one.
+fn number_from(program: &str, arg: &str) -> Option<f64> {
+    let out = Command::new(program).arg(arg).output().ok()?;
+    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
 }
 
 fn start_redis() -> Res<Server> {
@@ -767,11 +768,5 @@ fn cpu_secs(pid: &str) -> Res<f64> {
 
 /// The kernel's clock ticks per second (`getconf CLK_TCK`), in which `/proc` counts.
 fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+    number_from("getconf", "CLK_TCK").unwrap_or(100.0)
 }
