@@ -32,12 +32,12 @@ local function now_ms()
 end
 
 -- `n`, a whole number from 0 below 2^53, in decimal. `%d` takes a C long, which some
--- platforms keep to 32 bits, so it formats the number in two parts.
+-- platforms keep to 32 bits, so it formats the number in two parts below 2^31 each.
 local function dec(n)
-  if n < 1000000 then
+  if n < 1000000000 then
     return string.format('%d', n)
   end
-  return string.format('%d%06d', math.floor(n / 1000000), n % 1000000)
+  return string.format('%d%09d', math.floor(n / 1000000000), n % 1000000000)
 end
 
 -- Writes the record COMPLETED with its outcome (`o`, packed) kept for `retain` ms.

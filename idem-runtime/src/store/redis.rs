@@ -1302,4 +1302,51 @@ mod tests {
         let line = format!("local GRACE_MS = {}\n", super::GRACE_MS);
         assert!(super::PRELUDE.contains(&line), "the prelude lacks {line:?}");
     }
+
+    /// The prelude's `dec` writes every whole number the scripts store (times in ms,
+    /// epochs in µs) digit for digit as Rust does: fenced writes compare epochs as
+    /// these strings.
+    #[tokio::test]
+    async fn dec_writes_numbers_as_rust_does() {
+        let url =
+            std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let required = std::env::var("IDEM_REQUIRE_DB").as_deref() == Ok("1");
+        let conn = match ::redis::Client::open(url.as_str()) {
+            Ok(client) => client.get_multiplexed_async_connection().await,
+            Err(e) => Err(e),
+        };
+        let mut conn = match conn {
+            Ok(conn) => conn,
+            Err(e) if required => panic!("Redis not reachable at {url} and IDEM_REQUIRE_DB=1: {e}"),
+            Err(_) => {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "skipping: Redis not reachable at {url} (set IDEM_REDIS_URL)"
+                );
+                return;
+            }
+        };
+        let numbers: [u64; 9] = [
+            0,
+            7,
+            999_999_999,
+            1_000_000_000,
+            1_000_000_007,
+            1_796_481_367_435,
+            1_796_481_367_000_042,
+            4_000_000_000_000_001,
+            (1 << 53) - 1,
+        ];
+        let list: Vec<String> = numbers.iter().map(u64::to_string).collect();
+        let body = format!("return {{dec({})}}", list.join("), dec("));
+        let script = ::redis::Script::new(&format!("{}\n{body}", super::PRELUDE));
+        let written: Vec<String> = script
+            .key("idem-test:dec:r")
+            .key("idem-test:dec:s")
+            .invoke_async(&mut conn)
+            .await
+            .expect("run dec");
+        assert_eq!(written, list);
+    }
 }
