@@ -227,18 +227,41 @@ enum Conn {
     },
 }
 
-/// A standalone server's connection, replaced when it may have gone silent.
+/// A standalone server's connections ([`CONNECTIONS`]), replaced when one may have gone
+/// silent.
+///
+/// Scripts take the connections in turn: while the server runs the scripts one
+/// connection brought, the client writes the next batch on the other, so neither waits
+/// on the other. Light commands (the replay read, `GET`, `SCAN`) stay on the first,
+/// where they gather into fewer writes: their cost is the client's, not the server's.
 ///
 /// The connection manager reconnects after a connection error, but a half-open
 /// connection (a partition, a reply lost on the way with the socket left open) raises
 /// none: every later command would wait on it. A command whose caller gave up on it
-/// after [`SUSPECT_AFTER`] (or that timed out) marks the connection suspect, and the next
-/// command opens a fresh one first.
+/// after [`SUSPECT_AFTER`] (or that timed out) marks the connections suspect, and the
+/// next command opens fresh ones first.
 struct Healing {
-    current: std::sync::RwLock<ConnectionManager>,
+    current: std::sync::RwLock<Vec<ConnectionManager>>,
+    next: std::sync::atomic::AtomicUsize,
     client: ::redis::Client,
     config: ConnectionManagerConfig,
     suspect: std::sync::atomic::AtomicBool,
+}
+
+/// Connections to a standalone server: two let the server run one connection's scripts
+/// while the client writes the other's (BENCHMARKS.md measures it beside one).
+const CONNECTIONS: usize = 2;
+
+/// Opens [`CONNECTIONS`] connections.
+async fn connections(
+    client: &::redis::Client,
+    config: &ConnectionManagerConfig,
+) -> Result<Vec<ConnectionManager>, RedisError> {
+    let mut all = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        all.push(ConnectionManager::new_with_config(client.clone(), config.clone()).await?);
+    }
+    Ok(all)
 }
 
 /// A command pending this long when its caller gives up is not a slow reply: Redis
@@ -246,15 +269,15 @@ struct Healing {
 const SUSPECT_AFTER: Duration = Duration::from_millis(500);
 
 impl Healing {
-    /// The connection for the next command: a fresh one if the last was suspect.
-    async fn get(&self) -> Result<ConnectionManager, RedisError> {
+    /// The connection for the next command, the first for a `light` one (fresh ones if
+    /// the last command left them suspect).
+    async fn get(&self, light: bool) -> Result<ConnectionManager, RedisError> {
         if self
             .suspect
             .swap(false, std::sync::atomic::Ordering::AcqRel)
         {
             tracing::warn!("replacing a Redis connection that stopped answering");
-            let fresh =
-                ConnectionManager::new_with_config(self.client.clone(), self.config.clone()).await;
+            let fresh = connections(&self.client, &self.config).await;
             match fresh {
                 Ok(fresh) => *self.current.write().unwrap_or_else(|p| p.into_inner()) = fresh,
                 Err(e) => {
@@ -264,20 +287,23 @@ impl Healing {
                 }
             }
         }
-        Ok(self
-            .current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone())
+        let all = self.current.read().unwrap_or_else(|p| p.into_inner());
+        let i = if light {
+            0
+        } else {
+            self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % all.len()
+        };
+        Ok(all[i].clone())
     }
 
-    /// Runs `command` on the connection, marking it suspect if the command times out
-    /// or its caller gives up on it after [`SUSPECT_AFTER`].
+    /// Runs a script (`light` false) or a light command, marking the connections
+    /// suspect if it times out or its caller gives up on it after [`SUSPECT_AFTER`].
     async fn run<T>(
         &self,
+        light: bool,
         command: impl AsyncFnOnce(&mut ConnectionManager) -> Result<T, RedisError>,
     ) -> Result<T, RedisError> {
-        let mut conn = self.get().await?;
+        let mut conn = self.get(light).await?;
         let watch = Watch {
             healing: self,
             since: std::time::Instant::now(),
@@ -386,11 +412,12 @@ impl RedisStore {
             .set_max_delay(Duration::from_millis(500))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(Duration::from_secs(5)));
-        let manager = ConnectionManager::new_with_config(client.clone(), config.clone())
+        let managers = connections(&client, &config)
             .await
             .map_err(|e| IdemError::store("connect", store_error(e)))?;
         let healing = Healing {
-            current: std::sync::RwLock::new(manager),
+            current: std::sync::RwLock::new(managers),
+            next: Default::default(),
             client: client.clone(),
             config,
             suspect: Default::default(),
@@ -456,13 +483,13 @@ impl RedisStore {
         let recorded: Option<String> = match &self.conn {
             Conn::Single(c) => {
                 let written: Option<String> = c
-                    .run(async |c| set.query_async(c).await)
+                    .run(true, async |c| set.query_async(c).await)
                     .await
                     .map_err(failed)?;
                 match written {
                     Some(_) => None,
                     None => c
-                        .run(async |c| get.query_async(c).await)
+                        .run(true, async |c| get.query_async(c).await)
                         .await
                         .map_err(failed)?,
                 }
@@ -504,7 +531,7 @@ impl RedisStore {
         let failed = |e: RedisError| IdemError::store("open", store_error(e));
         let recorded: Option<String> = match &self.conn {
             Conn::Single(c) => c
-                .run(async |c| get.query_async(c).await)
+                .run(true, async |c| get.query_async(c).await)
                 .await
                 .map_err(failed)?,
             Conn::Cluster { conn, .. } => {
@@ -578,7 +605,7 @@ impl RedisStore {
 
     async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
         match &self.conn {
-            Conn::Single(c) => c.run(async |c| inv.invoke_async(c).await).await,
+            Conn::Single(c) => c.run(false, async |c| inv.invoke_async(c).await).await,
             Conn::Cluster { conn, .. } => inv.invoke_async(&mut conn.clone()).await,
         }
         .map_err(store_error)
@@ -604,7 +631,7 @@ impl RedisStore {
         let mut rows = Vec::new();
         match &self.conn {
             Conn::Single(c) => {
-                let mut c = c.get().await.map_err(store_error)?;
+                let mut c = c.get(true).await.map_err(store_error)?;
                 self.scan_node(&mut c, &mut rows).await?
             }
             Conn::Cluster { conn, info } => {
@@ -985,7 +1012,7 @@ impl Store for RedisStore {
                 let mut pipe = ::redis::pipe();
                 pipe.cmd("HMGET").arg(&rec).arg(&read).cmd("TIME");
                 let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = conn
-                    .run(async |c| pipe.query_async(c).await)
+                    .run(true, async |c| pipe.query_async(c).await)
                     .await
                     .map_err(store_error)?;
                 let now = secs * 1000 + micros / 1000;
