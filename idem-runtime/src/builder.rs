@@ -177,7 +177,7 @@ impl IdemBuilder {
     /// On MySQL, the size of the one pool [`IdemBuilder::mysql`] opens (default 16),
     /// which is all it holds. Not used with [`IdemBuilder::pool`], whose pool is the
     /// application's (on PostgreSQL the listener still adds one connection), nor on
-    /// Redis, whose commands share one multiplexed connection.
+    /// Redis, whose commands share two multiplexed connections.
     ///
     /// With the `postgres` or `mysql` feature.
     #[cfg(feature = "_sql_server")]

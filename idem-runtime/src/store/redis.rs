@@ -118,9 +118,12 @@
 //!
 //! # Connections
 //!
-//! One store (and every clone of its `Idem`) holds, on a standalone server, 2
-//! connections: one multiplexed connection for every command (it reconnects by itself
-//! after a drop) and one subscribed to the wake-up channel. On a cluster it holds one
+//! One store (and every clone of its `Idem`) holds, on a standalone server, 3
+//! connections: two multiplexed connections for commands (each reconnects by itself
+//! after a drop) and one subscribed to the wake-up channel. Scripts take the two in
+//! turn, so the server runs one connection's scripts while the client writes the
+//! other's; the replay read and other light commands stay on the first, where they
+//! gather into fewer writes. On a cluster it holds one
 //! multiplexed connection per node, the subscription to the first node, and, while
 //! [`Store::stats`], [`Store::list`] or [`Store::purge_expired`] runs, one more per
 //! master. The builder's `max_connections` does not apply: commands share their
