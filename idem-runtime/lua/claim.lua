@@ -3,8 +3,7 @@
 -- takeover, resume or unknown. Acquired: the epoch alone for a fresh claim, else
 -- {'acquired', epoch, takeover (0/1), resume (0/1)}.
 local fp, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, t = now_ms()
 -- The server's clock in microseconds, in decimal: a new record's epoch, and the least
 -- epoch a claim takes, so epochs follow the clock across the record's lives.
 local clock = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]

@@ -26,9 +26,10 @@ local REC, STEPS = KEYS[1], KEYS[2]
 -- absent from the retention on, purge_expired deletes it early, Redis drops it here.
 local GRACE_MS = 300000
 
+-- The server's clock in milliseconds, and the `TIME` reply it was read from.
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
 
 -- `n`, a whole number from 0 below 2^53, in decimal. `%d` takes a C long, which some

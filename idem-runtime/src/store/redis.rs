@@ -1234,13 +1234,10 @@ impl Store for RedisStore {
         for (now, row) in self.scan().await? {
             if row.state == State::Completed && row.expires_at.is_some_and(|xa| xa <= now) {
                 // The script checks again: the record may have been claimed afresh since.
-                // Its steps key shares the slot; the script leaves it alone (a
-                // completed record's steps went when it completed).
-                let head = format!("{}:r:", self.prefix).len();
-                let mut steps = format!("{}:s:", self.prefix).into_bytes();
-                steps.extend_from_slice(&row.key[head..]);
+                // It touches the record alone (a completed record's steps went when it
+                // completed), so the record is its one key.
                 let mut inv = self.scripts.purge.prepare_invoke();
-                inv.key(&row.key[..]).key(steps);
+                inv.key(&row.key[..]);
                 if int(&self.invoke(&inv).await?) == Some(1) {
                     purged += 1;
                 }
