@@ -679,16 +679,18 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
         // Which side holds the 16-caller fresh rate back: each process's CPU time
         // over one more measurement, as a share of its core.
         let mut shares = Vec::new();
+        let (ticks, server_pid) = (clock_ticks(), server.child.id().to_string());
+        let cpu = || Res::Ok((cpu_secs("self", ticks)?, cpu_secs(&server_pid, ticks)?));
         for Measured { name, call, .. } in &systems {
             if args.only.as_deref().is_some_and(|o| o != *name) {
                 continue;
             }
-            let before = (cpu_secs("self")?, cpu_secs(&server.child.id().to_string())?);
+            let before = cpu()?;
             let start = Instant::now();
             let b = base.fetch_add(1 << 32, Ordering::Relaxed);
             rate(call, 16, args.secs, b, None).await?;
             let wall = start.elapsed().as_secs_f64();
-            let after = (cpu_secs("self")?, cpu_secs(&server.child.id().to_string())?);
+            let after = cpu()?;
             shares.push((
                 *name,
                 (after.0 - before.0) / wall,
@@ -750,8 +752,8 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
 }
 
 /// CPU seconds (user and system) the process `pid` (or `self`) has used, from
-/// `/proc/<pid>/stat`.
-fn cpu_secs(pid: &str) -> Res<f64> {
+/// `/proc/<pid>/stat`, which counts in `ticks` a second.
+fn cpu_secs(pid: &str, ticks: f64) -> Res<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The fields after the command name, which is in parentheses and may hold spaces;
     // utime and stime are the 14th and 15th of the line.
@@ -763,7 +765,7 @@ fn cpu_secs(pid: &str) -> Res<f64> {
             .ok_or("a /proc stat field")?
             .parse::<f64>()?)
     };
-    Ok((field(11)? + field(12)?) / clock_ticks())
+    Ok((field(11)? + field(12)?) / ticks)
 }
 
 /// The kernel's clock ticks per second (`getconf CLK_TCK`), in which `/proc` counts.
