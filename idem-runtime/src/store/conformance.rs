@@ -93,6 +93,7 @@ pub async fn run_all(store: &dyn Store) {
     mismatch_in_every_state(store).await;
     lapsed_lease_is_taken_over_and_fenced(store).await;
     lapsed_lease_goes_unknown(store).await;
+    a_lease_holds_its_full_length(store).await;
     resolve_records_or_removes(store).await;
     forget_drops_settled_records_only(store).await;
     release_lets_the_next_call_run(store).await;
@@ -540,6 +541,66 @@ pub async fn lapsed_lease_is_taken_over_and_fenced(store: &dyn Store) {
     assert_eq!(
         claim(store, &id, FP, LEASE).await,
         Claim::Completed(outcome("ok"))
+    );
+}
+
+/// A lease holds for its whole length from the moment its claim or renewal was sent,
+/// which is what a caller counts on: a claim answered before then finds it in flight. A
+/// store whose clock reads whole milliseconds rounds a lease's end up; rounded down, a
+/// claim sent in the lease's last millisecond could take it over early.
+///
+/// Probes are claims sent ever closer to the lease's end; one answered after the end
+/// proves nothing (the lease may have lapsed meanwhile) and the next is sent earlier.
+pub async fn a_lease_holds_its_full_length(store: &dyn Store) {
+    use tokio::time::Instant;
+    const SHORT: Duration = Duration::from_millis(40);
+    const PROBES: u32 = 16;
+    // How long before the lease's end a probe is sent.
+    let mut early = Duration::from_micros(500);
+    let mut conclusive = 0;
+    for attempt in 0..400 {
+        if conclusive == PROBES {
+            break;
+        }
+        let id = fresh_id("full-lease");
+        let mut sent = Instant::now();
+        let epoch = acquire(store, &id, FP, SHORT).await;
+        if attempt % 2 == 1 {
+            sent = Instant::now();
+            let fence = store.renew(&id, epoch, SHORT).await.expect("renew");
+            assert_eq!(fence, Fence::Held, "{id}: a live claim's renewal");
+        }
+        let end = sent + SHORT;
+        let probe_at = end - early;
+        if Instant::now() >= probe_at {
+            early = (early * 2).min(SHORT / 2);
+            continue;
+        }
+        // The timer to within a couple of milliseconds, then a spin to the instant.
+        tokio::time::sleep_until(probe_at - Duration::from_millis(2)).await;
+        while Instant::now() < probe_at {
+            std::hint::spin_loop();
+        }
+        let probe = claim(store, &id, FP, SHORT).await;
+        let answered = Instant::now();
+        if answered >= end {
+            early = (early * 2).min(SHORT / 2);
+            continue;
+        }
+        conclusive += 1;
+        assert!(
+            matches!(probe, Claim::InFlight { .. }),
+            "{id}: a claim answered {:?} before the end of a {SHORT:?} lease (sent \
+             {:?} after its {}) took it over: {probe:?}",
+            end - answered,
+            probe_at - sent,
+            if attempt % 2 == 1 { "renewal" } else { "claim" },
+        );
+        early = (early * 3 / 4).max(Duration::from_micros(50));
+    }
+    assert_eq!(
+        conclusive, PROBES,
+        "too few claims were answered before the lease's end to check it"
     );
 }
 

@@ -17,7 +17,7 @@ use super::sql_common::{
 };
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    ReplayGate, State, Stats, StepRecord, Store, StoredOutcome, Takeover,
+    ReplayGate, State, Stats, StepRecord, Store, StoredOutcome, Takeover, lease_written,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -673,7 +673,7 @@ impl<D: Dialect> SqlStore<D> {
         let fresh = || Gathered::Fresh {
             id: req.id.clone(),
             fp: req.fingerprint,
-            lease_ms: millis(req.lease),
+            lease_ms: millis(lease_written(req.lease)),
         };
         let rows = match self.hot_or_gathered(fresh, stmt, named).await? {
             Ok(rows) => rows,
@@ -708,7 +708,7 @@ impl<D: Dialect> SqlStore<D> {
             let claim = || Gathered::Claim {
                 id: req.id.clone(),
                 fp: req.fingerprint,
-                lease_ms: millis(req.lease),
+                lease_ms: millis(lease_written(req.lease)),
                 to_unknown: req.on_takeover == Takeover::Unknown,
             };
             let rows = match self.hot_or_gathered(claim, &self.sql.claim, &named).await? {
@@ -977,7 +977,12 @@ fn record_info(row: &Row) -> Result<RecordInfo, StoreError> {
 impl<D: Dialect> Store for SqlStore<D> {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let to_unknown = req.on_takeover == Takeover::Unknown;
-        let named = claim_args(req.id, &req.fingerprint, millis(req.lease), to_unknown);
+        let named = claim_args(
+            req.id,
+            &req.fingerprint,
+            millis(lease_written(req.lease)),
+            to_unknown,
+        );
         let claim = match self.claim_fresh(req, &named).await? {
             Some(epoch) => Claim::Acquired {
                 epoch,
@@ -1065,7 +1070,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         epoch: u64,
         lease: Duration,
     ) -> Result<Fence, StoreError> {
-        let lease = [("lease_ms", Arg::Int(millis(lease)))];
+        let lease = [("lease_ms", Arg::Int(millis(lease_written(lease))))];
         self.fenced(&self.sql.renew, id, epoch, &lease).await
     }
 
@@ -1301,7 +1306,7 @@ impl<D: Dialect> SqlStore<D> {
             conn,
             id,
             fingerprint,
-            lease: millis(lease),
+            lease: millis(lease_written(lease)),
         })
         .await
     }

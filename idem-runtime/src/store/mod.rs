@@ -160,6 +160,17 @@ use std::time::Duration;
 
 pub use crate::error::StoreError;
 
+/// The lease a store with a millisecond clock writes for `lease`: whole milliseconds,
+/// rounded up, and one more. Such a clock reads a moment rounded down, so an end written
+/// as `now + lease` could fall up to a millisecond before a full lease from the write;
+/// with the extra millisecond a lease never lapses before its caller's count of it (when
+/// it sent the write, plus the lease).
+#[cfg(any(feature = "_sql", feature = "redis"))]
+pub(crate) fn lease_written(lease: Duration) -> Duration {
+    let ms = lease.as_nanos().div_ceil(1_000_000).saturating_add(1);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
 /// The identity of one operation: its scope, name and key, each already encoded.
 ///
 /// ```
@@ -629,7 +640,10 @@ pub trait Store: Send + Sync + 'static {
     /// Moves the claim of `epoch` to UNKNOWN.
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError>;
 
-    /// Extends the lease of `epoch` to `lease` from now.
+    /// Extends the lease of `epoch` to `lease` from now: to no earlier than the moment
+    /// the call was made plus `lease`, which is what the caller counts on (a clock of
+    /// whole milliseconds rounds the end up; `conformance` checks it, as it does a
+    /// claim's lease).
     async fn renew(
         &self,
         id: &OperationId,

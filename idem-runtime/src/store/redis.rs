@@ -1057,7 +1057,7 @@ impl Store for RedisStore {
             Takeover::Rerun => b"rerun",
             Takeover::Unknown => b"unknown",
         };
-        let lease = ms(req.lease);
+        let lease = ms(super::lease_written(req.lease));
         let (scope, name) = (&req.id.scope, &req.id.name);
         let scope_name = format!("{}:{scope}{}:{name}", scope.len(), name.len());
         let v = self
@@ -1144,7 +1144,7 @@ impl Store for RedisStore {
         epoch: u64,
         lease: Duration,
     ) -> Result<Fence, StoreError> {
-        let (epoch, lease) = (epoch.to_string(), ms(lease));
+        let (epoch, lease) = (epoch.to_string(), ms(super::lease_written(lease)));
         self.fenced(
             &self.scripts.renew,
             id,
