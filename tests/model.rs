@@ -78,7 +78,9 @@ struct Exec {
     epoch: u64,
     stalled: bool,
     active: bool,
-    /// The operator generation of its key when it started.
+    /// The operator generation of its key when its call began: an operator who saw its
+    /// claim (listed after the claim, so after the call began) counts a generation
+    /// before resolving it, even when the body starts between the two.
     generation: u64,
     /// The body ran to its end and returned `Ok`.
     body_ok: bool,
@@ -111,17 +113,22 @@ impl Leases {
     /// the store ran it no earlier than it was sent, so the lease then held until at
     /// least that send time plus the lease; the taker was decided before its answer.
     fn surely_live_at(&self, op: &OperationId, epoch: u64, taker: u64) -> bool {
-        let Some(&(taker_sent, taker_answered)) = self.claims.get(&(op.clone(), taker)) else {
-            return false;
-        };
-        self.extended
+        self.live_margin(op, epoch, taker).is_some()
+    }
+
+    /// How long before the end of claim `epoch`'s lease the claim `taker` was answered,
+    /// when it surely was.
+    fn live_margin(&self, op: &OperationId, epoch: u64, taker: u64) -> Option<Duration> {
+        let &(taker_sent, taker_answered) = self.claims.get(&(op.clone(), taker))?;
+        let last = self
+            .extended
             .get(&(op.clone(), epoch))
             .into_iter()
             .flatten()
             .filter(|(_, answered)| *answered < taker_sent)
             .map(|(sent, _)| *sent)
-            .max()
-            .is_some_and(|last| taker_answered < last + LEASE)
+            .max()?;
+        (taker_answered < last + LEASE).then(|| last + LEASE - taker_answered)
     }
 
     /// The first claim of `op` after `epoch`, if any.
@@ -153,7 +160,9 @@ struct Model {
 }
 
 impl Model {
-    /// A body starts; `leases` is the faulty store's view of every claim.
+    /// A body starts; `began` is its key's operator generation when its call began,
+    /// and `leases` the faulty store's view of every claim.
+    #[allow(clippy::too_many_arguments)]
     fn start(
         &mut self,
         key: usize,
@@ -161,6 +170,7 @@ impl Model {
         op: OperationId,
         epoch: u64,
         stalled: bool,
+        began: u64,
         leases: &Leases,
     ) -> usize {
         let generation = *self.generation.get(&key).unwrap_or(&0);
@@ -190,7 +200,7 @@ impl Model {
             epoch,
             stalled,
             active: true,
-            generation,
+            generation: began,
             body_ok: false,
         });
         id
@@ -570,10 +580,15 @@ async fn call(
         };
         let exec = {
             let leases = faulty.leases.lock().unwrap();
-            model
-                .lock()
-                .unwrap()
-                .start(key, payload, id.clone(), cur.epoch(), stall, &leases)
+            model.lock().unwrap().start(
+                key,
+                payload,
+                id.clone(),
+                cur.epoch(),
+                stall,
+                generation,
+                &leases,
+            )
         };
         let _active = Active(model.clone(), exec);
         model_step(&model, key, exec, "debit").await?;
@@ -861,8 +876,10 @@ async fn run_seed(backend: Backend, seed: u64) {
             match leases.taker(&e.op, e.epoch) {
                 Some(t) if leases.surely_live_at(&e.op, e.epoch, t) => violations.push(format!(
                     "exec {x} (key {}, epoch {}) was fenced by epoch {t}, claimed while its lease \
-                 surely held",
-                    e.key, e.epoch
+                 surely held ({:?} before its end)",
+                    e.key,
+                    e.epoch,
+                    leases.live_margin(&e.op, e.epoch, t).unwrap_or_default()
                 )),
                 Some(_) => {}
                 None => violations.push(format!(
