@@ -68,8 +68,9 @@ async fn cancelled_body_keeps_claim_until_lease_then_taken_over(ctx: Ctx) {
         .run(|| async { Ok::<_, IdemError>(1u64) })
         .await;
     match r {
+        // A store with a millisecond clock holds a lease up to 2 ms past its length.
         Err(IdemError::InFlight { retry_after, .. }) => {
-            assert!(retry_after <= lease)
+            assert!(retry_after <= lease + Duration::from_millis(2))
         }
         other => panic!("expected in-flight, got {other:?}"),
     }
@@ -402,7 +403,9 @@ fn a_stalled_runtime_keeps_its_claim_on_the_memory_store() {
     assert_eq!(runs.get(), 1, "the stalled call's claim was taken over");
     assert_eq!(first.unwrap(), "first");
     match dup {
-        Err(IdemError::InFlight { retry_after, .. }) => assert!(retry_after <= lease),
+        Err(IdemError::InFlight { retry_after, .. }) => {
+            assert!(retry_after <= lease + Duration::from_millis(2))
+        }
         other => panic!("expected in flight, got {other:?}"),
     }
 }
