@@ -1,7 +1,10 @@
 //! idem beside its peers, measured in one run: the `idempotent` crate 0.3.0 (its memory
-//! store and its Valkey store) doing the same work, and on the same Redis server two
-//! floors: `redis-benchmark`'s SET/GET, and two trivial scripts per call through idem's
-//! Redis client (the best a design of two scripts per fresh call can do).
+//! store and its Valkey store) doing the same work, and on the same Redis server its
+//! floors: `redis-benchmark`'s SET/GET, two trivial scripts per call through idem's
+//! Redis client (the best a design of two scripts per fresh call can do), and one per
+//! call (the best a replay of one round trip can do). `IDEM_BENCH_COMMANDS=1` also
+//! counts the server's commands and their time per call, for each library and for
+//! idem's commands issued without its scripts' logic.
 //!
 //! ```text
 //! cargo build --release --manifest-path benches/peers/Cargo.toml
@@ -275,6 +278,76 @@ async fn floor_calls(url: &str, prefix: &str) -> Res<Call> {
 /// The floor's name in the report.
 const FLOOR: &str = "two trivial scripts (floor)";
 
+/// A replay's floor: one trivial script a call, the read half of [`floor_calls`].
+async fn read_floor_calls(url: &str, prefix: &str) -> Res<Call> {
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
+    let read = Arc::new(redis::Script::new(
+        "return redis.call('HGET', KEYS[1], 'v')",
+    ));
+    let prefix = prefix.to_owned();
+    Ok(Arc::new(move |k| {
+        let (mut conn, read) = (conn.clone(), read.clone());
+        let key = format!("{prefix}:{{{k}}}");
+        Box::pin(async move {
+            let _: Option<u64> = read.key(&key).invoke_async(&mut conn).await?;
+            Ok(())
+        })
+    }))
+}
+
+/// The replay floor's name in the report.
+const READ_FLOOR: &str = "one trivial script (replay floor)";
+
+/// idem's fresh call with its scripts' logic taken out: two scripts that issue the
+/// commands idem's claim and record issue on a new key, with arguments of the same
+/// sizes, and decide nothing. Its server time per call is what idem's commands cost.
+async fn command_floor_calls(url: &str, prefix: &str) -> Res<Call> {
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
+    let claim = Arc::new(redis::Script::new(
+        "redis.call('TIME')
+        redis.call('HMGET', KEYS[1], 's', 'e', 'fp', 'lu', 'xa', 'o', 'st')
+        redis.call('HSET', KEYS[1], 's', '0', 'e', ARGV[1], 'fp', ARGV[2], 'lu', ARGV[3],
+            'ca', ARGV[3], 'sn', ARGV[4], 'k', ARGV[5])
+        return 1",
+    ));
+    let record = Arc::new(redis::Script::new(
+        "redis.call('HMGET', KEYS[1], 's', 'e', 'st', 'w')
+        redis.call('TIME')
+        redis.call('HSET', KEYS[1], 's', '1', 'o', ARGV[1], 'xa', ARGV[2])
+        redis.call('PEXPIRE', KEYS[1], ARGV[3])
+        return 1",
+    ));
+    let prefix = prefix.to_owned();
+    Ok(Arc::new(move |k| {
+        let (mut conn, claim, record) = (conn.clone(), claim.clone(), record.clone());
+        let (rec, steps) = (format!("{prefix}:r:{{{k}}}"), format!("{prefix}:s:{{{k}}}"));
+        Box::pin(async move {
+            let epoch = (1_796_000_000_000_000 + k).to_string();
+            let _: i64 = claim
+                .key(&rec)
+                .key(&steps)
+                .arg(epoch)
+                .arg(&[7u8; 32][..])
+                .arg("1796000000000")
+                .arg("5:bench6:charge")
+                .arg(format!("order-{k}"))
+                .invoke_async(&mut conn)
+                .await?;
+            let _: i64 = record
+                .key(&rec)
+                .key(&steps)
+                .arg(format!(
+                    "0:1:{{\"id\":\"ch_{k}\",\"amount\":4200,\"currency\":\"eur\"}}"
+                ))
+                .arg("1796086400000")
+                .arg("86700000")
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(())
+        })
+    }))
+}
+
 /// Calls per system whose server-side commands `IDEM_BENCH_COMMANDS` counts: enough for
 /// a steady time per script, few enough to stay a second or two.
 const COUNTED_CALLS: u64 = 2_000;
@@ -295,9 +368,15 @@ async fn commands_per_op(url: &str) -> Res<()> {
         idempotent::store::valkey::ValkeyStore::with_prefix(client.clone(), Some("count")).await?,
     ));
     let floor = floor_calls(url, "floor-count").await?;
-    for (name, call) in [("idem", idem), ("idempotent", peer), ("floor", floor)] {
+    let commands = command_floor_calls(url, "commands-count").await?;
+    for (name, call) in [
+        ("idem", idem),
+        ("idempotent", peer),
+        ("floor", floor),
+        ("idem's commands alone", commands),
+    ] {
         for what in ["fresh", "replay"] {
-            if name == "floor" && what == "replay" {
+            if name != "idem" && name != "idempotent" && what == "replay" {
                 continue;
             }
             let _: () = redis::cmd("CONFIG")
@@ -674,10 +753,11 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             Measured::kept("idem (replay cache)", idem_calls(cached)),
             Measured::kept("idempotent", peer_calls(Arc::new(peer))),
             Measured::kept(FLOOR, floor_calls(&url, "floor").await?),
+            Measured::kept(READ_FLOOR, read_floor_calls(&url, "floor").await?),
         ];
         let rows = compare(&systems, &[1, 16], args, base).await?;
-        // Which side holds the 16-caller fresh rate back: each process's CPU time
-        // over one more measurement, as a share of its core.
+        // Which side holds the 16-caller rates back: each process's CPU time over one
+        // more measurement of each, as a share of its core.
         let mut shares = Vec::new();
         let (ticks, server_pid) = (clock_ticks(), server.child.id().to_string());
         let cpu = || Res::Ok((cpu_secs("self", ticks)?, cpu_secs(&server_pid, ticks)?));
@@ -685,25 +765,42 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             if args.only.as_deref().is_some_and(|o| o != *name) {
                 continue;
             }
-            let before = cpu()?;
-            let start = Instant::now();
-            let b = base.fetch_add(1 << 32, Ordering::Relaxed);
-            rate(call, 16, args.secs, b, None).await?;
-            let wall = start.elapsed().as_secs_f64();
-            let after = cpu()?;
-            shares.push((
-                *name,
-                (after.0 - before.0) / wall,
-                (after.1 - before.1) / wall,
-            ));
+            for what in ["fresh", "replay"] {
+                // Each floor is one kind of call.
+                if (*name, what) == (FLOOR, "replay") || (*name, what) == (READ_FLOOR, "fresh") {
+                    continue;
+                }
+                let b = base.fetch_add(1 << 32, Ordering::Relaxed);
+                let cycle = (what == "replay").then_some(REPLAY_KEYS);
+                if cycle.is_some() {
+                    for k in 0..REPLAY_KEYS {
+                        call(b + k).await?;
+                    }
+                }
+                let before = cpu()?;
+                let start = Instant::now();
+                rate(call, 16, args.secs, b, cycle).await?;
+                let wall = start.elapsed().as_secs_f64();
+                let after = cpu()?;
+                shares.push((
+                    *name,
+                    what,
+                    (after.0 - before.0) / wall,
+                    (after.1 - before.1) / wall,
+                ));
+            }
         }
         Res::Ok((rows, shares))
     })?;
     let (rows, shares) = rows;
-    // The floor's "replays" are the same two scripts again: its fresh rows are the floor.
+    // The floor's "replays" are the same two scripts again: its fresh rows are the floor;
+    // the replay floor's fresh calls are the same one script as its replays.
     let rows: Vec<Row> = rows
         .into_iter()
-        .filter(|r| !r.label.starts_with(&format!("{FLOOR} replay")))
+        .filter(|r| {
+            !r.label.starts_with(&format!("{FLOOR} replay"))
+                && !r.label.starts_with(&format!("{READ_FLOOR} fresh"))
+        })
         .collect();
     let mut floors = Vec::new();
     for c in [1, 16] {
@@ -728,21 +825,25 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
         let pf = get(&rows, &format!("idempotent fresh ×{c}"));
         let pr = get(&rows, &format!("idempotent replay ×{c}"));
         let ff = get(&rows, &format!("{FLOOR} fresh ×{c}"));
+        let rf = get(&rows, &format!("{READ_FLOOR} replay ×{c}"));
         println!(
             "- ×{c}: fresh idem / idempotent = {:.2}, idem / SET floor = {:.2}, \
              idem / {FLOOR} = {:.2}, idempotent / {FLOOR} = {:.2}; \
-             replay idem / idempotent = {:.2}, idem / GET floor = {:.2}",
+             replay idem / idempotent = {:.2}, idem / GET floor = {:.2}, \
+             idem / {READ_FLOOR} = {:.2}, idempotent / {READ_FLOOR} = {:.2}",
             f / pf,
             f / set,
             f / ff,
             pf / ff,
             r / pr,
-            r / getf
+            r / getf,
+            r / rf,
+            pr / rf
         );
     }
-    for (name, client, server) in shares {
+    for (name, what, client, server) in shares {
         println!(
-            "- {name} fresh ×16, share of a core busy: client {:.0}%, server {:.0}%",
+            "- {name} {what} ×16, share of a core busy: client {:.0}%, server {:.0}%",
             client * 100.0,
             server * 100.0
         );
