@@ -1,0 +1,73 @@
+//! 16 callers replaying recorded keys on Redis, through idem or the peer, for a
+//! profiler: the bench's "replay ×16" row on its own.
+//!
+//! ```text
+//! cargo build --release --manifest-path benches/peers/Cargo.toml --example replays
+//! taskset -c 0 perf record -g --call-graph dwarf \
+//!     benches/peers/target/release/examples/replays idem 4
+//! ```
+//!
+//! Arguments: `idem` or `idempotent`, and the seconds to run (default 10). The server
+//! is `IDEM_REDIS_URL` (default `redis://127.0.0.1:6379`); run it on the other core.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_peer_bench::{Res, Size, idem_call, peer_call_sized};
+use idem_runtime::Idem;
+use idempotent::store::valkey::ValkeyStore;
+
+/// Keys recorded first, then replayed in turn.
+const KEYS: u64 = 1000;
+
+const CALLERS: usize = 16;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Res<()> {
+    let mut args = std::env::args().skip(1);
+    let which = args.next().unwrap_or_else(|| "idem".into());
+    let secs: f64 = args.next().map_or(Ok(10.0), |s| s.parse())?;
+    let url = std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let idem = Idem::builder()
+        .key_prefix("idem-replays")
+        .replay_cache_bytes(0)
+        .redis(&url)
+        .await?;
+    let peer = Arc::new(
+        ValkeyStore::with_prefix(redis::Client::open(url.as_str())?, Some("replays")).await?,
+    );
+    let call = move |k: u64| {
+        let (idem, peer, which) = (idem.clone(), peer.clone(), which.clone());
+        async move {
+            match which.as_str() {
+                "idem" => idem_call(&idem, k).await,
+                "idempotent" => peer_call_sized(&*peer, k, Size::Small).await,
+                other => Err(format!("`{other}`: say idem or idempotent").into()),
+            }
+        }
+    };
+    for k in 0..KEYS {
+        call(k).await?;
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..CALLERS {
+        let (call, done) = (call.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                call(done.fetch_add(1, Ordering::Relaxed) % KEYS).await?;
+            }
+            Res::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    println!(
+        "{:.0} replays/s",
+        done.load(Ordering::Relaxed) as f64 / secs
+    );
+    Ok(())
+}
