@@ -251,15 +251,18 @@ async fn replay_peak(call: &Call, callers: usize, secs: f64) -> Res<f64> {
     Ok((PEAK.load(Ordering::Relaxed) - start) as f64)
 }
 
-/// The floor of any design that spends, as idem and the peer do, two round trips and two
-/// scripts on a fresh call: two trivial scripts in turn, through the client idem uses (a
-/// `ConnectionManager` of the same `redis` crate), the first writing one field of the
-/// call's key and the second reading it back. `prefix` keeps its keys apart.
-async fn floor_calls(url: &str, prefix: &str) -> Res<Call> {
+/// The floor of a design of two scripts on a fresh call: two trivial scripts in turn,
+/// through the client idem uses (a `ConnectionManager` of the same `redis` crate), the
+/// first writing one field of the call's key and the second reading it back. Without
+/// `write`, the read alone: the floor of a replay of one script. `prefix` keeps its keys
+/// apart.
+async fn floor_calls(url: &str, prefix: &str, write: bool) -> Res<Call> {
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
-    let write = Arc::new(redis::Script::new(
-        "return redis.call('HSET', KEYS[1], 'v', ARGV[1])",
-    ));
+    let write = write.then(|| {
+        Arc::new(redis::Script::new(
+            "return redis.call('HSET', KEYS[1], 'v', ARGV[1])",
+        ))
+    });
     let read = Arc::new(redis::Script::new(
         "return redis.call('HGET', KEYS[1], 'v')",
     ));
@@ -268,7 +271,9 @@ async fn floor_calls(url: &str, prefix: &str) -> Res<Call> {
         let (mut conn, write, read) = (conn.clone(), write.clone(), read.clone());
         let key = format!("{prefix}:{{{k}}}");
         Box::pin(async move {
-            let _: i64 = write.key(&key).arg(k).invoke_async(&mut conn).await?;
+            if let Some(write) = write {
+                let _: i64 = write.key(&key).arg(k).invoke_async(&mut conn).await?;
+            }
             let _: Option<u64> = read.key(&key).invoke_async(&mut conn).await?;
             Ok(())
         })
@@ -277,23 +282,6 @@ async fn floor_calls(url: &str, prefix: &str) -> Res<Call> {
 
 /// The floor's name in the report.
 const FLOOR: &str = "two trivial scripts (floor)";
-
-/// A replay's floor: one trivial script a call, the read half of [`floor_calls`].
-async fn read_floor_calls(url: &str, prefix: &str) -> Res<Call> {
-    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
-    let read = Arc::new(redis::Script::new(
-        "return redis.call('HGET', KEYS[1], 'v')",
-    ));
-    let prefix = prefix.to_owned();
-    Ok(Arc::new(move |k| {
-        let (mut conn, read) = (conn.clone(), read.clone());
-        let key = format!("{prefix}:{{{k}}}");
-        Box::pin(async move {
-            let _: Option<u64> = read.key(&key).invoke_async(&mut conn).await?;
-            Ok(())
-        })
-    }))
-}
 
 /// The replay floor's name in the report.
 const READ_FLOOR: &str = "one trivial script (replay floor)";
@@ -367,7 +355,7 @@ async fn commands_per_op(url: &str) -> Res<()> {
     let peer = peer_calls(Arc::new(
         idempotent::store::valkey::ValkeyStore::with_prefix(client.clone(), Some("count")).await?,
     ));
-    let floor = floor_calls(url, "floor-count").await?;
+    let floor = floor_calls(url, "floor-count", true).await?;
     let commands = command_floor_calls(url, "commands-count").await?;
     for (name, call) in [
         ("idem", idem),
@@ -752,8 +740,8 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             Measured::kept("idem", idem_calls(uncached)),
             Measured::kept("idem (replay cache)", idem_calls(cached)),
             Measured::kept("idempotent", peer_calls(Arc::new(peer))),
-            Measured::kept(FLOOR, floor_calls(&url, "floor").await?),
-            Measured::kept(READ_FLOOR, read_floor_calls(&url, "floor").await?),
+            Measured::kept(FLOOR, floor_calls(&url, "floor", true).await?),
+            Measured::kept(READ_FLOOR, floor_calls(&url, "floor", false).await?),
         ];
         let rows = compare(&systems, &[1, 16], args, base).await?;
         // Which side holds the 16-caller rates back: each process's CPU time over one
