@@ -567,9 +567,10 @@ pub async fn a_lease_holds_its_full_length(store: &dyn Store) {
             break;
         }
         let id = fresh_id("full-lease");
+        let after_renewal = attempt % 2 == 1;
         let mut sent = Instant::now();
         let epoch = acquire(store, &id, FP, SHORT).await;
-        if attempt % 2 == 1 {
+        if after_renewal {
             sent = Instant::now();
             let fence = store.renew(&id, epoch, SHORT).await.expect("renew");
             assert_eq!(fence, Fence::Held, "{id}: a live claim's renewal");
@@ -598,7 +599,7 @@ pub async fn a_lease_holds_its_full_length(store: &dyn Store) {
              {:?} after its {}) took it over: {probe:?}",
             end - answered,
             probe_at - sent,
-            if attempt % 2 == 1 { "renewal" } else { "claim" },
+            if after_renewal { "renewal" } else { "claim" },
         );
         early = (early * 3 / 4).max(Duration::from_micros(50));
     }

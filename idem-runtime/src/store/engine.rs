@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use super::sql_common::{
     self, ClaimRow, Decision, SqlOptions, TableName, TxClaim, TxRow, corrupt, decide, duration_ms,
-    epoch_from_sql, millis, outcome_from_sql, sql_epoch,
+    epoch_from_sql, lease_millis, millis, outcome_from_sql, sql_epoch,
 };
 use super::{
     Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    ReplayGate, State, Stats, StepRecord, Store, StoredOutcome, Takeover, lease_written,
+    ReplayGate, State, Stats, StepRecord, Store, StoredOutcome, Takeover,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -673,7 +673,7 @@ impl<D: Dialect> SqlStore<D> {
         let fresh = || Gathered::Fresh {
             id: req.id.clone(),
             fp: req.fingerprint,
-            lease_ms: millis(lease_written(req.lease)),
+            lease_ms: lease_millis(req.lease),
         };
         let rows = match self.hot_or_gathered(fresh, stmt, named).await? {
             Ok(rows) => rows,
@@ -708,7 +708,7 @@ impl<D: Dialect> SqlStore<D> {
             let claim = || Gathered::Claim {
                 id: req.id.clone(),
                 fp: req.fingerprint,
-                lease_ms: millis(lease_written(req.lease)),
+                lease_ms: lease_millis(req.lease),
                 to_unknown: req.on_takeover == Takeover::Unknown,
             };
             let rows = match self.hot_or_gathered(claim, &self.sql.claim, &named).await? {
@@ -980,7 +980,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         let named = claim_args(
             req.id,
             &req.fingerprint,
-            millis(lease_written(req.lease)),
+            lease_millis(req.lease),
             to_unknown,
         );
         let claim = match self.claim_fresh(req, &named).await? {
@@ -1070,7 +1070,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         epoch: u64,
         lease: Duration,
     ) -> Result<Fence, StoreError> {
-        let lease = [("lease_ms", Arg::Int(millis(lease_written(lease))))];
+        let lease = [("lease_ms", Arg::Int(lease_millis(lease)))];
         self.fenced(&self.sql.renew, id, epoch, &lease).await
     }
 
@@ -1306,7 +1306,7 @@ impl<D: Dialect> SqlStore<D> {
             conn,
             id,
             fingerprint,
-            lease: millis(lease_written(lease)),
+            lease: lease_millis(lease),
         })
         .await
     }

@@ -237,6 +237,12 @@ pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).map_or(MAX_DURATION_MS, |ms| ms.min(MAX_DURATION_MS))
 }
 
+/// A lease as the milliseconds a statement writes: [`lease_written`](super::lease_written),
+/// so the store's millisecond clock never ends it early.
+pub(crate) fn lease_millis(lease: Duration) -> i64 {
+    millis(super::lease_written(lease))
+}
+
 /// Milliseconds from SQL as a duration; negative (clock skew between statements) is zero.
 pub(crate) fn duration_ms(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
