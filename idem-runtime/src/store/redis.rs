@@ -267,14 +267,24 @@ async fn connections(
     Ok(all)
 }
 
+/// Which of a standalone server's connections a command takes.
+#[derive(Clone, Copy)]
+enum Lane {
+    /// The first: plain commands (the replay read, `GET`, `SET`, `SCAN`), which gather
+    /// there into fewer writes.
+    Light,
+    /// The next in turn: scripts, the server's work.
+    Script,
+}
+
 /// A command pending this long when its caller gives up is not a slow reply: Redis
 /// answers in microseconds.
 const SUSPECT_AFTER: Duration = Duration::from_millis(500);
 
 impl Healing {
-    /// The connection for the next command, the first for a `light` one (fresh ones if
-    /// the last command left them suspect).
-    async fn get(&self, light: bool) -> Result<ConnectionManager, RedisError> {
+    /// The connection for the next command on `lane` (fresh ones if the last command
+    /// left them suspect).
+    async fn get(&self, lane: Lane) -> Result<ConnectionManager, RedisError> {
         if self
             .suspect
             .swap(false, std::sync::atomic::Ordering::AcqRel)
@@ -291,22 +301,23 @@ impl Healing {
             }
         }
         let all = self.current.read().unwrap_or_else(|p| p.into_inner());
-        let i = if light {
-            0
-        } else {
-            self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % all.len()
+        let i = match lane {
+            Lane::Light => 0,
+            Lane::Script => {
+                self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % all.len()
+            }
         };
         Ok(all[i].clone())
     }
 
-    /// Runs a script (`light` false) or a light command, marking the connections
-    /// suspect if it times out or its caller gives up on it after [`SUSPECT_AFTER`].
+    /// Runs `command` on `lane`, marking the connections suspect if it times out or its
+    /// caller gives up on it after [`SUSPECT_AFTER`].
     async fn run<T>(
         &self,
-        light: bool,
+        lane: Lane,
         command: impl AsyncFnOnce(&mut ConnectionManager) -> Result<T, RedisError>,
     ) -> Result<T, RedisError> {
-        let mut conn = self.get(light).await?;
+        let mut conn = self.get(lane).await?;
         let watch = Watch {
             healing: self,
             since: std::time::Instant::now(),
@@ -486,13 +497,13 @@ impl RedisStore {
         let recorded: Option<String> = match &self.conn {
             Conn::Single(c) => {
                 let written: Option<String> = c
-                    .run(true, async |c| set.query_async(c).await)
+                    .run(Lane::Light, async |c| set.query_async(c).await)
                     .await
                     .map_err(failed)?;
                 match written {
                     Some(_) => None,
                     None => c
-                        .run(true, async |c| get.query_async(c).await)
+                        .run(Lane::Light, async |c| get.query_async(c).await)
                         .await
                         .map_err(failed)?,
                 }
@@ -534,7 +545,7 @@ impl RedisStore {
         let failed = |e: RedisError| IdemError::store("open", store_error(e));
         let recorded: Option<String> = match &self.conn {
             Conn::Single(c) => c
-                .run(true, async |c| get.query_async(c).await)
+                .run(Lane::Light, async |c| get.query_async(c).await)
                 .await
                 .map_err(failed)?,
             Conn::Cluster { conn, .. } => {
@@ -608,7 +619,10 @@ impl RedisStore {
 
     async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
         match &self.conn {
-            Conn::Single(c) => c.run(false, async |c| inv.invoke_async(c).await).await,
+            Conn::Single(c) => {
+                c.run(Lane::Script, async |c| inv.invoke_async(c).await)
+                    .await
+            }
             Conn::Cluster { conn, .. } => inv.invoke_async(&mut conn.clone()).await,
         }
         .map_err(store_error)
@@ -634,7 +648,7 @@ impl RedisStore {
         let mut rows = Vec::new();
         match &self.conn {
             Conn::Single(c) => {
-                let mut c = c.get(true).await.map_err(store_error)?;
+                let mut c = c.get(Lane::Light).await.map_err(store_error)?;
                 self.scan_node(&mut c, &mut rows).await?
             }
             Conn::Cluster { conn, info } => {
@@ -1015,7 +1029,7 @@ impl Store for RedisStore {
                 let mut pipe = ::redis::pipe();
                 pipe.cmd("HMGET").arg(&rec).arg(&read).cmd("TIME");
                 let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = conn
-                    .run(true, async |c| pipe.query_async(c).await)
+                    .run(Lane::Light, async |c| pipe.query_async(c).await)
                     .await
                     .map_err(store_error)?;
                 let now = secs * 1000 + micros / 1000;
