@@ -208,9 +208,7 @@ async fn compare(
                 // what this process recorded last, and the fresh calls above would have
                 // pushed out keys recorded any earlier.
                 let b = base.fetch_add(1 << 32, Ordering::Relaxed);
-                for k in 0..REPLAY_KEYS {
-                    call(b + k).await?;
-                }
+                record_replay_keys(call, b).await?;
                 rows[i + 1]
                     .samples
                     .push(rate(call, c, args.secs, b, Some(REPLAY_KEYS)).await?);
@@ -237,6 +235,14 @@ async fn bytes_per_record(call: &Call, n: u64, base: u64) -> Res<f64> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = LIVE.load(Ordering::Relaxed);
     Ok((after - before) as f64 / (n - half) as f64)
+}
+
+/// Records the [`REPLAY_KEYS`] keys from `base` on, untimed, for replays to read.
+async fn record_replay_keys(call: &Call, base: u64) -> Res<()> {
+    for k in 0..REPLAY_KEYS {
+        call(base + k).await?;
+    }
+    Ok(())
 }
 
 /// The peak of live heap above its level at the start, while `callers` tasks replay
@@ -285,6 +291,15 @@ const FLOOR: &str = "two trivial scripts (floor)";
 
 /// The replay floor's name in the report.
 const READ_FLOOR: &str = "one trivial script (replay floor)";
+
+/// Whether `name`'s `what` calls (`fresh`, `replay`, or a row's label past the name) are
+/// a measure of their own. Each floor makes one kind of call: the two-script floor's
+/// "replays" are its two scripts again, the one-script floor's "fresh" calls its one
+/// script.
+fn measures(name: &str, what: &str) -> bool {
+    !(name == FLOOR && what.starts_with("replay")
+        || name == READ_FLOOR && what.starts_with("fresh"))
+}
 
 /// idem's fresh call with its scripts' logic taken out: two scripts that issue the
 /// commands idem's claim and record issue on a new key, with arguments of the same
@@ -657,9 +672,7 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     let peaks = multi.block_on(async {
         let mut peaks = Vec::new();
         for Measured { name, call, .. } in memory_systems().into_iter().take(2) {
-            for k in 0..REPLAY_KEYS {
-                call(k).await?;
-            }
+            record_replay_keys(&call, 0).await?;
             peaks.push((name, replay_peak(&call, 64, args.secs).await?));
         }
         Res::Ok(peaks)
@@ -754,16 +767,13 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
                 continue;
             }
             for what in ["fresh", "replay"] {
-                // Each floor is one kind of call.
-                if (*name, what) == (FLOOR, "replay") || (*name, what) == (READ_FLOOR, "fresh") {
+                if !measures(name, what) {
                     continue;
                 }
                 let b = base.fetch_add(1 << 32, Ordering::Relaxed);
                 let cycle = (what == "replay").then_some(REPLAY_KEYS);
                 if cycle.is_some() {
-                    for k in 0..REPLAY_KEYS {
-                        call(b + k).await?;
-                    }
+                    record_replay_keys(call, b).await?;
                 }
                 let before = cpu()?;
                 let start = Instant::now();
@@ -781,13 +791,14 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
         Res::Ok((rows, shares))
     })?;
     let (rows, shares) = rows;
-    // The floor's "replays" are the same two scripts again: its fresh rows are the floor;
-    // the replay floor's fresh calls are the same one script as its replays.
     let rows: Vec<Row> = rows
         .into_iter()
         .filter(|r| {
-            !r.label.starts_with(&format!("{FLOOR} replay"))
-                && !r.label.starts_with(&format!("{READ_FLOOR} fresh"))
+            [FLOOR, READ_FLOOR].into_iter().all(|f| {
+                r.label
+                    .strip_prefix(f)
+                    .is_none_or(|rest| measures(f, rest.trim_start()))
+            })
         })
         .collect();
     let mut floors = Vec::new();
