@@ -64,9 +64,12 @@
 //! With `FULL`, every commit is an fsync, and SQLite has one writer. So concurrent
 //! claims and records on one `Idem` are gathered: the next writer takes every write
 //! waiting at that moment into one transaction and answers each caller with its own
-//! rows. A lone write runs alone and nothing waits on a timer. If any write in a batch
-//! (or its commit) fails, the batch is rolled back whole and each write runs again by
-//! itself, so one refused write never fails its neighbours. A fresh call still commits
+//! rows. Within a batch, the claims of new keys go in as one statement and the records
+//! as another, passed as JSON (this needs SQLite 3.41 or later, as bundled; on an older
+//! SQLite every batch fails over to each write alone). A lone write runs alone and
+//! nothing waits on a timer. If any write in a batch (or its commit) fails, the batch
+//! is rolled back whole and each write runs again by itself, so one refused write never
+//! fails its neighbours. A fresh call still commits
 //! twice (the claim, then the record), so one caller's rate is bounded by two fsyncs;
 //! concurrent callers share them.
 //!

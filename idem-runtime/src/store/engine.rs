@@ -239,7 +239,7 @@ pub(crate) enum On<'c, C> {
 /// A claim or a record, owned, for a dialect that gathers concurrent ones into one
 /// statement ([`Dialect::gathered`]).
 #[derive(Debug)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) enum Gathered {
     /// The plain insert's parameters (`claim_fresh.sql`), for a key with no record.
     Fresh {
@@ -264,7 +264,7 @@ pub(crate) enum Gathered {
     },
 }
 
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 impl Gathered {
     /// The operation it claims or records.
     pub(crate) fn id(&self) -> &OperationId {

@@ -9,6 +9,7 @@
 //! Durability, group commit and the store across processes are described for users in
 //! [`guide::sqlite`](crate::guide::sqlite).
 
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +22,8 @@ use sqlx::sqlite::{
 use tokio::sync::oneshot;
 
 use super::engine::{
-    Arg, Dialect, On, Row, SqlDb, SqlStore, Stmt, bind, decode_row, migrate, open_error, statements,
+    Arg, Dialect, Gathered, On, Row, SqlDb, SqlStore, Stmt, Val, bind, decode_row, migrate,
+    open_error, statements,
 };
 use super::group::Gather;
 use super::sql_common::{self, SqlOptions, TableName};
@@ -64,8 +66,11 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Sqlite {
     pub(crate) pool: SqlitePool,
-    /// Claims and records, gathered into shared transactions.
+    /// Claims, records and the other writes, gathered into shared transactions.
     writes: Arc<GroupCommit>,
+    /// The statements gathered claims and records run; `None` on the dialect that only
+    /// migrates, before the store's statements exist.
+    batch: Option<Arc<BatchSql>>,
 }
 
 impl Sqlite {
@@ -73,24 +78,64 @@ impl Sqlite {
         Sqlite {
             pool,
             writes: Arc::new(Gather::new(1)),
+            batch: None,
+        }
+    }
+
+    /// The dialect for the store on `table`: its claims and records gather.
+    fn for_table(pool: SqlitePool, table: &TableName) -> Sqlite {
+        let r = |name: &str| Stmt::render::<Sqlite>(Sqlite::sql(name), table);
+        Sqlite {
+            batch: Some(Arc::new(BatchSql {
+                claim: r("claim"),
+                record: r("record"),
+                claim_batch: r("claim_batch"),
+                record_batch: r("record_batch"),
+            })),
+            ..Sqlite::new(pool)
         }
     }
 }
 
 /// Group commit: SQLite has one writer and every commit is an fsync, so concurrent
-/// claims and records are gathered (one batch at a time) into one transaction, each
-/// caller answered with its own rows. A lone write runs alone.
+/// claims, records and other writes are gathered (one batch at a time) into one
+/// transaction, each caller answered with its own rows. A lone write runs alone.
 type GroupCommit = Gather<Pending>;
+
+/// What a batch runs for the claims and records in it.
+#[derive(Debug)]
+struct BatchSql {
+    /// A claim alone (`claim.sql`).
+    claim: Stmt,
+    /// A record alone (`record.sql`).
+    record: Stmt,
+    /// The claims of new keys, many callers' in one statement: each statement is a
+    /// crossing to the connection's thread, which costs more than the row it writes.
+    claim_batch: Stmt,
+    /// Records, many callers' in one statement.
+    record_batch: Stmt,
+}
 
 /// A write waiting for its batch.
 #[derive(Debug)]
 struct Pending {
-    sql: String,
-    /// Several statements ([`is_script`]): run alone, they take a transaction of their
-    /// own.
-    script: bool,
-    args: Vec<OwnedArg>,
+    work: Work,
     reply: oneshot::Sender<Result<Vec<Row>, sqlx::Error>>,
+}
+
+/// What a waiting write runs.
+#[derive(Debug)]
+enum Work {
+    /// Any statement.
+    Stmt {
+        sql: String,
+        /// Several statements ([`is_script`]): run alone, they take a transaction of
+        /// their own.
+        script: bool,
+        args: Vec<OwnedArg>,
+    },
+    /// A claim or record, which a batch may run in one statement with others.
+    Op(Gathered),
 }
 
 /// An [`Arg`] that outlives its caller's borrow, for a write run by another task.
@@ -129,24 +174,58 @@ impl OwnedArg {
 }
 
 impl Pending {
-    async fn run<'c, E>(&self, on: E) -> Result<Vec<Row>, sqlx::Error>
+    async fn run<'c, E>(&self, on: E, sql: Option<&BatchSql>) -> Result<Vec<Row>, sqlx::Error>
     where
         E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
     {
-        rows(on, &self.sql, self.args.iter().map(OwnedArg::arg).collect()).await
+        match (&self.work, sql) {
+            (Work::Stmt { sql, args, .. }, _) => {
+                rows(on, sql, args.iter().map(OwnedArg::arg).collect()).await
+            }
+            (Work::Op(op), Some(sql)) => run_op(on, sql, op).await,
+            (Work::Op(_), None) => Err(sqlx::Error::Protocol(
+                "a claim or record gathered before the store's statements exist".into(),
+            )),
+        }
     }
 
     /// Runs the write on its own: in a transaction if it is a script, so that its
     /// statements take effect together.
-    async fn run_alone(&self, pool: &SqlitePool) -> Result<Vec<Row>, sqlx::Error> {
-        if !self.script {
-            return self.run(pool).await;
+    async fn run_alone(
+        &self,
+        pool: &SqlitePool,
+        sql: Option<&BatchSql>,
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        if !matches!(self.work, Work::Stmt { script: true, .. }) {
+            return self.run(pool, sql).await;
         }
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        let rows = self.run(&mut *tx).await?;
+        let rows = self.run(&mut *tx, sql).await?;
         tx.commit().await?;
         Ok(rows)
     }
+}
+
+/// Runs a claim's or record's own statement, as the engine would issue it.
+async fn run_op<'c, E>(on: E, sql: &BatchSql, op: &Gathered) -> Result<Vec<Row>, sqlx::Error>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
+{
+    let mut named = op.args();
+    let stmt = match op {
+        // SQLite has no `claim_fresh.sql`, so the engine sends none; no row would send
+        // one on to the full claim, which decides every case.
+        Gathered::Fresh { .. } => return Ok(Vec::new()),
+        Gathered::Claim { .. } => {
+            named.push(("token", Arg::Int(sql_common::claim_token())));
+            &sql.claim
+        }
+        Gathered::Record { .. } => &sql.record,
+    };
+    let args = stmt
+        .args(&named)
+        .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+    rows(on, &stmt.sql, args).await
 }
 
 /// Whether a statement file holds several statements, one per line-ending `;` (sqlx runs
@@ -165,22 +244,13 @@ where
 }
 
 /// Queues one write for the next batch and waits for its rows.
-async fn write(
-    writes: &GroupCommit,
-    pool: &SqlitePool,
-    stmt: &Stmt,
-    args: Vec<Arg<'_>>,
-) -> Result<Vec<Row>, sqlx::Error> {
+async fn write(sqlite: &Sqlite, work: Work) -> Result<Vec<Row>, sqlx::Error> {
     let (reply, answer) = oneshot::channel();
-    let pending = Pending {
-        sql: stmt.sql.clone(),
-        script: is_script(&stmt.sql),
-        args: args.into_iter().map(OwnedArg::from).collect(),
-        reply,
-    };
-    let batch = |batch| write_batch(pool.clone(), batch);
-    writes
-        .submit(pending, answer, batch)
+    let (pool, sql) = (&sqlite.pool, &sqlite.batch);
+    let batch = |batch| write_batch(pool.clone(), sql.clone(), batch);
+    sqlite
+        .writes
+        .submit(Pending { work, reply }, answer, batch)
         .await
         .unwrap_or_else(|| Err(lost_batch()))
 }
@@ -194,20 +264,23 @@ fn lost_batch() -> sqlx::Error {
 /// Writes `batch` in one transaction and answers each write. If any write or the commit
 /// fails, the transaction is rolled back whole and every write runs again alone, so one
 /// write's failure is its own and no write takes effect twice.
-async fn write_batch(pool: SqlitePool, batch: Vec<Pending>) {
+async fn write_batch(pool: SqlitePool, sql: Option<Arc<BatchSql>>, batch: Vec<Pending>) {
+    let sql = sql.as_deref();
     if batch.len() > 1 {
         let together = async {
             let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            let mut answers = Vec::with_capacity(batch.len());
-            for p in &batch {
-                answers.push(p.run(&mut *tx).await?);
+            let mut answers = in_one_statement(&mut tx, sql, &batch).await?;
+            for (p, answer) in batch.iter().zip(&mut answers) {
+                if answer.is_none() {
+                    *answer = Some(p.run(&mut *tx, sql).await?);
+                }
             }
             tx.commit().await?;
             Ok::<_, sqlx::Error>(answers)
         };
         if let Ok(answers) = together.await {
             for (p, rows) in batch.into_iter().zip(answers) {
-                let _ = p.reply.send(Ok(rows));
+                let _ = p.reply.send(Ok(rows.unwrap_or_default()));
             }
             return;
         }
@@ -215,9 +288,137 @@ async fn write_batch(pool: SqlitePool, batch: Vec<Pending>) {
     }
     // A lone write, or a failed batch's writes, each alone.
     for p in batch {
-        let r = p.run_alone(&pool).await;
+        let r = p.run_alone(&pool, sql).await;
         let _ = p.reply.send(r);
     }
+}
+
+/// A batch's claims, and its records, each kind in one statement where it has two or
+/// more with distinct keys (`claim_batch.sql`, `record_batch.sql`), before its other
+/// writes: the rows of each write answered, `None` for each left to run on its own. A
+/// claim whose key exists is left, for `claim.sql` to decide; a key's second claim or
+/// record is left, as a statement changes a row once, and so is an operation whose
+/// names hold a NUL. Writes of one batch are
+/// concurrent callers', so this order is as good as their arrival's.
+async fn in_one_statement(
+    conn: &mut SqliteConnection,
+    sql: Option<&BatchSql>,
+    batch: &[Pending],
+) -> Result<Vec<Option<Vec<Row>>>, sqlx::Error> {
+    let mut answers: Vec<Option<Vec<Row>>> = batch.iter().map(|_| None).collect();
+    let Some(sql) = sql else {
+        return Ok(answers);
+    };
+    for records in [false, true] {
+        let mut seen = HashSet::new();
+        let picked: Vec<(usize, &Gathered)> = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match &p.work {
+                Work::Op(op) if matches!(op, Gathered::Record { .. }) == records => Some((i, op)),
+                _ => None,
+            })
+            // SQLite's JSON functions cut a string at an escaped NUL before 3.45 (the
+            // bundled SQLite is newer, but a build may link the system's), so an
+            // operation named with one runs its own statement.
+            .filter(|(_, op)| {
+                let id = op.id();
+                ![&id.scope, &id.name, &id.key]
+                    .iter()
+                    .any(|s| s.contains('\0'))
+            })
+            .filter(|(_, op)| seen.insert(op.id()))
+            .collect();
+        if picked.len() < 2 {
+            continue;
+        }
+        let (stmt, fields) = if records {
+            (&sql.record_batch, RECORD_FIELDS)
+        } else {
+            (&sql.claim_batch, CLAIM_FIELDS)
+        };
+        let elements = picked
+            .iter()
+            .map(|(_, op)| json_element(&op.args(), fields))
+            .collect::<Result<Vec<_>, _>>()?;
+        let json = serde_json::Value::Array(elements).to_string();
+        let mut by_key: HashMap<[String; 3], Row> = HashMap::new();
+        for row in rows(&mut *conn, &stmt.sql, vec![Arg::Text(&json)]).await? {
+            by_key.insert(row_key(&row)?, row);
+        }
+        for (i, op) in picked {
+            let id = op.id();
+            let key = [id.scope.clone(), id.name.clone(), id.key.clone()];
+            answers[i] = match (by_key.remove(&key), op) {
+                (Some(row), _) => Some(vec![row]),
+                // The fence did not hold, or (from the engine's plain insert) the key
+                // exists: no row, as their own statements answer.
+                (None, Gathered::Record { .. } | Gathered::Fresh { .. }) => Some(Vec::new()),
+                (None, Gathered::Claim { .. }) => None,
+            };
+        }
+    }
+    Ok(answers)
+}
+
+/// The parameters of `claim.sql` that `claim_batch.sql` takes, in its array's order.
+const CLAIM_FIELDS: &[&str] = &["scope", "name", "key", "fp", "lease_ms"];
+/// The parameters of `record.sql` that `record_batch.sql` takes, in its array's order.
+const RECORD_FIELDS: &[&str] = &[
+    "scope",
+    "name",
+    "key",
+    "epoch",
+    "outcome",
+    "is_err",
+    "version",
+    "retain_ms",
+];
+
+/// One write's element of a batch's JSON array: `fields` of its parameters, bytes in
+/// hex (JSON has no bytes; the statement turns them back with `unhex`) and flags as
+/// 0 or 1, as SQLite stores them.
+fn json_element(
+    named: &[(&'static str, Arg<'_>)],
+    fields: &[&str],
+) -> Result<serde_json::Value, sqlx::Error> {
+    use serde_json::Value;
+    let value = |field: &str| {
+        let arg = named
+            .iter()
+            .find(|(n, _)| *n == field)
+            .map(|&(_, a)| a)
+            .ok_or_else(|| sqlx::Error::Protocol(format!("a batched write has no `{field}`")))?;
+        Ok(match arg {
+            Arg::Text(t) | Arg::OptText(Some(t)) => Value::from(t),
+            Arg::Int(i) | Arg::OptInt(Some(i)) => Value::from(i),
+            Arg::Bool(b) => Value::from(i64::from(b)),
+            Arg::Bytes(b) => Value::from(hex(b)),
+            Arg::OptText(None) | Arg::OptInt(None) => Value::Null,
+        })
+    };
+    fields.iter().map(|f| value(f)).collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    out
+}
+
+/// The operation a batch statement's row is of: its `scope`, `name` and `key`.
+fn row_key(row: &Row) -> Result<[String; 3], sqlx::Error> {
+    let text = |name: &str| match row.0.iter().find(|(n, _)| n == name) {
+        Some((_, Val::Text(t))) => Ok(t.clone()),
+        other => Err(sqlx::Error::Protocol(format!(
+            "a batch statement's row has `{name}` {other:?}"
+        ))),
+    };
+    Ok([text("scope")?, text("name")?, text("key")?])
 }
 
 /// The SQLite store.
@@ -235,7 +436,7 @@ impl Dialect for Sqlite {
     const NEXT_EPOCH: &'static str = "(SELECT last_epoch + 1 FROM {meta} WHERE id = 0)";
     const SCHEMA: &'static str = "SQLITE_SCHEMA_SQL";
 
-    statements!("sqlite", "peek");
+    statements!("sqlite", "peek", "claim_batch", "record_batch");
 
     fn placeholder(n: usize) -> String {
         format!("?{n}")
@@ -252,7 +453,14 @@ impl Dialect for Sqlite {
         args: Vec<Arg<'_>>,
     ) -> Result<Vec<Row>, sqlx::Error> {
         match on {
-            On::Hot => write(&self.writes, &self.pool, stmt, args).await,
+            On::Hot => {
+                let work = Work::Stmt {
+                    sql: stmt.sql.clone(),
+                    script: is_script(&stmt.sql),
+                    args: args.into_iter().map(OwnedArg::from).collect(),
+                };
+                write(self, work).await
+            }
             On::Pool if is_script(&stmt.sql) => {
                 let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
                 let rows = rows(&mut *tx, &stmt.sql, args).await?;
@@ -307,6 +515,16 @@ impl Dialect for Sqlite {
 
     fn claim_token(&self) -> Option<i64> {
         Some(sql_common::claim_token())
+    }
+
+    /// Always, on a store's dialect: SQLite has one writer, so every write waits for
+    /// the batch before it anyway.
+    fn gathers(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    async fn gathered(&self, op: Gathered) -> Option<Result<Vec<Row>, sqlx::Error>> {
+        Some(write(self, Work::Op(op)).await)
     }
 
     async fn from_pool(pool: SqlitePool, opts: &SqlOptions) -> Result<SqliteStore, IdemError> {
@@ -432,7 +650,7 @@ async fn prepare(
                 )
             })?;
     }
-    SqlStore::prepare(Sqlite::new(pool), &table, &opts.key_mode).await
+    SqlStore::prepare(Sqlite::for_table(pool, &table), &table, &opts.key_mode).await
 }
 
 /// SQLite's primary result codes (the low byte of the extended code) that a retry can
@@ -737,6 +955,221 @@ mod tests {
         }
         for url in ["sqlite://data.db", "data.db", "sqlite:memory.db?mode=rwc"] {
             assert!(!is_memory(url), "{url}");
+        }
+    }
+
+    fn pending(op: Gathered) -> Pending {
+        Pending {
+            work: Work::Op(op),
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn claim_op(key: &str) -> Gathered {
+        Gathered::Claim {
+            id: op(key),
+            fp: FP,
+            lease_ms: 60_000,
+            to_unknown: false,
+        }
+    }
+
+    fn record_op(key: &str, epoch: u64, body: &str) -> Gathered {
+        Gathered::Record {
+            id: op(key),
+            epoch: epoch as i64,
+            outcome: outcome(body),
+            retain: DAY,
+            payload: String::new(),
+        }
+    }
+
+    fn column(row: &Row, name: &str) -> Val {
+        row.0.iter().find(|(n, _)| n == name).unwrap().1.clone()
+    }
+
+    /// A batch's claims of new keys and its records each run as one statement: every
+    /// such write is answered by it, and what it cannot decide is left to its own
+    /// statement.
+    #[tokio::test]
+    async fn a_batch_claims_new_keys_and_records_in_one_statement_each() {
+        let db = TempDb::new("batch");
+        let store = open(db.0.to_str().unwrap(), &SqlOptions::default())
+            .await
+            .unwrap();
+        let held = epoch_of(claim(&store, &op("held"), FP, LEASE).await);
+        let taken = epoch_of(claim(&store, &op("taken"), FP, LEASE).await);
+        let batch = [
+            claim_op("a"),
+            claim_op("b"),
+            claim_op("a"),
+            claim_op("taken"),
+            record_op("held", held, "done"),
+            record_op("taken", taken + 100, "not mine"),
+            record_op("held", held, "again"),
+        ]
+        .map(pending);
+        let sql = store.dialect.batch.as_deref();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
+        let answers = in_one_statement(&mut tx, sql, &batch).await.unwrap();
+        tx.commit().await.unwrap();
+
+        // New keys: claimed, each with an epoch of its own above those before.
+        let mut epochs = Vec::new();
+        for answer in &answers[..2] {
+            let [row] = &answer.as_ref().expect("answered by the batch")[..] else {
+                panic!("{answer:?}");
+            };
+            assert_eq!(column(row, "mine"), Val::Int(1));
+            assert_eq!(column(row, "state"), Val::Int(0));
+            let Val::Int(epoch) = column(row, "epoch") else {
+                panic!("{row:?}");
+            };
+            epochs.push(epoch as u64);
+        }
+        assert!(
+            epochs[0] != epochs[1] && epochs.iter().all(|&e| e > taken),
+            "{epochs:?}"
+        );
+        // A key's second claim, and the claim of a key that exists: left to claim.sql.
+        assert!(answers[2].is_none() && answers[3].is_none(), "{answers:?}");
+        // Records: the fence held, the fence lost, and a key's second record left over.
+        let [row] = &answers[4].as_ref().unwrap()[..] else {
+            panic!("{answers:?}");
+        };
+        assert_eq!(column(row, "held"), Val::Int(1));
+        assert_eq!(answers[5].as_deref().map(<[Row]>::len), Some(0));
+        assert!(answers[6].is_none(), "{answers:?}");
+
+        // What the statements wrote is what the store reads.
+        match claim(&store, &op("held"), FP, LEASE).await {
+            Claim::Completed(o) => assert_eq!(o.body, b"done"),
+            other => panic!("{other:?}"),
+        }
+        for (key, epoch) in [("a", epochs[0]), ("b", epochs[1])] {
+            let fence = store.record(&op(key), epoch, &outcome(key), DAY).await;
+            assert_eq!(fence.unwrap(), Fence::Held, "{key}");
+        }
+        let fence = store.record(&op("taken"), taken, &outcome("t"), DAY).await;
+        assert_eq!(fence.unwrap(), Fence::Held);
+    }
+
+    /// A record batch finds each element's record by its key. The indexes on `state`
+    /// tempt the planner into reading every record in a state for each element: a
+    /// batch would cost a pass over the table.
+    #[tokio::test]
+    async fn a_record_batch_finds_each_record_by_its_key() {
+        let store = memory().await;
+        let stmt = &store.dialect.batch.as_ref().unwrap().record_batch;
+        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {}", stmt.sql))
+            .bind("[]")
+            .fetch_all(&store.dialect.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| sqlx::Row::get(row, "detail"))
+            .collect();
+        let of_table: Vec<&String> = plan.iter().filter(|d| d.contains(" t ")).collect();
+        assert!(!of_table.is_empty(), "{plan:?}");
+        for detail in of_table {
+            assert!(
+                detail.starts_with("SEARCH") && detail.ends_with("(scope=? AND name=? AND key=?)"),
+                "{plan:?}"
+            );
+        }
+    }
+
+    /// Keys JSON must escape go through a batch unchanged; a key with a NUL, which an
+    /// older SQLite's JSON functions would cut short, is left to its own statement.
+    #[tokio::test]
+    async fn a_batch_keeps_every_key_as_it_is() {
+        let db = TempDb::new("batch-keys");
+        let store = open(db.0.to_str().unwrap(), &SqlOptions::default())
+            .await
+            .unwrap();
+        let keys = [
+            "quote\"d",
+            "back\\slash",
+            "line\nbreak",
+            "ключ 🔑",
+            "bell\u{7}",
+            "nul\0a",
+        ];
+        let mut batch: Vec<Pending> = keys.iter().map(|k| pending(claim_op(k))).collect();
+        batch.push(pending(claim_op("nul\0b")));
+        let sql = store.dialect.batch.as_deref();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
+        let answers = in_one_statement(&mut tx, sql, &batch).await.unwrap();
+        tx.commit().await.unwrap();
+        let mut epochs = Vec::new();
+        for (key, answer) in keys[..5].iter().zip(&answers) {
+            let [row] = &answer.as_ref().expect("answered by the batch")[..] else {
+                panic!("{key:?}: {answer:?}");
+            };
+            assert_eq!(row_key(row).unwrap()[2], *key);
+            let Val::Int(epoch) = column(row, "epoch") else {
+                panic!("{row:?}");
+            };
+            epochs.push(epoch as u64);
+        }
+        assert!(answers[5].is_none() && answers[6].is_none(), "{answers:?}");
+        let records = keys[..5]
+            .iter()
+            .zip(&epochs)
+            .map(|(key, &epoch)| pending(record_op(key, epoch, key)))
+            .collect::<Vec<_>>();
+        let mut tx = store.dialect.pool.begin().await.unwrap();
+        let answers = in_one_statement(&mut tx, sql, &records).await.unwrap();
+        tx.commit().await.unwrap();
+        for (key, answer) in keys.iter().zip(&answers) {
+            assert_eq!(answer.as_ref().map(Vec::len), Some(1), "{key:?}");
+            match claim(&store, &op(key), FP, LEASE).await {
+                Claim::Completed(o) => assert_eq!(o.body, key.as_bytes()),
+                other => panic!("{key:?}: {other:?}"),
+            }
+        }
+        // Nothing was written under the key a NUL would be cut to.
+        for key in ["nul", "nul\0a", "nul\0b"] {
+            let fresh = claim(&store, &op(key), FP, LEASE).await;
+            assert!(
+                matches!(fresh, Claim::Acquired { .. }),
+                "{key:?}: {fresh:?}"
+            );
+        }
+    }
+
+    /// Many callers' fresh calls at once on a file: each claims with an epoch of its
+    /// own, records its own outcome, and reads back its own.
+    #[tokio::test]
+    async fn concurrent_fresh_calls_each_keep_their_own() {
+        let db = TempDb::new("gathered");
+        let store = Arc::new(
+            open(db.0.to_str().unwrap(), &SqlOptions::default())
+                .await
+                .unwrap(),
+        );
+        let barrier = Arc::new(tokio::sync::Barrier::new(64));
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let id = op(&format!("k{i}"));
+                    barrier.wait().await;
+                    let epoch = epoch_of(claim(&*store, &id, FP, LEASE).await);
+                    let body = format!("outcome {i}");
+                    let fence = store.record(&id, epoch, &outcome(&body), DAY).await;
+                    assert_eq!(fence.unwrap(), Fence::Held);
+                    match claim(&*store, &id, FP, LEASE).await {
+                        Claim::Completed(o) => assert_eq!(o.body, body.as_bytes()),
+                        other => panic!("{other:?}"),
+                    }
+                    epoch
+                })
+            })
+            .collect();
+        let mut epochs = HashSet::new();
+        for task in tasks {
+            assert!(epochs.insert(task.await.unwrap()), "an epoch repeated");
         }
     }
 
