@@ -1,9 +1,10 @@
 //! idem beside its peers, measured in one run: the `idempotent` crate 0.3.0 (its memory
 //! store and its Valkey store) doing the same work, and on the same Redis server its
 //! floors: `redis-benchmark`'s SET/GET, two trivial scripts per call through idem's
-//! Redis client (the best a design of two scripts per fresh call can do), and one per
-//! call (the best a replay of one round trip can do). `IDEM_BENCH_COMMANDS=1` also
-//! counts the server's commands and their time per call, for each library and for
+//! Redis client (the best a design of two scripts per fresh call can do), one per call
+//! (the best a replay of one round trip can do), and idem's replay commands sent with
+//! nothing decided (what idem's replay read costs by itself). `IDEM_BENCH_COMMANDS=1`
+//! also counts the server's commands and their time per call, for each library and for
 //! idem's commands issued without its scripts' logic.
 //!
 //! ```text
@@ -286,8 +287,60 @@ async fn floor_calls(url: &str, prefix: &str, write: bool) -> Res<Call> {
     }))
 }
 
+/// idem's replay read with idem taken out: the pipeline of commands idem's replay sends
+/// (`HMGET` of the five fields it reads, then `TIME`), through one connection of the
+/// client idem uses, its replies read into the same types and nothing decided; without
+/// `time`, the `HMGET` alone. A key it finds empty it fills, untimed, with fields of the
+/// sizes idem writes.
+async fn read_command_floor_calls(url: &str, prefix: &str, time: bool) -> Res<Call> {
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
+    let prefix = prefix.to_owned();
+    Ok(Arc::new(move |k| {
+        let mut conn = conn.clone();
+        let rec = format!("{prefix}:r:{{{k}}}");
+        Box::pin(async move {
+            let mut hmget = redis::cmd("HMGET");
+            hmget.arg(&rec).arg(&["s", "xa", "e", "fp", "o"]);
+            let fields: Vec<redis::Value> = if time {
+                let mut pipe = redis::pipe();
+                pipe.add_command(hmget).cmd("TIME");
+                let (fields, _now): (Vec<redis::Value>, (i64, i64)) =
+                    pipe.query_async(&mut conn).await?;
+                fields
+            } else {
+                hmget.query_async(&mut conn).await?
+            };
+            if fields.first() == Some(&redis::Value::Nil) {
+                let _: () = redis::cmd("HSET")
+                    .arg(&rec)
+                    .arg("s")
+                    .arg("1")
+                    .arg("xa")
+                    .arg("4102444800000")
+                    .arg("e")
+                    .arg((1_796_000_000_000_000 + k).to_string())
+                    .arg("fp")
+                    .arg(&[7u8; 32][..])
+                    .arg("o")
+                    .arg(format!(
+                        "0:1:{{\"id\":\"ch_{k}\",\"amount\":4200,\"currency\":\"eur\"}}"
+                    ))
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            Ok(())
+        })
+    }))
+}
+
 /// The floor's name in the report.
 const FLOOR: &str = "two trivial scripts (floor)";
+
+/// The name in the report of idem's replay commands with idem taken out.
+const READ_COMMANDS: &str = "idem's replay commands alone";
+
+/// The name in the report of their `HMGET` alone.
+const READ_HMGET: &str = "its HMGET alone";
 
 /// The replay floor's name in the report.
 const READ_FLOOR: &str = "one trivial script (replay floor)";
@@ -298,7 +351,7 @@ const READ_FLOOR: &str = "one trivial script (replay floor)";
 /// script.
 fn measures(name: &str, what: &str) -> bool {
     !(name == FLOOR && what.starts_with("replay")
-        || name == READ_FLOOR && what.starts_with("fresh"))
+        || [READ_FLOOR, READ_COMMANDS, READ_HMGET].contains(&name) && what.starts_with("fresh"))
 }
 
 /// idem's fresh call with its scripts' logic taken out: two scripts that issue the
@@ -755,6 +808,14 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             Measured::kept("idempotent", peer_calls(Arc::new(peer))),
             Measured::kept(FLOOR, floor_calls(&url, "floor", true).await?),
             Measured::kept(READ_FLOOR, floor_calls(&url, "floor", false).await?),
+            Measured::kept(
+                READ_COMMANDS,
+                read_command_floor_calls(&url, "read-commands", true).await?,
+            ),
+            Measured::kept(
+                READ_HMGET,
+                read_command_floor_calls(&url, "read-hmget", false).await?,
+            ),
         ];
         let rows = compare(&systems, &[1, 16], args, base).await?;
         // Which side holds the 16-caller rates back: each process's CPU time over one
@@ -794,11 +855,13 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
     let rows: Vec<Row> = rows
         .into_iter()
         .filter(|r| {
-            [FLOOR, READ_FLOOR].into_iter().all(|f| {
-                r.label
-                    .strip_prefix(f)
-                    .is_none_or(|rest| measures(f, rest.trim_start()))
-            })
+            [FLOOR, READ_FLOOR, READ_COMMANDS, READ_HMGET]
+                .into_iter()
+                .all(|f| {
+                    r.label
+                        .strip_prefix(f)
+                        .is_none_or(|rest| measures(f, rest.trim_start()))
+                })
         })
         .collect();
     let mut floors = Vec::new();
@@ -825,11 +888,15 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
         let pr = get(&rows, &format!("idempotent replay ×{c}"));
         let ff = get(&rows, &format!("{FLOOR} fresh ×{c}"));
         let rf = get(&rows, &format!("{READ_FLOOR} replay ×{c}"));
+        let rc = get(&rows, &format!("{READ_COMMANDS} replay ×{c}"));
+        let rh = get(&rows, &format!("{READ_HMGET} replay ×{c}"));
         println!(
             "- ×{c}: fresh idem / idempotent = {:.2}, idem / SET floor = {:.2}, \
              idem / {FLOOR} = {:.2}, idempotent / {FLOOR} = {:.2}; \
              replay idem / idempotent = {:.2}, idem / GET floor = {:.2}, \
-             idem / {READ_FLOOR} = {:.2}, idempotent / {READ_FLOOR} = {:.2}",
+             idem / {READ_FLOOR} = {:.2}, idempotent / {READ_FLOOR} = {:.2}, \
+             idem / {READ_COMMANDS} = {:.2}, idempotent / {READ_COMMANDS} = {:.2}, \
+             {READ_HMGET} / idempotent = {:.2}",
             f / pf,
             f / set,
             f / ff,
@@ -837,7 +904,10 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             r / pr,
             r / getf,
             r / rf,
-            pr / rf
+            pr / rf,
+            r / rc,
+            pr / rc,
+            rh / pr
         );
     }
     for (name, what, client, server) in shares {
