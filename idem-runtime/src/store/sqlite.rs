@@ -984,6 +984,25 @@ mod tests {
         }
     }
 
+    /// A store on a new file of its own, removed when the `TempDb` drops.
+    async fn file_store(name: &str) -> (TempDb, SqliteStore) {
+        let db = TempDb::new(name);
+        let store = open(db.0.to_str().unwrap(), &SqlOptions::default())
+            .await
+            .unwrap();
+        (db, store)
+    }
+
+    /// Runs `batch`'s one-statement writes in a transaction of their own and commits.
+    async fn batched(store: &SqliteStore, batch: &[Pending]) -> Vec<Option<Vec<Row>>> {
+        let mut tx = store.dialect.pool.begin().await.unwrap();
+        let answers = in_one_statement(&mut tx, store.dialect.batch.as_deref(), batch)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        answers
+    }
+
     fn column(row: &Row, name: &str) -> Val {
         row.0.iter().find(|(n, _)| n == name).unwrap().1.clone()
     }
@@ -993,10 +1012,7 @@ mod tests {
     /// statement.
     #[tokio::test]
     async fn a_batch_claims_new_keys_and_records_in_one_statement_each() {
-        let db = TempDb::new("batch");
-        let store = open(db.0.to_str().unwrap(), &SqlOptions::default())
-            .await
-            .unwrap();
+        let (_db, store) = file_store("batch").await;
         let held = epoch_of(claim(&store, &op("held"), FP, LEASE).await);
         let taken = epoch_of(claim(&store, &op("taken"), FP, LEASE).await);
         let batch = [
@@ -1009,10 +1025,7 @@ mod tests {
             record_op("held", held, "again"),
         ]
         .map(pending);
-        let sql = store.dialect.batch.as_deref();
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        let answers = in_one_statement(&mut tx, sql, &batch).await.unwrap();
-        tx.commit().await.unwrap();
+        let answers = batched(&store, &batch).await;
 
         // New keys: claimed, each with an epoch of its own above those before.
         let mut epochs = Vec::new();
@@ -1083,10 +1096,7 @@ mod tests {
     /// older SQLite's JSON functions would cut short, is left to its own statement.
     #[tokio::test]
     async fn a_batch_keeps_every_key_as_it_is() {
-        let db = TempDb::new("batch-keys");
-        let store = open(db.0.to_str().unwrap(), &SqlOptions::default())
-            .await
-            .unwrap();
+        let (_db, store) = file_store("batch-keys").await;
         let keys = [
             "quote\"d",
             "back\\slash",
@@ -1097,10 +1107,7 @@ mod tests {
         ];
         let mut batch: Vec<Pending> = keys.iter().map(|k| pending(claim_op(k))).collect();
         batch.push(pending(claim_op("nul\0b")));
-        let sql = store.dialect.batch.as_deref();
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        let answers = in_one_statement(&mut tx, sql, &batch).await.unwrap();
-        tx.commit().await.unwrap();
+        let answers = batched(&store, &batch).await;
         let mut epochs = Vec::new();
         for (key, answer) in keys[..5].iter().zip(&answers) {
             let [row] = &answer.as_ref().expect("answered by the batch")[..] else {
@@ -1118,9 +1125,7 @@ mod tests {
             .zip(&epochs)
             .map(|(key, &epoch)| pending(record_op(key, epoch, key)))
             .collect::<Vec<_>>();
-        let mut tx = store.dialect.pool.begin().await.unwrap();
-        let answers = in_one_statement(&mut tx, sql, &records).await.unwrap();
-        tx.commit().await.unwrap();
+        let answers = batched(&store, &records).await;
         for (key, answer) in keys.iter().zip(&answers) {
             assert_eq!(answer.as_ref().map(Vec::len), Some(1), "{key:?}");
             match claim(&store, &op(key), FP, LEASE).await {
@@ -1142,12 +1147,8 @@ mod tests {
     /// own, records its own outcome, and reads back its own.
     #[tokio::test]
     async fn concurrent_fresh_calls_each_keep_their_own() {
-        let db = TempDb::new("gathered");
-        let store = Arc::new(
-            open(db.0.to_str().unwrap(), &SqlOptions::default())
-                .await
-                .unwrap(),
-        );
+        let (_db, store) = file_store("gathered").await;
+        let store = Arc::new(store);
         let barrier = Arc::new(tokio::sync::Barrier::new(64));
         let tasks: Vec<_> = (0..64)
             .map(|i| {
