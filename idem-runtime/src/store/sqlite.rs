@@ -318,9 +318,9 @@ async fn in_one_statement(
                 Work::Op(op) if matches!(op, Gathered::Record { .. }) == records => Some((i, op)),
                 _ => None,
             })
-            // SQLite's JSON functions cut a string at an escaped NUL before 3.45 (the
-            // bundled SQLite is newer, but a build may link the system's), so an
-            // operation named with one runs its own statement.
+            // Older SQLites' JSON functions (3.40, for one) cut a string at an escaped
+            // NUL; the bundled one keeps it whole, but a build may link the system's.
+            // So an operation named with a NUL runs its own statement.
             .filter(|(_, op)| {
                 let id = op.id();
                 ![&id.scope, &id.name, &id.key]
