@@ -298,8 +298,8 @@ async fn write_batch(pool: SqlitePool, sql: Option<Arc<BatchSql>>, batch: Vec<Pe
 /// writes: the rows of each write answered, `None` for each left to run on its own. A
 /// claim whose key exists is left, for `claim.sql` to decide; a key's second claim or
 /// record is left, as a statement changes a row once, and so is an operation whose
-/// names hold a NUL. Writes of one batch are
-/// concurrent callers', so this order is as good as their arrival's.
+/// names hold a NUL. The writes of one batch are concurrent, so this order is as good
+/// as their arrival's.
 async fn in_one_statement(
     conn: &mut SqliteConnection,
     sql: Option<&BatchSql>,
