@@ -476,13 +476,20 @@ pub(crate) fn keyed_hex(secret: &[u8], bytes: &[u8]) -> String {
     hex(&mac.finalize().into_bytes())
 }
 
-fn hex(digest: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(64);
-    for b in digest {
-        let _ = write!(out, "{b:02x}");
-    }
+/// `bytes` in lowercase hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
     out
+}
+
+/// Appends `bytes` to `out` in lowercase hex.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
 }
 
 /// The background purge started by [`Idem::spawn_reaper`]; dropping it stops the task.

@@ -47,7 +47,7 @@ pub(crate) enum Val {
 pub(crate) struct Row(pub(crate) Vec<(String, Val)>);
 
 impl Row {
-    fn val(&self, name: &str) -> Result<&Val, StoreError> {
+    pub(crate) fn val(&self, name: &str) -> Result<&Val, StoreError> {
         self.0
             .iter()
             .find(|(n, _)| n == name)
@@ -74,7 +74,7 @@ impl Row {
         Ok(self.int(name)? != 0)
     }
 
-    fn text(&self, name: &str) -> Result<String, StoreError> {
+    pub(crate) fn text(&self, name: &str) -> Result<String, StoreError> {
         match self.val(name)? {
             Val::Text(t) => Ok(t.clone()),
             other => Err(corrupt(format!("`{name}` is {other:?}, not text"))),

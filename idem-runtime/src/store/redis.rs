@@ -578,14 +578,10 @@ impl RedisStore {
             h.update((part.len() as u64).to_be_bytes());
             h.update(part.as_bytes());
         }
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut rec = String::with_capacity(self.prefix.len() + 37);
         rec.push_str(&self.prefix);
         rec.push_str(":r:{");
-        for b in &h.finalize()[..16] {
-            rec.push(char::from(HEX[usize::from(b >> 4)]));
-            rec.push(char::from(HEX[usize::from(b & 15)]));
-        }
+        crate::idem::push_hex(&mut rec, &h.finalize()[..16]);
         rec.push('}');
         // The steps key differs from the record key in the kind's letter alone.
         let kind = self.prefix.len() + 1;

@@ -21,9 +21,10 @@ use sqlx::sqlite::{
 };
 use tokio::sync::oneshot;
 
+use super::OperationId;
 use super::engine::{
-    Arg, Dialect, Gathered, On, Row, SqlDb, SqlStore, Stmt, Val, bind, decode_row, migrate,
-    open_error, statements,
+    Arg, Dialect, Gathered, On, Row, SqlDb, SqlStore, Stmt, bind, decode_row, migrate, open_error,
+    statements,
 };
 use super::group::Gather;
 use super::sql_common::{self, SqlOptions, TableName};
@@ -342,14 +343,12 @@ async fn in_one_statement(
             .map(|(_, op)| json_element(&op.args(), fields))
             .collect::<Result<Vec<_>, _>>()?;
         let json = serde_json::Value::Array(elements).to_string();
-        let mut by_key: HashMap<[String; 3], Row> = HashMap::new();
+        let mut by_id: HashMap<OperationId, Row> = HashMap::new();
         for row in rows(&mut *conn, &stmt.sql, vec![Arg::Text(&json)]).await? {
-            by_key.insert(row_key(&row)?, row);
+            by_id.insert(row_id(&row)?, row);
         }
         for (i, op) in picked {
-            let id = op.id();
-            let key = [id.scope.clone(), id.name.clone(), id.key.clone()];
-            answers[i] = match (by_key.remove(&key), op) {
+            answers[i] = match (by_id.remove(op.id()), op) {
                 (Some(row), _) => Some(vec![row]),
                 // The fence did not hold, or (from the engine's plain insert) the key
                 // exists: no row, as their own statements answer.
@@ -393,32 +392,24 @@ fn json_element(
             Arg::Text(t) | Arg::OptText(Some(t)) => Value::from(t),
             Arg::Int(i) | Arg::OptInt(Some(i)) => Value::from(i),
             Arg::Bool(b) => Value::from(i64::from(b)),
-            Arg::Bytes(b) => Value::from(hex(b)),
+            Arg::Bytes(b) => Value::from(crate::idem::hex(b)),
             Arg::OptText(None) | Arg::OptInt(None) => Value::Null,
         })
     };
     fields.iter().map(|f| value(f)).collect()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    out
-}
-
 /// The operation a batch statement's row is of: its `scope`, `name` and `key`.
-fn row_key(row: &Row) -> Result<[String; 3], sqlx::Error> {
-    let text = |name: &str| match row.0.iter().find(|(n, _)| n == name) {
-        Some((_, Val::Text(t))) => Ok(t.clone()),
-        other => Err(sqlx::Error::Protocol(format!(
-            "a batch statement's row has `{name}` {other:?}"
-        ))),
+fn row_id(row: &Row) -> Result<OperationId, sqlx::Error> {
+    let text = |name| {
+        row.text(name)
+            .map_err(|e| sqlx::Error::Protocol(e.to_string()))
     };
-    Ok([text("scope")?, text("name")?, text("key")?])
+    Ok(OperationId {
+        scope: text("scope")?,
+        name: text("name")?,
+        key: text("key")?,
+    })
 }
 
 /// The SQLite store.
@@ -672,6 +663,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::store::engine::Val;
     use crate::store::test_support::*;
     use crate::store::{Claim, Fence, Store};
 
@@ -1004,7 +996,7 @@ mod tests {
     }
 
     fn column(row: &Row, name: &str) -> Val {
-        row.0.iter().find(|(n, _)| n == name).unwrap().1.clone()
+        row.val(name).unwrap().clone()
     }
 
     /// A batch's claims of new keys and its records each run as one statement: every
@@ -1113,7 +1105,7 @@ mod tests {
             let [row] = &answer.as_ref().expect("answered by the batch")[..] else {
                 panic!("{key:?}: {answer:?}");
             };
-            assert_eq!(row_key(row).unwrap()[2], *key);
+            assert_eq!(row_id(row).unwrap().key, *key);
             let Val::Int(epoch) = column(row, "epoch") else {
                 panic!("{row:?}");
             };
