@@ -873,15 +873,16 @@ async fn run_seed(backend: Backend, seed: u64) {
             if e.stalled || reset {
                 continue;
             }
-            match leases.taker(&e.op, e.epoch) {
-                Some(t) if leases.surely_live_at(&e.op, e.epoch, t) => violations.push(format!(
+            let taker = leases.taker(&e.op, e.epoch);
+            // The taker, and how long before the lease's end it was answered if it surely
+            // was.
+            match taker.map(|t| (t, leases.live_margin(&e.op, e.epoch, t))) {
+                Some((t, Some(margin))) => violations.push(format!(
                     "exec {x} (key {}, epoch {}) was fenced by epoch {t}, claimed while its lease \
-                 surely held ({:?} before its end)",
-                    e.key,
-                    e.epoch,
-                    leases.live_margin(&e.op, e.epoch, t).unwrap_or_default()
+                 surely held ({margin:?} before its end)",
+                    e.key, e.epoch,
                 )),
-                Some(_) => {}
+                Some((_, None)) => {}
                 None => violations.push(format!(
                     "exec {x} (key {}, epoch {}) was fenced though no later claim exists and no \
                  operator touched it",
