@@ -173,47 +173,56 @@ fn peer_calls_sized<S: IdempotencyStore>(store: Arc<S>, size: Size) -> Call {
     })
 }
 
-/// Fresh and replay rates for each system at each caller count, interleaved by round.
+/// Fresh and replay rates for each system at each caller count, interleaved by round;
+/// a floor's kind of call it does not make ([`measures`]) is left out.
 async fn compare(
     systems: &[Measured],
     callers: &[usize],
     args: &Args,
     base: &AtomicU64,
 ) -> Res<Vec<Row>> {
-    let mut rows: Vec<Row> = Vec::new();
     let systems: Vec<&Measured> = systems
         .iter()
         .filter(|s| args.only.as_deref().is_none_or(|o| o == s.name))
         .collect();
+    let label = |name: &str, what: &str, c: usize| format!("{name} {what} ×{c}");
+    let mut rows: Vec<Row> = Vec::new();
     for Measured { name, .. } in &systems {
         for &c in callers {
             for what in ["fresh", "replay"] {
-                rows.push(Row {
-                    label: format!("{name} {what} ×{c}"),
-                    samples: Vec::new(),
-                });
+                if measures(name, what) {
+                    rows.push(Row {
+                        label: label(name, what, c),
+                        samples: Vec::new(),
+                    });
+                }
             }
         }
     }
+    let mut sample = |name: &str, what: &str, c: usize, rate: f64| {
+        let l = label(name, what, c);
+        if let Some(row) = rows.iter_mut().find(|r| r.label == l) {
+            row.samples.push(rate);
+        }
+    };
     for _ in 0..args.rounds {
-        let mut i = 0;
-        for Measured { call, empty, .. } in &systems {
+        for Measured { name, call, empty } in &systems {
             for &c in callers {
-                let b = base.fetch_add(1 << 32, Ordering::Relaxed);
-                let fresh = empty.map_or_else(|| call.clone(), |empty| empty());
-                rows[i]
-                    .samples
-                    .push(rate(&fresh, c, args.secs, b, None).await?);
-                drop(fresh);
-                // Replays of keys recorded just before, untimed: a replay cache holds
-                // what this process recorded last, and the fresh calls above would have
-                // pushed out keys recorded any earlier.
-                let b = base.fetch_add(1 << 32, Ordering::Relaxed);
-                record_replay_keys(call, b).await?;
-                rows[i + 1]
-                    .samples
-                    .push(rate(call, c, args.secs, b, Some(REPLAY_KEYS)).await?);
-                i += 2;
+                if measures(name, "fresh") {
+                    let b = base.fetch_add(1 << 32, Ordering::Relaxed);
+                    let fresh = empty.map_or_else(|| call.clone(), |empty| empty());
+                    sample(name, "fresh", c, rate(&fresh, c, args.secs, b, None).await?);
+                    drop(fresh);
+                }
+                if measures(name, "replay") {
+                    // Replays of keys recorded just before, untimed: a replay cache holds
+                    // what this process recorded last, and the fresh calls above would
+                    // have pushed out keys recorded any earlier.
+                    let b = base.fetch_add(1 << 32, Ordering::Relaxed);
+                    record_replay_keys(call, b).await?;
+                    let replays = rate(call, c, args.secs, b, Some(REPLAY_KEYS)).await?;
+                    sample(name, "replay", c, replays);
+                }
             }
         }
     }
@@ -345,13 +354,12 @@ const READ_HMGET: &str = "its HMGET alone";
 /// The replay floor's name in the report.
 const READ_FLOOR: &str = "one trivial script (replay floor)";
 
-/// Whether `name`'s `what` calls (`fresh`, `replay`, or a row's label past the name) are
-/// a measure of their own. Each floor makes one kind of call: the two-script floor's
-/// "replays" are its two scripts again, the one-script floor's "fresh" calls its one
-/// script.
+/// Whether `name`'s `what` calls (`fresh` or `replay`) are a measure of their own. Each
+/// floor makes one kind of call: the two-script floor's "replays" are its two scripts
+/// again, the replay floors' "fresh" calls their read.
 fn measures(name: &str, what: &str) -> bool {
-    !(name == FLOOR && what.starts_with("replay")
-        || [READ_FLOOR, READ_COMMANDS, READ_HMGET].contains(&name) && what.starts_with("fresh"))
+    !(name == FLOOR && what == "replay"
+        || [READ_FLOOR, READ_COMMANDS, READ_HMGET].contains(&name) && what == "fresh")
 }
 
 /// idem's fresh call with its scripts' logic taken out: two scripts that issue the
@@ -852,18 +860,6 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
         Res::Ok((rows, shares))
     })?;
     let (rows, shares) = rows;
-    let rows: Vec<Row> = rows
-        .into_iter()
-        .filter(|r| {
-            [FLOOR, READ_FLOOR, READ_COMMANDS, READ_HMGET]
-                .into_iter()
-                .all(|f| {
-                    r.label
-                        .strip_prefix(f)
-                        .is_none_or(|rest| measures(f, rest.trim_start()))
-                })
-        })
-        .collect();
     let mut floors = Vec::new();
     for c in [1, 16] {
         let mut sets = Vec::new();
