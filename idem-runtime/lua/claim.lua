@@ -1,30 +1,29 @@
 -- ARGV: fingerprint, lease ms, on_takeover ('rerun' | 'unknown'), the operation's `sn`
 -- and key (the record's fields). One decision: fresh, replay, in flight, mismatch,
--- takeover, resume or unknown. Acquired: the epoch alone for a fresh claim, else
--- {'acquired', epoch, takeover (0/1), resume (0/1)}.
-local fp, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local now, t = now_ms()
+-- takeover, resume or unknown. Acquired: the epoch alone (in decimal) for a fresh
+-- claim, else {'acquired', epoch, takeover (0/1), resume (0/1)}.
+local t = redis.call('TIME')
 -- The server's clock in microseconds, in decimal: a new record's epoch, and the least
 -- epoch a claim takes, so epochs follow the clock across the record's lives.
 local clock = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 
--- A new record, a new life without steps; `replace`: an expired record is there to be
--- replaced (with the hash, its steps flag goes).
-local function create(replace)
-  if replace then
-    redis.call('DEL', REC)
-  end
-  redis.call('HSET', REC, 's', '0', 'e', clock, 'fp', fp, 'lu', dec(now + lease),
-    'ca', dec(now), 'sn', ARGV[4], 'k', ARGV[5])
-  return tonumber(clock)
+-- A new record, a new life without steps: its claim time and lease deadline follow
+-- from `e` and `ll` (see prelude.lua).
+local function create()
+  redis.call('HSET', REC, 's', '0', 'e', clock, 'fp', ARGV[1], 'll', ARGV[2],
+    'sn', ARGV[4], 'k', ARGV[5])
+  return clock
 end
 
 -- One read serves every answer, the replay's outcome included.
-local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'o', 'st')
+local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'o', 'st', 'll')
 if not r[1] then
-  return create(false)
+  return create()
 end
 --[[lifecycle]]
+local fp, lease, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
 -- The record (at epoch `held`) claimed again: a lapsed claim taken over (`takeover` 1)
 -- or a released one resumed; `resume` 1 when it has steps, which are then live again.
 local function reclaim(held, takeover, resume)
@@ -40,8 +39,10 @@ end
 
 local state, epoch = r[1], tonumber(r[2])
 if state == '1' and tonumber(r[5]) <= now then
-  -- Past retention: absent, whatever fingerprint it had.
-  return create(true)
+  -- Past retention: absent, whatever fingerprint it had; with the hash goes its steps
+  -- flag.
+  redis.call('DEL', REC)
+  return create()
 end
 if r[3] ~= fp then
   return {'mismatch'}
@@ -57,7 +58,7 @@ if r[7] == '2' then
   -- resumes at once, whatever `on_takeover` says.
   return reclaim(epoch, 0, 1)
 end
-local lease_until = tonumber(r[4])
+local lease_until = lease_end(r[4], r[2], r[8])
 if lease_until > now then
   return {'inflight', lease_until - now}
 end

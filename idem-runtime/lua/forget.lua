@@ -2,8 +2,11 @@
 -- COMPLETED or UNKNOWN, released, or IN_PROGRESS once its lease has lapsed (a live
 -- claim is never dropped).
 local state, r = held_state(ARGV[1])
-if state == '1' or state == '2' or state == 'released'
-  or (state == '0' and tonumber(redis.call('HGET', REC, 'lu')) <= now_ms()) then
+local function lapsed()
+  local f = redis.call('HMGET', REC, 'lu', 'e', 'll')
+  return lease_end(f[1], f[2], f[3]) <= now_ms()
+end
+if state == '1' or state == '2' or state == 'released' or (state == '0' and lapsed()) then
   remove(r)
   return 1
 end

@@ -4,10 +4,16 @@
 -- Times are the server's, in milliseconds.
 --
 -- The record's fields: `s` state ('0' in progress, '1' completed, '2' unknown), `e`
--- epoch, `fp` fingerprint, `lu` lease deadline, `ca` claim time, `sn` and `k` the
--- operation (`sn` is `<len>:<scope><len>:<name>`, `k` the key), `w` set once a waiter
--- announced itself, `st` the steps flag, and for a completed record `xa` its retention
--- deadline and `o` its outcome, `<is_err>:<version>:<body>`.
+-- epoch, `fp` fingerprint, `ll` the claim's lease (ms), `lu` lease deadline and `ca`
+-- claim time, `sn` and `k` the operation (`sn` is `<len>:<scope><len>:<name>`, `k` the
+-- key), `w` set once a waiter announced itself, `st` the steps flag, and for a
+-- completed record `xa` its retention deadline and `o` its outcome,
+-- `<is_err>:<version>:<body>`.
+--
+-- A new record's epoch is the server's clock in µs when it was claimed, so its claim
+-- time is `e` / 1000 and its lease deadline that plus `ll`: it is written without `ca`
+-- and `lu`, and with no number converted or formatted. A renewal or a later claim of
+-- the record writes both (`lease_end` and `claimed_at` in lifecycle.lua read either).
 --
 -- The field `st` says what the steps key holds for this life of the record: absent, no
 -- steps (whatever is there is left from an earlier life); '1', steps; '2', steps, and

@@ -440,6 +440,13 @@ pub async fn fresh_claim_in_flight_then_replay(store: &dyn Store) {
         ),
         other => panic!("a live claim must be in flight, got {other:?}"),
     }
+    if let Ok(Some(detail)) = store.get(&id).await {
+        let left = detail.lease_remaining;
+        assert!(
+            left.is_some_and(|l| l > Duration::ZERO && l <= LEASE + Duration::from_millis(2)),
+            "a fresh claim of a {LEASE:?} lease shows {left:?} of it left"
+        );
+    }
     assert_eq!(store.peek_completed(&id, &FP).await.unwrap(), None);
     let done = StoredOutcome {
         is_err: true,
@@ -762,6 +769,13 @@ pub async fn expired_is_claimed_afresh(store: &dyn Store) {
     let new = acquire(store, &id, OTHER_FP, LEASE).await;
     assert!(new > old);
     assert_eq!(claim(store, &id, FP, LEASE).await, Claim::Mismatch);
+    assert!(
+        matches!(
+            claim(store, &id, OTHER_FP, LEASE).await,
+            Claim::InFlight { .. }
+        ),
+        "the new life's claim holds its lease"
+    );
     assert_eq!(
         store
             .record(&id, old, &outcome("stale"), DAY)

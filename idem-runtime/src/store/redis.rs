@@ -24,13 +24,16 @@
 //! 128 bits of a SHA-256 of the three parts, so every script touches one slot in Redis
 //! Cluster:
 //!
-//! - `<prefix>:r:{<tag>}`, a hash: state, epoch, fingerprint, the operation, lease
-//!   deadline, claim time, and for a completed record its outcome (one field,
-//!   `is_err:version:body`) and retention deadline (`idem-runtime/lua/prelude.lua`
-//!   lists the fields). A completed record gets `PEXPIRE` five minutes past its
-//!   retention: claims treat it as absent from its retention on,
-//!   [`Store::purge_expired`] deletes (and counts) the ones it finds early, and Redis
-//!   drops the rest by itself, so nothing needs to run a purge.
+//! - `<prefix>:r:{<tag>}`, a hash: state, epoch, fingerprint, the operation, the
+//!   lease, and for a completed record its outcome (one field, `is_err:version:body`)
+//!   and retention deadline (`idem-runtime/lua/prelude.lua` lists the fields). A fresh
+//!   claim writes its lease's length alone: its epoch is the server's clock in µs, so
+//!   the claim time and the lease deadline follow from the two, and the script converts
+//!   and formats no number. A renewal or a later claim of the record writes both. A
+//!   completed record gets `PEXPIRE` five minutes past its retention: claims treat it
+//!   as absent from its retention on, [`Store::purge_expired`] deletes (and counts) the
+//!   ones it finds early, and Redis drops the rest by itself, so nothing needs to run a
+//!   purge.
 //! - `<prefix>:s:{<tag>}`, the operation's [steps](Store::record_step), a hash from
 //!   label to `seq:epoch:recorded-at:is_err:version:body` (`seq` numbers the labels
 //!   in the order first recorded, so [`Store::steps`] lists them oldest first; a label
@@ -805,11 +808,14 @@ impl Row {
         // `sn` and `k` together are the operation as a wake-up carries it.
         let mut op = f.get(3)?.clone()?;
         op.extend_from_slice(f.get(4)?.as_deref()?);
+        let epoch = num(1)?;
         Some(Row {
             key,
             state: State::from_code(num(0)? as i64)?,
-            epoch: num(1)?,
-            claimed_at: num(2)?,
+            epoch,
+            // A record as its first claim wrote it has no `ca`: its epoch is the
+            // server's clock in µs at that claim (prelude.lua).
+            claimed_at: num(2).unwrap_or(epoch / 1000),
             expires_at: num(5),
             id: parse_wakeup(&op)?,
         })
@@ -1084,11 +1090,13 @@ impl Store for RedisStore {
             )
             .await?;
         let bad = || protocol(format!("claim answered {v:?}"));
-        // A fresh claim answers its epoch alone.
-        if let Value::Int(epoch) = v {
+        // A fresh claim answers its epoch alone, in decimal.
+        if let Value::BulkString(_) = &v {
             self.gate.saw(false);
             return Ok(Claim::Acquired {
-                epoch: u64::try_from(epoch).map_err(|_| bad())?,
+                epoch: int(&v)
+                    .and_then(|e| u64::try_from(e).ok())
+                    .ok_or_else(bad)?,
                 takeover: false,
                 resume: false,
             });
