@@ -4,8 +4,8 @@
 //! Redis client (the best a design of two scripts per fresh call can do), one per call
 //! (the best a replay of one round trip can do), and idem's replay commands sent with
 //! nothing decided (what idem's replay read costs by itself). `IDEM_BENCH_COMMANDS=1`
-//! also counts the server's commands and their time per call, for each library and for
-//! idem's commands issued without its scripts' logic.
+//! also counts the server's commands and their time per call under 16 callers, for each
+//! library and for idem's commands issued without its scripts' logic.
 //!
 //! ```text
 //! cargo build --release --manifest-path benches/peers/Cargo.toml
@@ -414,7 +414,12 @@ async fn command_floor_calls(url: &str, prefix: &str) -> Res<Call> {
 
 /// Calls per system whose server-side commands `IDEM_BENCH_COMMANDS` counts: enough for
 /// a steady time per script, few enough to stay a second or two.
-const COUNTED_CALLS: u64 = 2_000;
+const COUNTED_CALLS: u64 = 20_000;
+
+/// Callers at once while the commands are counted: the server's time per command under
+/// the load of the 16-caller rows. A lone caller's commands each find the server idle
+/// and its caches cold, and their times move with that from run to run.
+const COUNTED_CALLERS: u64 = 16;
 
 /// The commands the server saw for `COUNTED_CALLS` fresh calls and as many replays of
 /// each library, and as many calls of the floor.
@@ -443,12 +448,29 @@ async fn commands_per_op(url: &str) -> Res<()> {
             if name != "idem" && name != "idempotent" && what == "replay" {
                 continue;
             }
+            if what == "fresh" {
+                // Each system's count starts on an empty server: the keys of the timed
+                // rounds and of the systems counted before would otherwise grow its
+                // table (and rehash it) under some counts and not others.
+                let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
+            }
             let _: () = redis::cmd("CONFIG")
                 .arg("RESETSTAT")
                 .query_async(&mut conn)
                 .await?;
-            for k in 0..COUNTED_CALLS {
-                call(1 << 50 | k).await?;
+            let callers: Vec<_> = (0..COUNTED_CALLERS)
+                .map(|first| {
+                    let call = call.clone();
+                    tokio::spawn(async move {
+                        for k in (first..COUNTED_CALLS).step_by(COUNTED_CALLERS as usize) {
+                            call(1 << 50 | k).await?;
+                        }
+                        Res::Ok(())
+                    })
+                })
+                .collect();
+            for caller in callers {
+                caller.await??;
             }
             let stats: String = redis::cmd("INFO")
                 .arg("commandstats")

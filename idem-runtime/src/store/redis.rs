@@ -255,7 +255,7 @@ struct Healing {
 }
 
 /// Connections to a standalone server: two let the server run one connection's scripts
-/// while the client writes the other's (BENCHMARKS.md measures it beside one).
+/// while the client writes the other's.
 const CONNECTIONS: usize = 2;
 
 /// Opens [`CONNECTIONS`] connections.
