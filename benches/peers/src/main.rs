@@ -369,10 +369,10 @@ async fn command_floor_calls(url: &str, prefix: &str) -> Res<Call> {
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
     let claim = Arc::new(redis::Script::new(
         "redis.call('TIME')
-        redis.call('HMGET', KEYS[1], 's', 'e', 'fp', 'lu', 'xa', 'o', 'st')
-        redis.call('HSET', KEYS[1], 's', '0', 'e', ARGV[1], 'fp', ARGV[2], 'lu', ARGV[3],
-            'ca', ARGV[3], 'sn', ARGV[4], 'k', ARGV[5])
-        return 1",
+        redis.call('HMGET', KEYS[1], 's', 'e', 'fp', 'lu', 'xa', 'o', 'st', 'll')
+        redis.call('HSET', KEYS[1], 's', '0', 'e', ARGV[1], 'fp', ARGV[2], 'll', ARGV[3],
+            'sn', ARGV[4], 'k', ARGV[5])
+        return ARGV[1]",
     ));
     let record = Arc::new(redis::Script::new(
         "redis.call('HMGET', KEYS[1], 's', 'e', 'st', 'w')
@@ -392,7 +392,7 @@ async fn command_floor_calls(url: &str, prefix: &str) -> Res<Call> {
                 .key(&steps)
                 .arg(epoch)
                 .arg(&[7u8; 32][..])
-                .arg("1796000000000")
+                .arg("60002")
                 .arg("5:bench6:charge")
                 .arg(format!("order-{k}"))
                 .invoke_async(&mut conn)
