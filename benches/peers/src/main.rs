@@ -2,10 +2,11 @@
 //! store and its Valkey store) doing the same work, and on the same Redis server its
 //! floors: `redis-benchmark`'s SET/GET, two trivial scripts per call through idem's
 //! Redis client (the best a design of two scripts per fresh call can do), one per call
-//! (the best a replay of one round trip can do), and idem's replay commands sent with
-//! nothing decided (what idem's replay read costs by itself). `IDEM_BENCH_COMMANDS=1`
-//! also counts the server's commands and their time per call under 16 callers, for each
-//! library and for idem's commands issued without its scripts' logic.
+//! (the best a replay of one round trip can do), and idem's commands sent with nothing
+//! decided: a fresh call's two scripts with their logic taken out, and the replay's read
+//! (what idem's commands cost by themselves). `IDEM_BENCH_COMMANDS=1` also counts the
+//! server's commands and their time per call under 16 callers, for each library and for
+//! idem's commands issued without its scripts' logic.
 //!
 //! ```text
 //! cargo build --release --manifest-path benches/peers/Cargo.toml
@@ -345,6 +346,9 @@ async fn read_command_floor_calls(url: &str, prefix: &str, time: bool) -> Res<Ca
 /// The floor's name in the report.
 const FLOOR: &str = "two trivial scripts (floor)";
 
+/// The name in the report of idem's fresh call with its scripts' logic taken out.
+const COMMANDS: &str = "idem's commands alone";
+
 /// The name in the report of idem's replay commands with idem taken out.
 const READ_COMMANDS: &str = "idem's replay commands alone";
 
@@ -358,7 +362,7 @@ const READ_FLOOR: &str = "one trivial script (replay floor)";
 /// floor makes one kind of call: the two-script floor's "replays" are its two scripts
 /// again, the replay floors' "fresh" calls their read.
 fn measures(name: &str, what: &str) -> bool {
-    !(name == FLOOR && what == "replay"
+    !([FLOOR, COMMANDS].contains(&name) && what == "replay"
         || [READ_FLOOR, READ_COMMANDS, READ_HMGET].contains(&name) && what == "fresh")
 }
 
@@ -442,7 +446,7 @@ async fn commands_per_op(url: &str) -> Res<()> {
         ("idem", idem),
         ("idempotent", peer),
         ("floor", floor),
-        ("idem's commands alone", commands),
+        (COMMANDS, commands),
     ] {
         for what in ["fresh", "replay"] {
             if name != "idem" && name != "idempotent" && what == "replay" {
@@ -838,6 +842,7 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             Measured::kept("idempotent", peer_calls(Arc::new(peer))),
             Measured::kept(FLOOR, floor_calls(&url, "floor", true).await?),
             Measured::kept(READ_FLOOR, floor_calls(&url, "floor", false).await?),
+            Measured::kept(COMMANDS, command_floor_calls(&url, "commands").await?),
             Measured::kept(
                 READ_COMMANDS,
                 read_command_floor_calls(&url, "read-commands", true).await?,
@@ -905,12 +910,14 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
         let pf = get(&rows, &format!("idempotent fresh ×{c}"));
         let pr = get(&rows, &format!("idempotent replay ×{c}"));
         let ff = get(&rows, &format!("{FLOOR} fresh ×{c}"));
+        let fc = get(&rows, &format!("{COMMANDS} fresh ×{c}"));
         let rf = get(&rows, &format!("{READ_FLOOR} replay ×{c}"));
         let rc = get(&rows, &format!("{READ_COMMANDS} replay ×{c}"));
         let rh = get(&rows, &format!("{READ_HMGET} replay ×{c}"));
         println!(
             "- ×{c}: fresh idem / idempotent = {:.2}, idem / SET floor = {:.2}, \
-             idem / {FLOOR} = {:.2}, idempotent / {FLOOR} = {:.2}; \
+             idem / {FLOOR} = {:.2}, idempotent / {FLOOR} = {:.2}, \
+             idem / {COMMANDS} = {:.2}, {COMMANDS} / idempotent = {:.2}; \
              replay idem / idempotent = {:.2}, idem / GET floor = {:.2}, \
              idem / {READ_FLOOR} = {:.2}, idempotent / {READ_FLOOR} = {:.2}, \
              idem / {READ_COMMANDS} = {:.2}, idempotent / {READ_COMMANDS} = {:.2}, \
@@ -919,6 +926,8 @@ fn redis_half(args: &Args, base: &AtomicU64) -> Res<()> {
             f / set,
             f / ff,
             pf / ff,
+            f / fc,
+            fc / pf,
             r / pr,
             r / getf,
             r / rf,
