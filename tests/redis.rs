@@ -636,6 +636,17 @@ async fn the_steps_key_lives_and_goes_with_its_record() {
     // No steps: no steps key, before or after the record.
     let plain = id("plain");
     let epoch = claim(&plain).await;
+    // A fresh claim writes no claim time or lease deadline of its own: `get` derives
+    // both from its epoch and its lease.
+    let detail = store.get(&plain).await.unwrap().expect("claimed");
+    let lease = Duration::from_secs(60) + Duration::from_millis(2);
+    assert!(
+        detail.info.age < hour
+            && detail
+                .lease_remaining
+                .is_some_and(|l| l > Duration::ZERO && l <= lease),
+        "{detail:?}"
+    );
     let rec = store.record(&plain, epoch, &value("1"), hour).await;
     assert_eq!(rec.unwrap(), Fence::Held);
     assert!(

@@ -9,14 +9,6 @@ local function lease_end(lu, e, ll)
   return math.floor(tonumber(e) / 1000) + tonumber(ll)
 end
 
--- The claim time (ms) of a record with fields `ca` and `e` as read.
-local function claimed_at(ca, e)
-  if ca then
-    return tonumber(ca)
-  end
-  return math.floor(tonumber(e) / 1000)
-end
-
 -- The record's state ('0' in progress, '1' completed, '2' unknown, 'released' for a
 -- claim released with its steps, which its epoch no longer holds) if it exists and is
 -- at `epoch` (compared as the decimal string), else nil; and the fields a write needs

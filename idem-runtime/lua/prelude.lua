@@ -13,7 +13,7 @@
 -- A new record's epoch is the server's clock in µs when it was claimed, so its claim
 -- time is `e` / 1000 and its lease deadline that plus `ll`: it is written without `ca`
 -- and `lu`, and with no number converted or formatted. A renewal or a later claim of
--- the record writes both (`lease_end` and `claimed_at` in lifecycle.lua read either).
+-- the record writes both (`lease_end` in lifecycle.lua and read.lua read either).
 --
 -- The field `st` says what the steps key holds for this life of the record: absent, no
 -- steps (whatever is there is left from an earlier life); '1', steps; '2', steps, and
