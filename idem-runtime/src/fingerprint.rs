@@ -144,6 +144,18 @@ pub fn canonical_encoding<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, S
     Ok(bytes)
 }
 
+/// The length of `value`'s encoding as a part, written where [`fingerprint`] writes it
+/// (the thread's kept buffer) and not hashed: the encoding's share of a fingerprint.
+/// Not a stable API; the benches time it.
+#[doc(hidden)]
+pub fn encoded_len<T: Serialize + ?Sized>(value: &T) -> Result<usize, String> {
+    SCRATCH.with(|scratch| {
+        let mut out = scratch.try_borrow_mut().map_err(|e| e.to_string())?;
+        encode_part(&mut out, "", value).map_err(|e| e.0)?;
+        Ok(out.buf.len())
+    })
+}
+
 /// [`fingerprint`] with parts of `large` bytes or more, instead of [`LARGE_PART`],
 /// entering as their padded BLAKE3 digest: the benches weigh the bound with it. Not a
 /// stable API.

@@ -125,6 +125,15 @@ fn in_process(c: &mut Criterion) {
             })
         },
     );
+    // Each library's encoding of the request alone, before its hash: idem's canonical
+    // encoding into the buffer its fingerprint keeps, the peer's JSON.
+    g.bench_function(format!("idem's encoding of the {size}-byte request"), |b| {
+        b.iter(|| idem_runtime::bench::encoded_len(black_box(&large)))
+    });
+    g.bench_function(
+        format!("idempotent's JSON of the {size}-byte request"),
+        |b| b.iter(|| serde_json::to_vec(black_box(&large))),
+    );
     // The peer's way made collision resistant: its JSON, then SHA-256.
     g.bench_function(format!("SHA-256 of the {size}-byte request's JSON"), |b| {
         b.iter(|| {
