@@ -58,11 +58,16 @@ const SCRATCH_KEPT: usize = 64 * 1024;
 #[derive(Clone, Debug, Default)]
 struct Out {
     buf: Vec<u8>,
-    /// The entry spans of the maps being written, the innermost last (each map's from
-    /// where it started).
-    spans: Vec<(usize, usize)>,
+    /// The entries of the maps being written, the innermost last (each map's from where
+    /// it started).
+    spans: Vec<Entry>,
     /// Where an unsorted map's entries are copied while they are put in order.
     scratch: Vec<u8>,
+    /// The field names of the last struct put in order, as they arrived, and the order
+    /// its entries went in: the next struct whose fields arrive as the same names (a
+    /// list of one type) goes in that order without sorting.
+    order_names: Vec<&'static str>,
+    order: Vec<usize>,
 }
 
 impl FingerprintBuilder {
@@ -376,6 +381,15 @@ struct Canonical<'a> {
 
 /// Collects sequence items in order, or map entries to be sorted on `end`; or stands for
 /// one of serde_json's private number or raw-JSON structs, encoded as the value it holds.
+/// One entry of a map or struct being written: its bytes in `Out::buf`, key first, and
+/// a struct field's name.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    start: usize,
+    end: usize,
+    name: Option<&'static str>,
+}
+
 struct Compound<'a> {
     out: &'a mut Out,
     /// For a map or struct: where its first entry starts and where its spans start in
@@ -499,8 +513,11 @@ impl<'a> Compound<'a> {
     #[inline]
     fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
         v.serialize(Canonical { out: self.out })?;
-        let span = (self.key_start, self.out.buf.len());
-        self.out.spans.push(span);
+        self.out.spans.push(Entry {
+            start: self.key_start,
+            end: self.out.buf.len(),
+            name: None,
+        });
         Ok(())
     }
     #[inline]
@@ -516,9 +533,15 @@ impl<'a> Compound<'a> {
             *in_order = *in_order && last.is_none_or(|last| name_before(last, name));
             *last = Some(name);
         }
-        self.key_start = self.out.buf.len();
+        let start = self.out.buf.len();
         write_tagged_str(&mut self.out.buf, name);
-        self.value(v)
+        v.serialize(Canonical { out: self.out })?;
+        self.out.spans.push(Entry {
+            start,
+            end: self.out.buf.len(),
+            name: Some(name),
+        });
+        Ok(())
     }
     #[inline]
     fn finish(self) -> Result<(), CanonError> {
@@ -545,22 +568,64 @@ fn order_entries(out: &mut Out, start: usize, spans_from: usize) {
         buf,
         spans,
         scratch,
+        order_names,
+        order,
     } = out;
-    let entries = &mut spans[spans_from..];
-    let in_order = entries
-        .windows(2)
-        .all(|w| entry_le(&buf[w[0].0..w[0].1], &buf[w[1].0..w[1].1]));
-    if !in_order {
-        scratch.clear();
-        scratch.extend_from_slice(&buf[start..]);
-        entries.sort_unstable_by(|a, b| {
-            scratch[a.0 - start..a.1 - start].cmp(&scratch[b.0 - start..b.1 - start])
+    let entries = &spans[spans_from..];
+    let bytes = |e: &Entry| &buf[e.start..e.end];
+    // A struct's fields whose names are all under 128 bytes: an entry starts with its
+    // name's tag, one length byte and the name, so distinct names order the entries
+    // (shorter first, then by bytes) whatever their values. The fields' names already
+    // said they are out of order.
+    let named = entries
+        .iter()
+        .all(|e| e.name.is_some_and(|n| n.len() < 0x80));
+    let same_names = named
+        && !order_names.is_empty()
+        && order_names.len() == entries.len()
+        && order_names
+            .iter()
+            .zip(entries)
+            .all(|(n, e)| e.name.is_some_and(|m| std::ptr::eq(*n, m)));
+    if !same_names {
+        order_names.clear();
+        order.clear();
+        order.extend(0..entries.len());
+        if !named
+            && entries
+                .windows(2)
+                .all(|w| entry_le(bytes(&w[0]), bytes(&w[1])))
+        {
+            return;
+        }
+        let key = |e: &Entry| {
+            let name = e.name.unwrap_or("");
+            (name.len(), name.as_bytes())
+        };
+        order.sort_unstable_by(|&a, &b| {
+            let (a, b) = (&entries[a], &entries[b]);
+            if named {
+                key(a).cmp(&key(b)).then_with(|| bytes(a).cmp(bytes(b)))
+            } else {
+                bytes(a).cmp(bytes(b))
+            }
         });
-        buf.truncate(start);
-        for &(a, b) in entries.iter() {
-            buf.extend_from_slice(&scratch[a - start..b - start]);
+        // Fields of one name twice (a hand-written `Serialize`) order by their values:
+        // that order is this struct's alone.
+        let distinct = named
+            && order
+                .windows(2)
+                .all(|w| key(&entries[w[0]]) != key(&entries[w[1]]));
+        if distinct {
+            order_names.extend(entries.iter().filter_map(|e| e.name));
         }
     }
+    scratch.clear();
+    for &i in order.iter() {
+        append(scratch, bytes(&entries[i]));
+    }
+    buf.truncate(start);
+    buf.extend_from_slice(scratch);
 }
 
 impl<'a> ser::Serializer for Canonical<'a> {
@@ -1054,17 +1119,6 @@ mod tests {
     /// sorting must agree with sorting the encoded entries.
     #[test]
     fn struct_fields_fingerprint_as_the_map_of_them() {
-        struct Fields(Vec<(&'static str, u32)>);
-        impl serde::Serialize for Fields {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                use serde::ser::SerializeStruct;
-                let mut st = s.serialize_struct("Fields", self.0.len())?;
-                for (name, v) in &self.0 {
-                    st.serialize_field(name, v)?;
-                }
-                st.end()
-            }
-        }
         // 200 bytes, whose LEB128 length starts 0xc8, and 300, whose starts 0xac: the
         // shorter sorts first by number and last by bytes.
         let long: &'static str = "l".repeat(200).leak();
@@ -1098,6 +1152,99 @@ mod tests {
                 "{fields:?}"
             );
         }
+    }
+
+    /// A struct of the fields given, in the order given.
+    struct Fields(Vec<(&'static str, u32)>);
+
+    impl serde::Serialize for Fields {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStruct;
+            let mut st = s.serialize_struct("Fields", self.0.len())?;
+            for (name, v) in &self.0 {
+                st.serialize_field(name, v)?;
+            }
+            st.end()
+        }
+    }
+
+    /// A list's item: a struct, or a map of the same entries.
+    enum Item {
+        Struct(Fields),
+        Map(BTreeMap<&'static str, u32>),
+    }
+
+    impl serde::Serialize for Item {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match self {
+                Item::Struct(f) => f.serialize(s),
+                Item::Map(m) => m.serialize(s),
+            }
+        }
+    }
+
+    /// Structs put in order one after another (a list of one type reuses the order the
+    /// first took): each fingerprints as its map, whatever came before it.
+    #[test]
+    fn lists_of_structs_fingerprint_as_lists_of_their_maps() {
+        let shapes: [&[(&'static str, u32)]; 8] = [
+            &[
+                ("order", 1),
+                ("amount", 2),
+                ("currency", 3),
+                ("customer", 4),
+            ],
+            &[("b", 1), ("a", 2)],
+            &[("a", 1), ("b", 2)],
+            &[("b", 1), ("a", 2), ("c", 0)],
+            &[("c", 0), ("b", 1), ("a", 2)],
+            &[("zz", 1), ("aaa", 2)],
+            &[("a", 1)],
+            &[],
+        ];
+        let n = shapes.len();
+        for (a, b, c) in (0..n * n * n).map(|i| (i / (n * n), i / n % n, i % n)) {
+            for as_map in [false, true] {
+                let items: Vec<Item> = [a, b, c, a, b]
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &i)| {
+                        let fields = shapes[i].iter().map(|&(name, v)| (name, v + k as u32));
+                        // The middle item as a map, or as a struct.
+                        if as_map && k == 2 {
+                            Item::Map(fields.collect())
+                        } else {
+                            Item::Struct(Fields(fields.collect()))
+                        }
+                    })
+                    .collect();
+                let maps: Vec<BTreeMap<&str, u32>> = items
+                    .iter()
+                    .map(|item| match item {
+                        Item::Struct(f) => f.0.iter().copied().collect(),
+                        Item::Map(m) => m.clone(),
+                    })
+                    .collect();
+                assert_eq!(
+                    fingerprint(&items).unwrap(),
+                    fingerprint(&maps).unwrap(),
+                    "shapes {a}, {b}, {c}"
+                );
+            }
+        }
+        // A field named twice orders by its values, after a struct of the same names.
+        let twice = |fields: &[(&'static str, u32)]| {
+            fingerprint(&[Fields(vec![("b", 1), ("a", 2)]), Fields(fields.to_vec())]).unwrap()
+        };
+        assert_eq!(
+            twice(&[("b", 1), ("a", 2), ("a", 1)]),
+            twice(&[("a", 1), ("a", 2), ("b", 1)])
+        );
+        let pair = |x, y| Fields(vec![("a", x), ("a", y)]);
+        assert_eq!(
+            fingerprint(&[pair(2, 1), pair(1, 2)]).unwrap(),
+            fingerprint(&[pair(1, 2), pair(1, 2)]).unwrap()
+        );
     }
 
     /// What serde_json's `Number` and `RawValue` serialize as under `arbitrary_precision`

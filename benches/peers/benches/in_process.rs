@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use idem_peer_bench::{
-    Size, body, charge, idem_call_of, idem_call_sized, peer_call_sized, peer_memory,
+    BASKET, Size, body, charge, idem_call_of, idem_call_sized, peer_call_sized, peer_memory,
 };
 use idem_runtime::Idem;
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
@@ -130,6 +130,27 @@ fn in_process(c: &mut Criterion) {
     g.bench_function(format!("idem's encoding of the {size}-byte request"), |b| {
         b.iter(|| idem_runtime::bench::encoded_len(black_box(&large)))
     });
+    // The same request with each line's fields declared in another order than the
+    // encoding's (shorter names first): each line is put in order as it is encoded.
+    let reordered = Reordered {
+        order: 7,
+        lines: (0..BASKET as u64)
+            .map(|order| ReorderedCharge {
+                amount: 4200,
+                currency: "EUR",
+                customer: "cus_8Jk2LmQ9",
+                order,
+            })
+            .collect(),
+    };
+    assert_eq!(
+        idem_runtime::bench::encoded_len(&reordered),
+        idem_runtime::bench::encoded_len(&large)
+    );
+    g.bench_function(
+        format!("idem's encoding of the {size}-byte request, fields out of order"),
+        |b| b.iter(|| idem_runtime::bench::encoded_len(black_box(&reordered))),
+    );
     g.bench_function(
         format!("idempotent's JSON of the {size}-byte request"),
         |b| b.iter(|| serde_json::to_vec(black_box(&large))),
@@ -204,6 +225,22 @@ fn in_process(c: &mut Criterion) {
         });
     }
     g.finish();
+}
+
+/// The 4 KiB request's lines with their fields declared by name, not in the encoding's
+/// order.
+#[derive(serde::Serialize)]
+struct ReorderedCharge {
+    amount: u64,
+    currency: &'static str,
+    customer: &'static str,
+    order: u64,
+}
+
+#[derive(serde::Serialize)]
+struct Reordered {
+    order: u64,
+    lines: Vec<ReorderedCharge>,
 }
 
 /// A request whose canonical encoding is `size` bytes: an order number and a text field
