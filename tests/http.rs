@@ -1380,12 +1380,22 @@ async fn bodies_past_the_buffer_budget_are_503_with_retry_after() {
             .body(vec![b'y'; 800])
             .send()
     };
-    // Until the server has read the held request's head, other bodies still fit.
+    // Until the server has read the held request's head, other bodies still fit. A head
+    // read while one of them holds its 800 bytes is refused at once, and answered on
+    // the held stream: then another request is held in its place.
     let refused = tokio::time::timeout(REPLY_BOUND, async {
         for i in 0.. {
             let r = Reply::read(post(format!("other-{i}")).await.unwrap()).await;
             if r.status != StatusCode::CREATED {
                 return r;
+            }
+            let mut byte = [0u8; 1];
+            let unanswered = matches!(
+                held.try_read(&mut byte),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            );
+            if !unanswered {
+                held = raw_post(&base, "/r", &format!("held-{i}"), 800, &[b'x'; 400]).await;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
