@@ -379,8 +379,6 @@ struct Canonical<'a> {
     out: &'a mut Out,
 }
 
-/// Collects sequence items in order, or map entries to be sorted on `end`; or stands for
-/// one of serde_json's private number or raw-JSON structs, encoded as the value it holds.
 /// One entry of a map or struct being written: its bytes in `Out::buf`, key first, and
 /// a struct field's name.
 #[derive(Clone, Copy, Debug)]
@@ -390,6 +388,8 @@ struct Entry {
     name: Option<&'static str>,
 }
 
+/// Collects sequence items in order, or map entries to be sorted on `end`; or stands for
+/// one of serde_json's private number or raw-JSON structs, encoded as the value it holds.
 struct Compound<'a> {
     out: &'a mut Out,
     /// For a map or struct: where its first entry starts and where its spans start in
@@ -512,11 +512,21 @@ impl<'a> Compound<'a> {
     }
     #[inline]
     fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonError> {
+        self.entry(v, None)
+    }
+    /// Writes the value of the entry whose key starts at `key_start`, and notes the
+    /// entry.
+    #[inline]
+    fn entry<T: Serialize + ?Sized>(
+        &mut self,
+        v: &T,
+        name: Option<&'static str>,
+    ) -> Result<(), CanonError> {
         v.serialize(Canonical { out: self.out })?;
         self.out.spans.push(Entry {
             start: self.key_start,
             end: self.out.buf.len(),
-            name: None,
+            name,
         });
         Ok(())
     }
@@ -533,15 +543,9 @@ impl<'a> Compound<'a> {
             *in_order = *in_order && last.is_none_or(|last| name_before(last, name));
             *last = Some(name);
         }
-        let start = self.out.buf.len();
+        self.key_start = self.out.buf.len();
         write_tagged_str(&mut self.out.buf, name);
-        v.serialize(Canonical { out: self.out })?;
-        self.out.spans.push(Entry {
-            start,
-            end: self.out.buf.len(),
-            name: Some(name),
-        });
-        Ok(())
+        self.entry(v, Some(name))
     }
     #[inline]
     fn finish(self) -> Result<(), CanonError> {
