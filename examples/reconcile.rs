@@ -23,7 +23,7 @@ mod provider;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_runtime::{Disposition, Idem, IdemError, ListFilter, Resolution, State, current};
+use idem_runtime::{Disposition, Idem, IdemError, ListFilter, Resolution, current};
 use serde::{Deserialize, Serialize};
 
 /// Reconcile UNKNOWN charges (with `--url`), or run the demo.
@@ -127,12 +127,7 @@ async fn reconcile(
     http: &reqwest::Client,
     provider: &str,
 ) -> Result<Pass, Box<dyn std::error::Error>> {
-    let filter = ListFilter {
-        state: Some(State::Unknown),
-        name: Some("charge".into()),
-        limit: Some(1000),
-        ..Default::default()
-    };
+    let filter = ListFilter::unknown().name("charge").limit(1000);
     let mut pass = Pass::default();
     for record in idem.list(&filter).await? {
         let key = record.id.downstream_key(PROVIDER);

@@ -675,14 +675,7 @@ async fn call(
 
 async fn operator(w: &World, key: usize, rng: &mut StdRng) {
     let id = op_id(&w.idem, key);
-    let rows = match w
-        .idem
-        .list(&ListFilter {
-            limit: Some(1000),
-            ..Default::default()
-        })
-        .await
-    {
+    let rows = match w.idem.list(&ListFilter::default().limit(1000)).await {
         Ok(rows) => rows,
         Err(_) => return,
     };
@@ -815,10 +808,7 @@ async fn run_seed(backend: Backend, seed: u64) {
     // A claim whose caller went away before its body started is released, never parked.
     let unknown = w
         .idem
-        .list(&ListFilter {
-            limit: Some(1000),
-            ..ListFilter::unknown()
-        })
+        .list(&ListFilter::unknown().limit(1000))
         .await
         .expect("list UNKNOWN records");
 

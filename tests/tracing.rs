@@ -101,11 +101,7 @@ fn claim_replay_and_mismatch_events_carry_the_operation() {
             .iter()
             .find(|(m, _)| m.contains(wanted))
             .unwrap_or_else(|| panic!("no `{wanted}` event in {events:?}"));
-        for field in [
-            r#"scope="s4:acme""#,
-            r#"name="charge""#,
-            r#"key="s7:order-1""#,
-        ] {
+        for field in [r#"scope="acme""#, r#"name="charge""#, r#"key="order-1""#] {
             assert!(
                 context.contains(field),
                 "`{wanted}` lacks {field}: {context}"
@@ -164,11 +160,11 @@ fn keys_cannot_forge_fields_or_lines_in_text_logs() {
         .find(|l| l.contains("inside the body"))
         .unwrap_or_else(|| panic!("no body event in {text}"));
     assert!(
-        line.contains(r#"key="s19:k name=refund key=x""#),
+        line.contains(r#"key="\"k name=refund key=x\"""#),
         "the key is not one quoted value: {line}"
     );
     assert!(
-        line.contains(r#"scope="s22:acme\nINFO forged: line""#),
+        line.contains(r#"scope="\"acme\nINFO forged: line\"""#),
         "the scope is not one escaped value: {line}"
     );
     assert!(

@@ -31,10 +31,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use display::{decoded, duration, shown, unquoted};
+use display::{duration, unquoted};
 use idem_runtime::store::StoredOutcome;
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Idem, IdemError, ListFilter, OperationId, RecordDetail, Resolution, State};
+use idem_runtime::{
+    DisplayKey, Idem, IdemError, ListFilter, OperationId, RecordDetail, RecordInfo, Resolution,
+    State,
+};
 use serde_json::{Value, json};
 
 const EXIT_CODES: &str = "\
@@ -119,6 +122,12 @@ struct ListArgs {
     /// Only records claimed or created longer ago than this (`30s`, `5m`, `2h`).
     #[arg(long, value_parser = humantime::parse_duration)]
     older_than: Option<Duration>,
+    /// Only records claimed or created at most this long ago (`1h`: the last hour's).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    newer_than: Option<Duration>,
+    /// The newest records first (oldest first by default).
+    #[arg(long)]
+    newest_first: bool,
     /// Only records in this scope (a string, as the application passes it; see
     /// `--encoded`).
     #[arg(long)]
@@ -247,7 +256,11 @@ async fn main() -> ExitCode {
                 println!("{}", json!({ "error": f.message, "exit_code": f.code }));
             }
             // Messages can quote stored names and keys: one line each, escaped.
-            let lines: Vec<_> = f.message.lines().map(shown).collect();
+            let lines: Vec<_> = f
+                .message
+                .lines()
+                .map(|l| DisplayKey::plain(l).to_string())
+                .collect();
             eprintln!("idem: {}", lines.join("\n"));
             ExitCode::from(f.code)
         }
@@ -546,29 +559,20 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
                 .clone()
         }
     });
-    let filter = ListFilter {
-        state: args.state.map(|s| match s {
-            StateArg::InProgress => State::InProgress,
-            StateArg::Completed => State::Completed,
-            StateArg::Unknown => State::Unknown,
-        }),
-        name: args.name.clone(),
-        scope,
-        older_than: args.older_than,
-        limit: Some(args.limit),
-    };
+    let mut filter = ListFilter::default().limit(args.limit);
+    filter.state = args.state.map(|s| match s {
+        StateArg::InProgress => State::InProgress,
+        StateArg::Completed => State::Completed,
+        StateArg::Unknown => State::Unknown,
+    });
+    filter.name = args.name.clone();
+    filter.scope = scope;
+    filter.older_than = args.older_than;
+    filter.newer_than = args.newer_than;
+    filter.newest_first = args.newest_first;
     let rows = idem.list(&filter).await?;
     if cli.json {
-        let rows: Vec<Value> = rows
-            .iter()
-            .map(|r| {
-                json!({
-                    "scope": r.id.scope, "name": r.id.name, "key": r.id.key,
-                    "state": state_name(r.state), "epoch": r.epoch,
-                    "age_ms": r.age.as_millis() as u64,
-                })
-            })
-            .collect();
+        let rows: Vec<Value> = rows.iter().map(|r| record_json(r)).collect();
         println!("{}", Value::Array(rows));
     } else {
         let part = |stored: &str| part(stored, args.encoded);
@@ -583,7 +587,7 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
                 r.epoch,
                 age(Some(r.age)),
                 part(&r.id.scope),
-                shown(&r.id.name),
+                DisplayKey::plain(&r.id.name),
                 part(&r.id.key)
             );
         }
@@ -594,12 +598,27 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// A record for `--json`: scope and key as the application passed them, and as stored
+/// (`scope_encoded`, `key_encoded`, what `--encoded` takes back).
+fn record_json(r: &RecordInfo) -> Value {
+    json!({
+        "scope": r.id.display_scope().decoded(),
+        "scope_encoded": r.id.scope,
+        "name": r.id.name,
+        "key": r.id.display_key().decoded(),
+        "key_encoded": r.id.key,
+        "state": state_name(r.state),
+        "epoch": r.epoch,
+        "age_ms": r.age.as_millis() as u64,
+    })
+}
+
 /// A stored scope or key for a table: as the application passed it, or as stored.
 fn part(stored: &str, encoded: bool) -> String {
     if encoded {
-        shown(stored).into_owned()
+        DisplayKey::plain(stored).to_string()
     } else {
-        decoded(stored)
+        DisplayKey::new(stored).to_string()
     }
 }
 
@@ -636,9 +655,9 @@ async fn read(idem: &Idem, id: &OperationId) -> Result<RecordDetail, Failure> {
             "no record for operation `{}` with scope {} and key {}; check the name, and \
              pass --int-key for integer keys or --encoded for keys copied from \
              `list --encoded`",
-            shown(&id.name),
-            decoded(&id.scope),
-            decoded(&id.key)
+            DisplayKey::plain(&id.name),
+            DisplayKey::new(&id.scope),
+            DisplayKey::new(&id.key)
         ),
     })
 }
@@ -653,25 +672,25 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
     let id = operation_id(idem, target)?;
     let d = read(idem, &id).await?;
     if cli.json {
-        println!(
-            "{}",
-            json!({
-                "scope": d.info.id.scope, "name": d.info.id.name, "key": d.info.id.key,
-                "state": state_name(d.info.state), "epoch": d.info.epoch,
-                "age_ms": d.info.age.as_millis() as u64,
-                "lease_remaining_ms": millis(d.lease_remaining),
-                "expires_in_ms": millis(d.expires_in),
-                "outcome": d.outcome.as_ref().map(outcome_json),
-                "steps": d.steps.iter().map(|s| json!({
+        let mut v = record_json(&d.info);
+        v["lease_remaining_ms"] = millis(d.lease_remaining);
+        v["expires_in_ms"] = millis(d.expires_in);
+        v["outcome"] = json!(d.outcome.as_ref().map(outcome_json));
+        v["steps"] = d
+            .steps
+            .iter()
+            .map(|s| {
+                json!({
                     "label": s.label,
                     "epoch": s.epoch,
                     "age_ms": s.age.as_millis() as u64,
                     "value": outcome_json(&s.outcome)["body"],
-                })).collect::<Vec<_>>(),
+                })
             })
-        );
+            .collect();
+        println!("{v}");
     } else {
-        println!("operation  {}", shown(&d.info.id.name));
+        println!("operation  {}", DisplayKey::plain(&d.info.id.name));
         println!("scope      {}", part(&d.info.id.scope, target.encoded));
         println!("key        {}", part(&d.info.id.key, target.encoded));
         println!("state      {}", state_name(d.info.state));
@@ -694,10 +713,10 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
             let value = outcome_json(&s.outcome)["body"].to_string();
             println!(
                 "  {:<20} epoch {:<6} {} ago  {}",
-                shown(&s.label),
+                DisplayKey::plain(&s.label),
                 s.epoch,
                 age(Some(s.age)),
-                shown(&value)
+                DisplayKey::plain(&value)
             );
         }
     }
@@ -746,7 +765,7 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
         return Err(refused(format!(
             "operation `{}` is already COMPLETED at epoch {}; nothing to resolve (to drop a \
              wrong outcome, `idem forget` it)",
-            shown(&id.name),
+            DisplayKey::plain(&id.name),
             current.info.epoch
         )));
     }
@@ -754,7 +773,7 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
         return Err(refused(format!(
             "operation `{}` is at epoch {}, not {epoch}: another attempt claimed it since; \
              check it with `show` and decide again",
-            shown(&id.name),
+            DisplayKey::plain(&id.name),
             current.info.epoch
         )));
     }
@@ -768,7 +787,10 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
     if cli.json {
         println!("{}", json!({ "resolved": what, "epoch": epoch }));
     } else {
-        println!("resolved `{}` at epoch {epoch}: {what}", shown(&id.name));
+        println!(
+            "resolved `{}` at epoch {epoch}: {what}",
+            DisplayKey::plain(&id.name)
+        );
         match replayed {
             Some(value) => println!(
                 "every later call replays this {} as it is: {}\n(undo with `idem forget`)",
@@ -777,7 +799,7 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
                 } else {
                     "error"
                 },
-                shown(&value)
+                DisplayKey::plain(&value)
             ),
             None => println!("the next call runs the body"),
         }
@@ -797,7 +819,7 @@ async fn forget(cli: &Cli, idem: &Idem, args: &ForgetArgs) -> Result<(), Failure
         return Err(refused(format!(
             "operation `{}` is at epoch {}, not {epoch}: another attempt claimed it since; \
              check it with `show` and decide again",
-            shown(&id.name),
+            DisplayKey::plain(&id.name),
             current.info.epoch
         )));
     }
@@ -806,7 +828,7 @@ async fn forget(cli: &Cli, idem: &Idem, args: &ForgetArgs) -> Result<(), Failure
             "operation `{}` is IN_PROGRESS and its lease holds for {} more: a call may be \
              running its body right now, so its record is not forgotten; wait for the lease \
              to lapse, or `resolve` it once it is stuck",
-            shown(&id.name),
+            DisplayKey::plain(&id.name),
             duration(lease)
         )));
     }
@@ -815,7 +837,7 @@ async fn forget(cli: &Cli, idem: &Idem, args: &ForgetArgs) -> Result<(), Failure
         return Err(refused(format!(
             "operation `{}` moved since it was read (another epoch, or claimed again); \
              check it with `show` and decide again",
-            shown(&id.name)
+            DisplayKey::plain(&id.name)
         )));
     }
     let state = state_name(current.info.state);
@@ -828,9 +850,9 @@ async fn forget(cli: &Cli, idem: &Idem, args: &ForgetArgs) -> Result<(), Failure
         println!(
             "forgot `{}` (scope {}, key {}, {state} at epoch {epoch}): the next call runs the \
              body",
-            shown(&id.name),
-            decoded(&id.scope),
-            decoded(&id.key)
+            DisplayKey::plain(&id.name),
+            DisplayKey::new(&id.scope),
+            DisplayKey::new(&id.key)
         );
     }
     Ok(())

@@ -151,9 +151,16 @@ async fn operator_flow(store: &[String], idem: &Idem) {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["name"], "charge");
     assert_eq!(rows[0]["state"], "unknown");
-    // Scripts get keys and scopes as stored.
+    // Scripts get keys and scopes as the application passed them, and as stored.
     assert_eq!(
         (rows[0]["scope"].as_str(), rows[0]["key"].as_str()),
+        (Some("acme"), Some("order-2"))
+    );
+    assert_eq!(
+        (
+            rows[0]["scope_encoded"].as_str(),
+            rows[0]["key_encoded"].as_str()
+        ),
         (Some("s4:acme"), Some("s7:order-2"))
     );
     let unknown_epoch = rows[0]["epoch"].as_u64().unwrap();
@@ -186,9 +193,15 @@ async fn operator_flow(store: &[String], idem: &Idem) {
     }
     // What `list` prints finds the record again: a quoted string, an integer.
     let quoted = json(&["show", "acme", "refund", r#""42""#], 0);
-    assert_eq!(quoted["key"], "s2:42");
+    assert_eq!(
+        (&quoted["key"], &quoted["key_encoded"]),
+        (&"\"42\"".into(), &"s2:42".into())
+    );
     let int = json(&["show", "acme", "refund", "42", "--int-key"], 0);
-    assert_eq!(int["key"], "i42;");
+    assert_eq!(
+        (&int["key"], &int["key_encoded"]),
+        (&"42".into(), &"i42;".into())
+    );
     json(
         &["show", "s4:acme", "refund", "t2(s4:acmei7;)", "--encoded"],
         0,
@@ -213,9 +226,9 @@ async fn operator_flow(store: &[String], idem: &Idem) {
     let encoded = json(
         &[
             "show",
-            rows[0]["scope"].as_str().unwrap(),
+            rows[0]["scope_encoded"].as_str().unwrap(),
             "charge",
-            rows[0]["key"].as_str().unwrap(),
+            rows[0]["key_encoded"].as_str().unwrap(),
             "--encoded",
         ],
         0,
@@ -907,7 +920,9 @@ async fn list_and_show_escape_control_characters() {
         "{text}"
     );
     let rows = json(&url, table, &["list"], 0);
-    assert_eq!(rows[0]["key"], format!("s{}:{key}", key.len()));
+    assert_eq!(rows[0]["key_encoded"], format!("s{}:{key}", key.len()));
+    // Decoded, exactly: quoted (it holds spaces), control characters kept for JSON.
+    assert_eq!(rows[0]["key"], format!("\"{key}\""));
 }
 
 fn redis_url() -> String {
@@ -1187,4 +1202,88 @@ async fn every_subcommand_on_a_redis_cluster() {
     let by_nodes = counts(json_on(&store, &["stats"], 0));
     assert_eq!(counts(json_on(&by_url, &["stats"], 0)), by_nodes);
     assert!(by_nodes.0 >= 4, "{by_nodes:?}");
+}
+
+/// A key of the application's own encoding, as a `KeyPart` it implements itself.
+struct OwnKey(&'static str);
+
+impl idem_runtime::KeyPart for OwnKey {
+    fn write_key(&self, out: &mut String) {
+        out.push_str(self.0);
+    }
+}
+
+/// Any stored key lists and shows, whatever character it starts with: a key of the
+/// application's own encoding is shown as stored.
+#[tokio::test]
+async fn keys_of_the_applications_own_encoding_list_and_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    let idem = Idem::sqlite(&format!("{url}?mode=rwc")).await.unwrap();
+    for key in ["é-7", "日本:1", "€"] {
+        idem.operation("sku", &OwnKey(key))
+            .retain(Duration::from_secs(3600))
+            .fingerprint_none()
+            .run(|| async { Ok::<_, IdemError>(()) })
+            .await
+            .unwrap();
+    }
+    let table = "idem_operations";
+    let (listed, _) = text_on(&sql_store(&url, table), &["list"], 0);
+    for key in ["é-7", "日本:1", "€"] {
+        line_with(&listed, &["sku", key]);
+    }
+    let rows = json(&url, table, &["list"], 0);
+    assert_eq!(rows.as_array().unwrap().len(), 3, "{rows}");
+    let shown = json(&url, table, &["show", "", "sku", "é-7", "--encoded"], 0);
+    assert_eq!(
+        (&shown["key"], &shown["state"]),
+        (&"é-7".into(), &"completed".into())
+    );
+}
+
+/// `list --newer-than` keeps the last records, `--newest-first` turns the order round.
+#[tokio::test]
+async fn list_the_newest_records_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    let idem = Idem::sqlite(&format!("{url}?mode=rwc")).await.unwrap();
+    for order in ["order-1", "order-2", "order-3"] {
+        charge(&idem, order, false).await.unwrap();
+        // Claim times a few milliseconds apart, so the order is the claims' order.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let table = "idem_operations";
+    let keys = |rows: Value| -> Vec<String> {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        keys(json(&url, table, &["list"], 0)),
+        ["order-1", "order-2", "order-3"]
+    );
+    assert_eq!(
+        keys(json(
+            &url,
+            table,
+            &["list", "--newest-first", "--limit", "2"],
+            0
+        )),
+        ["order-3", "order-2"]
+    );
+    assert_eq!(
+        keys(json(
+            &url,
+            table,
+            &["list", "--newer-than", "1h", "--newest-first"],
+            0
+        )),
+        ["order-3", "order-2", "order-1"]
+    );
+    // Each record is at least a few milliseconds old by now.
+    let none = json(&url, table, &["list", "--newer-than", "1ms"], 0);
+    assert_eq!(none, Value::Array(vec![]));
 }

@@ -117,6 +117,7 @@ pub mod guide;
 pub mod http;
 mod idem;
 mod key;
+mod key_display;
 mod lease;
 mod machine;
 #[cfg(feature = "mcp")]
@@ -141,6 +142,7 @@ pub use error::{BoxError, IdemError};
 pub use fingerprint::fingerprint;
 pub use idem::{Idem, ReaperHandle};
 pub use key::KeyPart;
+pub use key_display::DisplayKey;
 pub use op::RecordableError;
 pub use op::{
     Classify, Disposition, ErrorPolicy, FingerprintStated, InFlight, MAX_KEY_BYTES,

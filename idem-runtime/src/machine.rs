@@ -137,14 +137,16 @@ where
             use tracing::Instrument;
             let id = &self.op.id;
             // Every event of the call (claim, replay, mismatch, wait, takeover, fence,
-            // unknown), the renewal task's and the body's own carry scope, name and key.
-            // Debug-formatted (quoted, escaped): a key or scope holding spaces, `=` or
-            // newlines cannot forge fields or lines in text logs.
+            // unknown), the renewal task's and the body's own carry scope, name and key,
+            // as the application passed them (decoded only if a subscriber records the
+            // span). Debug-formatted (quoted, escaped): a key or scope holding spaces, `=`
+            // or newlines cannot forge fields or lines in text logs.
+            let (scope, key) = (self.idem.log_key(&id.scope), self.idem.log_key(&id.key));
             let span = tracing::info_span!(
                 "idem",
-                scope = ?self.idem.log_key(&id.scope),
+                scope = ?crate::DisplayKey::new(&scope),
                 name = ?id.name,
-                key = ?self.idem.log_key(&id.key),
+                key = ?crate::DisplayKey::new(&key),
             );
             let call = async {
                 let span = tracing::Span::current();

@@ -7,5 +7,7 @@ SELECT scope, name, key, state, epoch,
       AND (:op_scope::text IS NULL OR scope = :op_scope)
       AND (:older_ms::bigint IS NULL
            OR claimed_at <= clock_timestamp() - :older_ms::bigint * interval '1 millisecond')
-    ORDER BY claimed_at, scope, name, key
+      AND (:newer_ms::bigint IS NULL
+           OR claimed_at >= clock_timestamp() - :newer_ms::bigint * interval '1 millisecond')
+    ORDER BY CASE WHEN :newest::boolean THEN claimed_at END DESC, claimed_at, scope, name, key
     LIMIT :limit

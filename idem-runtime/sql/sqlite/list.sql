@@ -3,5 +3,6 @@ SELECT scope, name, key, state, epoch, max(0, {now} - claimed_ms) AS age_ms
     WHERE (:state IS NULL OR state = :state) AND (:op_name IS NULL OR name = :op_name)
       AND (:op_scope IS NULL OR scope = :op_scope)
       AND (:older_ms IS NULL OR claimed_ms <= {now} - :older_ms)
-    ORDER BY claimed_ms, scope, name, key
+      AND (:newer_ms IS NULL OR claimed_ms >= {now} - :newer_ms)
+    ORDER BY CASE WHEN :newest THEN claimed_ms END DESC, claimed_ms, scope, name, key
     LIMIT :limit

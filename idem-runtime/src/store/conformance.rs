@@ -966,6 +966,51 @@ pub async fn stats_and_list(store: &dyn Store) {
         ..Default::default()
     };
     assert_eq!(store.list(&one).await.unwrap().len(), 1);
+
+    // `a` was claimed at least 5 ms before `b`.
+    let position =
+        |rows: &[crate::store::RecordInfo], id: &OperationId| rows.iter().position(|r| &r.id == id);
+    let mine = |rows: Vec<crate::store::RecordInfo>| -> Vec<crate::store::RecordInfo> {
+        rows.into_iter()
+            .filter(|r| r.id == a || r.id == b)
+            .collect()
+    };
+    let newest = mine(
+        store
+            .list(&ListFilter::default().newest_first().limit(100_000))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        position(&newest, &b) < position(&newest, &a) && position(&newest, &a).is_some(),
+        "newest first lists the later claim first: {newest:?}"
+    );
+    let oldest = mine(
+        store
+            .list(&ListFilter::default().limit(100_000))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        position(&oldest, &a) < position(&oldest, &b) && position(&oldest, &b).is_some(),
+        "oldest first by default: {oldest:?}"
+    );
+    let recent = store
+        .list(&ListFilter::recent(DAY).limit(100_000))
+        .await
+        .unwrap();
+    assert!(
+        position(&recent, &a).is_some() && position(&recent, &b).is_some(),
+        "claims made now are newer than a day"
+    );
+    let just_now = store
+        .list(&ListFilter::recent(Duration::from_millis(1)).limit(100_000))
+        .await
+        .unwrap();
+    assert!(
+        position(&just_now, &a).is_none(),
+        "a claim 5 ms old is not newer than 1 ms: {just_now:?}"
+    );
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

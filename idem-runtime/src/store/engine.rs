@@ -1188,7 +1188,9 @@ impl<D: Dialect> Store for SqlStore<D> {
             ("op_name", Arg::OptText(filter.name.as_deref())),
             ("op_scope", Arg::OptText(filter.scope.as_deref())),
             ("older_ms", Arg::OptInt(filter.older_than.map(millis))),
-            ("limit", Arg::Int(i64::from(filter.limit()))),
+            ("newer_ms", Arg::OptInt(filter.newer_than.map(millis))),
+            ("newest", Arg::Bool(filter.newest_first)),
+            ("limit", Arg::Int(i64::from(filter.max_rows()))),
         ];
         let rows = self.rows(On::Pool, &self.sql.list, &named).await?;
         rows.iter().map(record_info).collect()

@@ -681,6 +681,9 @@ impl Store for MemoryStore {
                     && filter
                         .older_than
                         .is_none_or(|a| now.since(r.claimed_at) > a)
+                    && filter
+                        .newer_than
+                        .is_none_or(|a| now.since(r.claimed_at) <= a)
             })
             .map(|(id, r)| RecordInfo {
                 id: id.id(),
@@ -689,8 +692,7 @@ impl Store for MemoryStore {
                 age: now.since(r.claimed_at),
             })
             .collect();
-        rows.sort_by_key(|r| std::cmp::Reverse(r.age));
-        rows.truncate(filter.limit() as usize);
+        super::sort_listed(&mut rows, filter);
         Ok(rows)
     }
 }

@@ -214,6 +214,34 @@ pub struct OperationId {
 }
 
 impl OperationId {
+    /// The scope as the application passed it, for tables and logs ([`DisplayKey`]).
+    ///
+    /// [`DisplayKey`]: crate::DisplayKey
+    pub fn display_scope(&self) -> crate::DisplayKey<'_> {
+        crate::DisplayKey::new(&self.scope)
+    }
+
+    /// The key as the application passed it, for tables and logs ([`DisplayKey`]).
+    ///
+    /// ```
+    /// use idem_runtime::{Idem, KeyPart};
+    ///
+    /// let id = Idem::memory().operation("charge", &("acme", 7)).scope("eu").id();
+    /// assert_eq!(id.key, ("acme", 7).encode_key());
+    /// assert_eq!(id.display_key().to_string(), "(acme, 7)");
+    /// assert_eq!(id.display_scope().to_string(), "eu");
+    /// ```
+    ///
+    /// [`DisplayKey`]: crate::DisplayKey
+    pub fn display_key(&self) -> crate::DisplayKey<'_> {
+        crate::DisplayKey::new(&self.key)
+    }
+
+    /// The operation name made safe for a terminal (control characters escaped).
+    pub fn display_name(&self) -> crate::DisplayKey<'_> {
+        crate::DisplayKey::plain(&self.name)
+    }
+
     /// The key a body passes to a downstream system for `label`, as
     /// [`Current::downstream_key`](crate::Current::downstream_key) gives it inside the
     /// body: a reconciler looking at an UNKNOWN record asks the downstream system about
@@ -242,7 +270,13 @@ impl OperationId {
 
 impl std::fmt::Display for OperationId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/{}", self.scope, self.name, self.key)
+        write!(
+            f,
+            "{}/{}/{}",
+            self.display_scope(),
+            self.display_name(),
+            self.display_key()
+        )
     }
 }
 
@@ -451,7 +485,10 @@ pub struct StepRecord {
     pub outcome: StoredOutcome,
 }
 
-/// Which records [`Idem::list`](crate::Idem::list) returns.
+/// Which records [`Idem::list`](crate::Idem::list) returns: built from
+/// [`ListFilter::default`] (every record, oldest first, at most 100) or a shorthand
+/// ([`unknown`](Self::unknown), [`stuck`](Self::stuck), [`recent`](Self::recent)), then
+/// narrowed by its methods.
 ///
 /// ```
 /// use idem_runtime::{Idem, IdemError, ListFilter, State};
@@ -461,17 +498,17 @@ pub struct StepRecord {
 /// # async fn main() -> Result<(), IdemError> {
 /// # let idem = Idem::memory();
 /// let stuck = idem.list(&ListFilter::stuck(Duration::from_secs(300))).await?;
-/// let charges = ListFilter {
-///     state: Some(State::Completed),
-///     name: Some("charge".into()),
-///     limit: Some(20),
-///     ..ListFilter::default()
-/// };
+/// // The last hour's charges, newest first.
+/// let charges = ListFilter::recent(Duration::from_secs(3600))
+///     .state(State::Completed)
+///     .name("charge")
+///     .limit(20);
 /// let recent = idem.list(&charges).await?;
 /// # assert!(stuck.is_empty() && recent.is_empty());
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct ListFilter {
     /// Only records in this state.
     pub state: Option<State>,
@@ -479,8 +516,12 @@ pub struct ListFilter {
     pub name: Option<String>,
     /// Only records in this scope, encoded as [`OperationId::scope`] holds it.
     pub scope: Option<String>,
-    /// Only records older than this.
+    /// Only records claimed longer ago than this.
     pub older_than: Option<Duration>,
+    /// Only records claimed at most this long ago.
+    pub newer_than: Option<Duration>,
+    /// Newest first (by claim time); oldest first otherwise.
+    pub newest_first: bool,
     /// At most this many (default 100).
     pub limit: Option<u32>,
 }
@@ -488,24 +529,87 @@ pub struct ListFilter {
 impl ListFilter {
     /// Records in the UNKNOWN state: the reconciliation queue.
     pub fn unknown() -> Self {
-        ListFilter {
-            state: Some(State::Unknown),
-            ..Default::default()
-        }
+        ListFilter::default().state(State::Unknown)
     }
 
     /// Records in progress for longer than `age`: claims that may be stuck.
     pub fn stuck(age: Duration) -> Self {
-        ListFilter {
-            state: Some(State::InProgress),
-            older_than: Some(age),
-            ..Default::default()
-        }
+        ListFilter::default()
+            .state(State::InProgress)
+            .older_than(age)
     }
 
-    pub(crate) fn limit(&self) -> u32 {
+    /// Records claimed within the last `age`, newest first: what just happened.
+    pub fn recent(age: Duration) -> Self {
+        ListFilter::default().newer_than(age).newest_first()
+    }
+
+    /// Only records in `state`.
+    pub fn state(mut self, state: State) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Only records of the operation `name`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Only records in the scope `encoded`, as [`OperationId::scope`] holds it: take it
+    /// from an [`Operation::id`](crate::Operation::id), which applies the store's key
+    /// mode (`hash_keys`), or encode it with [`KeyPart::encode_key`](crate::KeyPart).
+    ///
+    /// ```
+    /// use idem_runtime::{Idem, ListFilter};
+    /// let idem = Idem::memory();
+    /// let acme = idem.operation("", "").scope("acme").id().scope.clone();
+    /// let filter = ListFilter::default().scope(acme);
+    /// # let _ = filter;
+    /// ```
+    pub fn scope(mut self, encoded: impl Into<String>) -> Self {
+        self.scope = Some(encoded.into());
+        self
+    }
+
+    /// Only records claimed longer ago than `age`.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// Only records claimed at most `age` ago.
+    pub fn newer_than(mut self, age: Duration) -> Self {
+        self.newer_than = Some(age);
+        self
+    }
+
+    /// Newest records first.
+    pub fn newest_first(mut self) -> Self {
+        self.newest_first = true;
+        self
+    }
+
+    /// At most `n` records.
+    pub fn limit(mut self, n: u32) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    pub(crate) fn max_rows(&self) -> u32 {
         self.limit.unwrap_or(100)
     }
+}
+
+/// Orders and cuts the records a store that filters in memory listed, as the SQL stores'
+/// `ORDER BY` and `LIMIT` do: by claim time, oldest or newest first, then by identity.
+pub(crate) fn sort_listed(rows: &mut Vec<RecordInfo>, filter: &ListFilter) {
+    if filter.newest_first {
+        rows.sort_by(|a, b| a.age.cmp(&b.age).then_with(|| a.id.cmp(&b.id)));
+    } else {
+        rows.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.id.cmp(&b.id)));
+    }
+    rows.truncate(filter.max_rows() as usize);
 }
 
 /// Counts by state, for alerting on stuck claims; [`Idem::stats`](crate::Idem::stats)

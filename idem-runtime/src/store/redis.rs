@@ -1283,6 +1283,7 @@ impl Store for RedisStore {
                     && filter.name.as_deref().is_none_or(|n| n == r.id.name)
                     && filter.scope.as_deref().is_none_or(|s| s == r.id.scope)
                     && filter.older_than.is_none_or(|a| r.age(*now) > a)
+                    && filter.newer_than.is_none_or(|a| r.age(*now) <= a)
             })
             .map(|(now, r)| RecordInfo {
                 age: r.age(now),
@@ -1291,8 +1292,7 @@ impl Store for RedisStore {
                 epoch: r.epoch,
             })
             .collect();
-        rows.sort_by_key(|r| std::cmp::Reverse(r.age));
-        rows.truncate(filter.limit() as usize);
+        super::sort_listed(&mut rows, filter);
         Ok(rows)
     }
 
