@@ -572,7 +572,7 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
     filter.newest_first = args.newest_first;
     let rows = idem.list(&filter).await?;
     if cli.json {
-        let rows: Vec<Value> = rows.iter().map(|r| record_json(r)).collect();
+        let rows: Vec<Value> = rows.iter().map(record_json).collect();
         println!("{}", Value::Array(rows));
     } else {
         let part = |stored: &str| part(stored, args.encoded);

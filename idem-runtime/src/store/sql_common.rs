@@ -649,6 +649,14 @@ where
                 true,
                 true,
             ),
+            Ok(Err(sqlx::Error::Tls(e))) => (tls_failure(db, &*e), false, false),
+            // A handshake the TLS library refused (an untrusted certificate, another
+            // host's name) reaches sqlx as an I/O error carrying the TLS error.
+            Ok(Err(sqlx::Error::Io(e)))
+                if e.kind() == std::io::ErrorKind::InvalidData && e.get_ref().is_some() =>
+            {
+                (tls_failure(db, &e), false, false)
+            }
             Ok(Err(e)) if is_full(&e) => {
                 let e = map_err(e);
                 let cause = format!(
@@ -683,6 +691,30 @@ where
     );
     err.unreachable = unreachable;
     Err(IdemError::store("connecting", err))
+}
+
+/// Why a TLS handshake failed, and what to change: the feature that brings TLS, or the
+/// URL parameter that names the server's CA.
+#[cfg(feature = "_sql_server")]
+fn tls_failure(db: &str, e: &(dyn std::error::Error + Send + Sync)) -> String {
+    let (mode, ca) = if db == "PostgreSQL" {
+        ("sslmode", "sslrootcert")
+    } else {
+        ("ssl-mode", "ssl-ca")
+    };
+    let text = e.to_string();
+    if text.contains("without TLS support") {
+        return format!(
+            "the URL asks for TLS ({mode}) and idem-runtime was built without it: enable its \
+             `tls-rustls` (or `tls-native-tls`) feature"
+        );
+    }
+    format!(
+        "the TLS handshake failed: {text}; check that the server's certificate is signed by \
+         a CA this process trusts (name the server's CA file with `{ca}=` in the URL) and \
+         that it names the host the URL gives, or lower `{mode}` only if you accept an \
+         unverified server"
+    )
 }
 
 /// A database URL as messages show it: the password, and the value of every query
@@ -820,6 +852,23 @@ pub(crate) fn pinged_when_idle<DB: sqlx::Database>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "_sql_server")]
+    #[test]
+    fn tls_failures_say_what_to_change() {
+        let unbuilt = std::io::Error::other(
+            "TLS upgrade required by connect options but SQLx was built without TLS support \
+             enabled",
+        );
+        let message = tls_failure("PostgreSQL", &unbuilt);
+        assert!(message.contains("enable its `tls-rustls`"), "{message}");
+        let untrusted = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let message = tls_failure("MySQL", &untrusted);
+        assert!(
+            message.contains("UnknownIssuer") && message.contains("`ssl-ca=`"),
+            "{message}"
+        );
+    }
 
     #[test]
     fn table_names() {
