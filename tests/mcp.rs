@@ -633,6 +633,48 @@ async fn outcome_over_the_cap_is_outcome_unknown_on_the_call_and_its_retry() {
     client.cancel().await.unwrap();
 }
 
+/// A transactional tool whose result is over the cap did nothing: its outbox row was
+/// rolled back with its claim. The model is told so (`outcome_too_large`, not
+/// `outcome_unknown`), the retry runs the tool again and does nothing again, and the key
+/// stays free: the same key then sends a smaller email once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transactional_tool_over_the_cap_did_nothing_and_may_be_retried() {
+    let db = db();
+    let client = stdio_client(&db.path, "ana").await;
+    // `send_email` records the address it sent to: over the example's 64 KiB cap.
+    let huge = format!("{}@example.com", "a".repeat(70_000));
+    for attempt in ["the call", "its retry"] {
+        let result = call(&client, "send_email", email("big-1", &huge, "Hi")).await;
+        let body = tool_error(&result);
+        assert_eq!(body["code"], "outcome_too_large", "{attempt}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("safe to call again"),
+            "{attempt}: {body}"
+        );
+        assert!(outbox(&db.path).await.is_empty(), "{attempt}: rolled back");
+    }
+    let sent = ok(&call(
+        &client,
+        "send_email",
+        email("big-1", "ana@example.com", "Hi"),
+    )
+    .await);
+    let again = ok(&call(
+        &client,
+        "send_email",
+        email("big-1", "ana@example.com", "Hi"),
+    )
+    .await);
+    assert_eq!(sent, again);
+    let rows = outbox(&db.path).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(sent["message_id"], rows[0].id);
+    client.cancel().await.unwrap();
+}
+
 /// A key idem refuses (empty, or over its cap) and a scope over its cap are
 /// `invalid_params`, as an `IdempotencyKey` argument that fails validation is; the tool
 /// does not run.

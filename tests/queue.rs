@@ -557,6 +557,85 @@ async fn an_outcome_that_does_not_serialize_terminates_as_unknown() {
     }
 }
 
+/// Applies a payment in the caller's transaction and answers with a report of
+/// `report_bytes` bytes.
+#[idem_runtime::idempotent(store = idem, tx = tx, key = payment_id, retain = "1d")]
+async fn apply_with_report(
+    idem: &Idem,
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    payment_id: &str,
+    report_bytes: usize,
+    #[idem(skip)] runs: &std::sync::atomic::AtomicUsize,
+) -> Result<String, IdemError> {
+    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    sqlx::query("INSERT INTO ledger (payment_id) VALUES (?1)")
+        .bind(payment_id)
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+    Ok("r".repeat(report_bytes))
+}
+
+/// A transactional handler whose outcome is over the cap applied nothing: its ledger
+/// row was rolled back with its claim. The message is redelivered as released (not
+/// terminated as UNKNOWN), and its redelivery runs the handler again; once the outcome
+/// fits, it is applied once.
+#[tokio::test]
+async fn a_transactional_outcome_over_the_cap_is_released_with_nothing_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("ledger.db").display()
+    );
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query("CREATE TABLE ledger (payment_id TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let idem = Idem::builder()
+        .max_outcome_bytes(64)
+        .pool(pool.clone())
+        .await
+        .unwrap();
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    let deliver = |report_bytes: usize| {
+        let (pool, idem, runs) = (&pool, &idem, &runs);
+        async move {
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+            let out = apply_with_report(idem, &mut tx, "p-9", report_bytes, runs).await;
+            tx.commit().await.unwrap();
+            out
+        }
+    };
+    let applied = || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        n
+    };
+    for delivery in [1, 2] {
+        let (verdict, _) = verdict_of(deliver(1000), delivery).await;
+        assert!(
+            matches!(
+                (verdict.action, verdict.cause),
+                (Action::Redeliver { .. }, Cause::Released)
+            ),
+            "delivery {delivery}: {verdict:?}"
+        );
+        assert_eq!(applied().await, 0, "delivery {delivery}: rolled back");
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let (verdict, _) = verdict_of(deliver(10), 3).await;
+    assert_eq!((verdict.action, verdict.cause), (Action::Ack, Cause::Done));
+    let (verdict, _) = verdict_of(deliver(10), 4).await;
+    assert_eq!(
+        (verdict.action, verdict.cause),
+        (Action::Ack, Cause::Replayed)
+    );
+    assert_eq!(applied().await, 1);
+}
+
 #[derive(Debug, thiserror::Error)]
 enum LedgerError {
     #[error("the ledger is busy")]

@@ -18,6 +18,7 @@ suite!(
     a_release_with_steps_keeps_the_request_bound,
     a_release_without_steps_frees_the_key,
     a_label_used_twice_is_refused_before_it_runs,
+    a_label_no_store_can_keep_is_refused_before_it_runs,
     step_outside_a_body_is_refused,
     a_takeover_after_a_crash_resumes,
     an_attempt_that_lost_its_claim_cannot_record_a_step,
@@ -179,6 +180,40 @@ async fn a_label_used_twice_is_refused_before_it_runs(ctx: Ctx) {
         ran.load(Ordering::SeqCst),
         1,
         "the second closure must not run"
+    );
+}
+
+/// A label with a NUL (which PostgreSQL `TEXT` cannot hold) is refused on every store
+/// before its closure runs, and the operation ends released, not UNKNOWN: nothing ran.
+async fn a_label_no_store_can_keep_is_refused_before_it_runs(ctx: Ctx) {
+    let ran = AtomicU32::new(0);
+    let run = || {
+        ctx.idem
+            .operation("nul_label", "k-1")
+            .retain(DAY)
+            .fingerprint_none()
+            .run(|| async {
+                step("email\0to:ana", || async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, IdemError>(1)
+                })
+                .await
+            })
+    };
+    let (out, info) = observe(run()).await;
+    match out {
+        Err(IdemError::Config { message }) => {
+            assert!(message.contains("NUL"), "{message}")
+        }
+        other => panic!("a label with a NUL must be refused, got {other:?}"),
+    }
+    assert!(!info.unknown(), "nothing ran, so nothing is in doubt");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the closure must not run");
+    let id = ctx.idem.operation("nul_label", "k-1").id().clone();
+    assert_eq!(
+        ctx.idem.get(&id).await.unwrap(),
+        None,
+        "the claim was released"
     );
 }
 

@@ -167,12 +167,12 @@ pub enum IdemError {
         max: usize,
     },
 
-    /// The outcome is over the cap. The body ran: the operation was moved to UNKNOWN
-    /// rather than released, so it does not run a second time.
+    /// The outcome is over the cap, so it was not recorded. `in_doubt` says whether an
+    /// effect may have happened, which decides what a retry may do.
     #[error(
-        "the outcome of operation `{name}` is {len} bytes, over the cap of {max}; the body ran, \
-         so the operation is now UNKNOWN; return a smaller value (an id, not the document) \
-         or raise `max_outcome_bytes`"
+        "the outcome of operation `{name}` is {len} bytes, over the cap of {max}{then}; return a \
+         smaller value (an id, not the document) or raise `max_outcome_bytes`",
+        then = too_large_then(*in_doubt)
     )]
     OutcomeTooLarge {
         /// The operation's name.
@@ -181,6 +181,13 @@ pub enum IdemError {
         len: usize,
         /// The cap.
         max: usize,
+        /// Whether an effect may have happened. `true` when a body or step ran outside
+        /// a transaction: the operation is not released to run again but held in
+        /// UNKNOWN, so check the effect and settle it with `Idem::resolve`. `false`
+        /// when nothing took effect: a transactional body's writes were rolled back with
+        /// its claim (a retry runs it afresh), or an operator's resolution was refused
+        /// before anything was written.
+        in_doubt: bool,
     },
 
     /// Too many callers are already waiting on this in-flight key.
@@ -237,6 +244,16 @@ pub enum IdemError {
         /// What is wrong and how to fix it.
         message: String,
     },
+}
+
+fn too_large_then(in_doubt: bool) -> &'static str {
+    if in_doubt {
+        "; it ran, so it may have had its effect and is held in UNKNOWN rather than run \
+         again: check the effect, then call `Idem::resolve`"
+    } else {
+        "; nothing took effect and nothing was recorded (a transactional body's writes \
+         were rolled back with its claim), so a retry runs afresh"
+    }
 }
 
 fn store_hint(during: &str) -> &'static str {

@@ -265,6 +265,7 @@ impl Idem {
                         name: id.name.clone(),
                         len: body.len(),
                         max,
+                        in_doubt: false,
                     });
                 }
                 let stored = StoredOutcome {

@@ -65,9 +65,12 @@
 //!   "retry_after" }` where the model can act: `idempotency_key_mismatch` (the key was
 //!   used for other arguments; nothing ran), `in_flight` (the same call is running;
 //!   `retry_after` in seconds), `outcome_unknown` (this attempt or an earlier one may
-//!   have taken effect, its result too large to save included; held for an operator),
-//!   `fenced` (this attempt lost its claim; retry with the same key),
-//!   `outcome_unrecorded` (it ran but was not recorded; retry later with the same key);
+//!   have taken effect, a result too large to save from a tool run outside a
+//!   transaction included; held for an operator), `outcome_too_large` (a transactional
+//!   tool's result was too large to save, so its writes were rolled back and nothing
+//!   happened; it may be called again), `fenced` (this attempt lost its claim; retry
+//!   with the same key), `outcome_unrecorded` (it ran but was not recorded; retry later
+//!   with the same key);
 //! - an `invalid_params` JSON-RPC error for a key idem refuses (empty, or over its cap)
 //!   or a scope over its cap: the tool did not run, and the request must change;
 //! - a JSON-RPC error where the model cannot act: no store, the store down (the tool did
@@ -657,7 +660,9 @@ fn target_name(value: &Value) -> Option<&str> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolErrorBody {
     /// What happened, for the model to branch on: `idempotency_key_mismatch`,
-    /// `in_flight`, `outcome_unknown`, `fenced`, `outcome_unrecorded`.
+    /// `in_flight`, `outcome_unknown`, `fenced`, `outcome_unrecorded`, and
+    /// `outcome_too_large` (a transactional tool whose result was over the cap: its
+    /// changes were undone and nothing happened).
     pub code: String,
     /// What happened and what to do, in words.
     pub message: String,
@@ -728,14 +733,29 @@ pub fn tool_result(error: IdemError) -> Result<CallToolResult, ErrorData> {
             ),
             None,
         ),
-        // The tool ran (leased mode: the operation is now UNKNOWN; transactional mode:
-        // its writes were rolled back): the retry's answer, outcome_unknown, from the start.
-        IdemError::OutcomeTooLarge { name, len, max } => body(
+        // The tool ran outside a transaction: the operation is held in UNKNOWN, and its
+        // retry is answered outcome_unknown, so this call is answered alike.
+        IdemError::OutcomeTooLarge {
+            name,
+            len,
+            max,
+            in_doubt: true,
+        } => body(
             "outcome_unknown",
             format!(
                 "`{name}` ran but its result ({len} bytes, over the limit of {max}) is too \
                  large to be saved, so it may have taken effect and is held for review; do \
                  not retry it under a new key, tell the user it needs checking"
+            ),
+            None,
+        ),
+        // A transactional tool's writes were rolled back with its claim: nothing happened.
+        IdemError::OutcomeTooLarge { name, len, max, .. } => body(
+            "outcome_too_large",
+            format!(
+                "`{name}` did nothing: its result ({len} bytes, over the limit of {max}) is \
+                 too large to be saved, so its changes were undone; it is safe to call again \
+                 with the same idempotency_key, with arguments that give a smaller result"
             ),
             None,
         ),
@@ -981,6 +1001,7 @@ mod tests {
                 name: "op".into(),
                 len: 9,
                 max: 1,
+                in_doubt: true,
             },
         ] {
             assert_eq!(tool_result(e).unwrap().is_error, Some(true));

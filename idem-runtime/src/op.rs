@@ -731,8 +731,20 @@ pub(crate) enum Unrecordable {
 }
 
 impl Unrecordable {
-    /// The error to answer with; `then` says what became of the operation.
+    /// The error to answer with when the body ran and its effect may stand; `then` says
+    /// what became of the operation.
     pub(crate) fn error(&self, name: &str, max: usize, then: &str) -> IdemError {
+        self.answer(name, max, then, true)
+    }
+
+    /// The error to answer with when the body's writes were rolled back with its claim,
+    /// so nothing took effect; `then` says so.
+    #[cfg(feature = "_sql")]
+    pub(crate) fn rolled_back(&self, name: &str, max: usize, then: &str) -> IdemError {
+        self.answer(name, max, then, false)
+    }
+
+    fn answer(&self, name: &str, max: usize, then: &str, in_doubt: bool) -> IdemError {
         let name = name.to_owned();
         match self {
             Unrecordable::Outcome(e) => IdemError::Codec {
@@ -749,6 +761,7 @@ impl Unrecordable {
                 name,
                 len: *len,
                 max,
+                in_doubt,
             },
         }
     }

@@ -37,7 +37,7 @@
 //! | replayed a recorded outcome | `Replayed` | `Ack` |
 //! | in flight in another consumer | `InFlight` | `Redeliver` after `retry_after` (at least [`Policy::min_delay`]) |
 //! | store down, contention, lost claim, unrecorded outcome | `StoreDown`, `Fenced`, `Unrecorded` | `Redeliver` after a random delay up to [`Policy::store_down`] |
-//! | the body's error, released (`errors = release`) | `Released` | `Redeliver` after a random delay up to `backoff_base × 2^(delivery−1)`, at most `backoff_max` |
+//! | the body's error, released (`errors = release`), or a transactional handler's outcome over the cap (its writes rolled back) | `Released` | `Redeliver` after a random delay up to `backoff_base × 2^(delivery−1)`, at most `backoff_max` |
 //! | the handler panicked ([`Policy::run_batch`]) | `Panicked` | `Redeliver` as for a released error, and alert |
 //! | same business id, other payload | `Mismatch` | `Terminate`, alert |
 //! | UNKNOWN outcome: this delivery's or an earlier one's (an error classified `Unknown`, an outcome that could not be recorded); reconcile first | `Unknown` | `Terminate`, alert |
@@ -185,8 +185,9 @@ pub enum Cause {
     /// The handler ran but its outcome could not be recorded; its claim lapses and a
     /// later delivery takes over.
     Unrecorded,
-    /// The handler failed and its error released the claim: a later delivery runs it
-    /// again.
+    /// The handler failed and its error released the claim (or, in a transaction, its
+    /// outcome was over the cap and its writes were rolled back with the claim): a later
+    /// delivery runs it again.
     Released,
     /// The business id was first used with another payload.
     Mismatch,
@@ -355,9 +356,14 @@ impl Policy {
             IdemError::Fenced { .. } => verdict(jittered(self.store_down), Cause::Fenced),
             IdemError::Unrecorded { .. } => verdict(jittered(self.store_down), Cause::Unrecorded),
             IdemError::Mismatch { .. } => verdict(Action::Terminate, Cause::Mismatch),
-            // An outcome over the cap parks the operation in UNKNOWN as well.
-            IdemError::Unknown { .. } | IdemError::OutcomeTooLarge { .. } => {
+            // An outcome over the cap outside a transaction parks the operation in
+            // UNKNOWN as well.
+            IdemError::Unknown { .. } | IdemError::OutcomeTooLarge { in_doubt: true, .. } => {
                 verdict(Action::Terminate, Cause::Unknown)
+            }
+            // In a transaction its writes were rolled back with the claim: released.
+            IdemError::OutcomeTooLarge { .. } => {
+                verdict(jittered(self.backoff(delivery)), Cause::Released)
             }
             IdemError::KeyTooLong { .. }
             | IdemError::EmptyKey { .. }

@@ -79,9 +79,10 @@ impl StepsRun {
 ///   does not serialize, it is over `max_outcome_bytes`, the store failed) returns an
 ///   error; if the body then ends in a released error, the operation is parked in
 ///   UNKNOWN instead, since a retry would repeat the step's effect.
-/// - **Labels** may be built at run time (`&format!("email:{id}")`), must be non-empty
-///   and at most [`MAX_STEP_LABEL`] bytes, and unique within one run of the body. A
-///   label used twice, a `step` outside an idempotent body, and a `step` in a
+/// - **Labels** may be built at run time (`&format!("email:{id}")`), must be non-empty,
+///   at most [`MAX_STEP_LABEL`] bytes and free of NUL characters (which PostgreSQL
+///   cannot store; the rule is the same on every store), and unique within one run of
+///   the body. A label that breaks these rules, a label used twice, a `step` outside an idempotent body, and a `step` in a
 ///   transactional body (whose transaction is already one unit) are
 ///   [`IdemError::Config`], and `f` does not run.
 ///
@@ -211,6 +212,14 @@ fn start(label: &str) -> Result<Start, IdemError> {
             label.len()
         )));
     }
+    // PostgreSQL `TEXT` cannot hold a NUL: refused here, on every store, so a label is
+    // never found unstorable only after its effect ran.
+    if label.contains('\0') {
+        return Err(config(format!(
+            "step label {label:?} contains a NUL character, which not every store can keep; \
+             build labels from printable text (\"email:{{id}}\")"
+        )));
+    }
     let started = context::with_body(|body: &Body| {
         let name = body.current.name();
         if let StepsMode::Transactional = body.steps {
@@ -320,10 +329,12 @@ fn encode<T: Serialize>(
     })?;
     let max = idem.max_outcome_bytes();
     if body.len() > max {
+        // The step's effect happened: a release would run it again.
         return Err(IdemError::OutcomeTooLarge {
             name: format!("{}` step `{label}", id.name),
             len: body.len(),
             max,
+            in_doubt: true,
         });
     }
     Ok(StoredOutcome {

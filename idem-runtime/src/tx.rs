@@ -464,7 +464,7 @@ impl<P, U> TxGuard<P, U> {
                         return Err(conn.lost(&name, e).await.into());
                     }
                     let then = "the body's writes were rolled back";
-                    return Err(why.error(&name, max, then).into());
+                    return Err(why.rolled_back(&name, max, then).into());
                 }
             };
             let recorded = match conn.record(op.id(), epoch, &stored, op.retain_for()).await {

@@ -198,7 +198,10 @@
 //! outcomes at 64 KiB ([`IdemBuilder::max_outcome_bytes`](crate::IdemBuilder::max_outcome_bytes),
 //! an operator's `resolve` included); over a cap is an error, never a truncation. An
 //! outcome over the cap moves the operation to UNKNOWN: the body ran, so it is not
-//! released to run again. `lease` and in-flight waits are capped at 366 days
+//! released to run again. In [transactional mode](crate::guide::transactions) the
+//! body's writes are rolled back with its claim instead, so nothing happened and a retry
+//! runs afresh; [`IdemError::OutcomeTooLarge`](crate::IdemError::OutcomeTooLarge) says
+//! which with `in_doubt`. `lease` and in-flight waits are capped at 366 days
 //! ([`MAX_LEASE_OR_WAIT`](crate::MAX_LEASE_OR_WAIT)) and refused before anything is
 //! written. The store keeps the outcome only, never the request. PostgreSQL `TEXT`
 //! cannot hold a NUL character, so there a key or scope containing `\0` is refused by

@@ -35,6 +35,11 @@ impl WakeHub {
 
     /// Registers a waiter, unless `max` already wait on `id`.
     pub(crate) fn register(self: &Arc<Self>, id: &OperationId, max: usize) -> Option<Waiter> {
+        // With no waiter allowed there is nothing to register, and an entry made here
+        // would never be removed: only a dropped `Waiter` removes one.
+        if max == 0 {
+            return None;
+        }
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         let entry = waiting
             .entry(id.clone())
@@ -67,5 +72,44 @@ impl Drop for Waiter {
                 waiting.remove(&self.id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(key: &str) -> OperationId {
+        OperationId {
+            scope: String::new(),
+            name: "op".into(),
+            key: key.into(),
+        }
+    }
+
+    fn entries(hub: &WakeHub) -> usize {
+        hub.waiting.lock().unwrap().len()
+    }
+
+    #[test]
+    fn no_entry_is_kept_when_no_waiter_may_register() {
+        let hub = Arc::new(WakeHub::default());
+        for k in ["a", "b", "c"] {
+            assert!(hub.register(&id(k), 0).is_none());
+        }
+        assert_eq!(entries(&hub), 0);
+        assert!(!hub.is_waited(&id("a")));
+    }
+
+    #[test]
+    fn a_refused_waiter_leaves_the_entry_of_the_admitted_ones() {
+        let hub = Arc::new(WakeHub::default());
+        let first = hub
+            .register(&id("a"), 1)
+            .expect("the first waiter is admitted");
+        assert!(hub.register(&id("a"), 1).is_none());
+        assert_eq!(entries(&hub), 1);
+        drop(first);
+        assert_eq!(entries(&hub), 0);
     }
 }
