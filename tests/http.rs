@@ -21,6 +21,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Barrier, Semaphore};
 
 mod common;
+#[allow(dead_code)]
+#[path = "common/proxy.rs"]
+mod proxy;
 
 #[derive(Clone, Copy, Debug)]
 enum Style {
@@ -764,19 +767,41 @@ async fn serve_as_alice(router: axum::Router) -> String {
     base
 }
 
-/// The layer records final answers only: a "try again" status releases the key (the
-/// retry runs), and a response over the cap parks the key for reconciliation.
+/// The layer records what its handlers answer, 5xx included, but passes on a "try
+/// again" (429) and a status the application releases, freeing the key (the retry
+/// runs); a response over the cap parks the key for reconciliation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn layer_records_final_responses_only() {
+async fn layer_records_5xx_and_releases_what_the_application_marks() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let runs = Arc::new(AtomicUsize::new(0));
-    let flaky = {
+    let flaky = |first: StatusCode| {
         let runs = runs.clone();
         move || async move {
             match runs.fetch_add(1, Ordering::SeqCst) {
-                0 => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+                0 => (first, "busy"),
                 _ => (StatusCode::OK, "done"),
             }
+        }
+    };
+    // A route whose 503 comes only before anything happened, released on purpose.
+    let shed = axum::Router::new()
+        .route(
+            "/shed",
+            axum::routing::post(flaky(StatusCode::SERVICE_UNAVAILABLE)),
+        )
+        .route_layer(
+            idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
+                .release_status(StatusCode::SERVICE_UNAVAILABLE),
+        );
+    let failed_runs = Arc::new(AtomicUsize::new(0));
+    let failed = {
+        let runs = failed_runs.clone();
+        move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            (
+                StatusCode::BAD_GATEWAY,
+                "charged, then the receipt service failed",
+            )
         }
     };
     let big_runs = Arc::new(AtomicUsize::new(0));
@@ -789,13 +814,18 @@ async fn layer_records_final_responses_only() {
     };
     // "done" with its content-type is 72 bytes as the layer counts it; "x" × 100, 168.
     let router = axum::Router::new()
-        .route("/flaky", axum::routing::post(flaky))
+        .route(
+            "/flaky",
+            axum::routing::post(flaky(StatusCode::TOO_MANY_REQUESTS)),
+        )
         .route("/big", axum::routing::post(big))
+        .route("/failed", axum::routing::post(failed))
         .route_layer(
             idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
                 .name("final")
                 .max_response_bytes(150),
-        );
+        )
+        .merge(shed);
     let base = serve_as_alice(router).await;
     let client = reqwest::Client::new();
     let post = |path: &str| {
@@ -804,16 +834,49 @@ async fn layer_records_final_responses_only() {
             .header("idempotency-key", "k")
             .send()
     };
-    let busy = Reply::read(post("/flaky").await.unwrap()).await;
-    assert_eq!(busy.status, StatusCode::SERVICE_UNAVAILABLE);
-    let done = post("/flaky").await.unwrap();
-    assert_eq!(done.status(), StatusCode::OK);
-    assert!(done.headers().get("idempotent-replayed").is_none());
-    assert_eq!(done.text().await.unwrap(), "done");
-    let replay = post("/flaky").await.unwrap();
-    assert_eq!(replay.headers()["idempotent-replayed"], "true");
-    assert_eq!(replay.text().await.unwrap(), "done");
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    for (path, status) in [
+        ("/flaky", StatusCode::TOO_MANY_REQUESTS),
+        ("/shed", StatusCode::SERVICE_UNAVAILABLE),
+    ] {
+        runs.store(0, Ordering::SeqCst);
+        let busy = Reply::read(post(path).await.unwrap()).await;
+        assert_eq!(busy.status, status, "{path}");
+        let done = post(path).await.unwrap();
+        assert_eq!(
+            done.status(),
+            StatusCode::OK,
+            "{path}: the released key was held"
+        );
+        assert!(done.headers().get("idempotent-replayed").is_none());
+        assert_eq!(done.text().await.unwrap(), "done");
+        let replay = post(path).await.unwrap();
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.text().await.unwrap(), "done");
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{path}");
+    }
+
+    // A 5xx after the handler ran is recorded: the retry gets it, the handler runs once.
+    let failed = |key: &'static str| {
+        client
+            .post(format!("{base}/failed"))
+            .header("idempotency-key", key)
+            .send()
+    };
+    let first = failed("f").await.unwrap();
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let retry = failed("f").await.unwrap();
+    assert_eq!(retry.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        retry.text().await.unwrap(),
+        "charged, then the receipt service failed"
+    );
+    assert_eq!(
+        failed_runs.load(Ordering::SeqCst),
+        1,
+        "a recorded 5xx ran again"
+    );
 
     // One key under one explicit name, shared by both routes on purpose: the same key
     // on the other route is another request.
@@ -1542,4 +1605,489 @@ async fn retry_after_follows_the_routes_durations() {
         gate.0.release.add_permits(1);
         assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::OK);
     }
+}
+
+/// The first answer is the route's response as it made it, every header included;
+/// the record, and so every replay, keeps the recorded headers only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_response_passes_through_and_replays_keep_the_recorded_headers() {
+    let (runs, route) = {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = runs.clone();
+        let route = axum::routing::post(move || async move {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            (
+                StatusCode::CREATED,
+                [
+                    ("request-id", format!("req_{n}")),
+                    ("stripe-should-retry", "false".to_owned()),
+                    ("x-note", "kept".to_owned()),
+                ],
+                axum::Json(json!({"id": "ch_1"})),
+            )
+        });
+        (runs, route)
+    };
+    let router = axum::Router::new().route("/charges", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory())
+            .record_header(reqwest::header::HeaderName::from_static("x-note")),
+    );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = || {
+        client
+            .post(format!("{base}/charges"))
+            .header("idempotency-key", "k")
+            .send()
+    };
+    let first = Reply::read(post().await.unwrap()).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed(), "{first:?}");
+    assert_eq!(first.header("request-id"), Some("req_0"), "{first:?}");
+    assert_eq!(
+        first.header("stripe-should-retry"),
+        Some("false"),
+        "{first:?}"
+    );
+    assert_eq!(first.header("x-note"), Some("kept"));
+    assert_eq!(first.header("content-type"), Some("application/json"));
+    let replay = Reply::read(post().await.unwrap()).await;
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!((replay.status, &replay.body), (first.status, &first.body));
+    assert_eq!(replay.header("x-note"), Some("kept"));
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+    assert_eq!(
+        replay.header("request-id"),
+        None,
+        "an unrecorded header replayed"
+    );
+    assert_eq!(count(&runs), 1);
+}
+
+/// An `application/x-www-form-urlencoded` body is the request by its pairs, as a
+/// query is: the same parameters in another order or spelling replay, another value is
+/// a 422, and a repeated name's values keep their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equivalent_form_bodies_replay() {
+    let (route, runs) = counting("charged");
+    let router = axum::Router::new().route("/v1/charges", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory()),
+    );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |key: &str, body: &str| {
+        client
+            .post(format!("{base}/v1/charges"))
+            .header("idempotency-key", key)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.to_owned())
+            .send()
+    };
+    let first = post("k", "amount=2000&currency=usd&description=a+lamp")
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let same = post("k", "description=a%20lamp&currency=usd&amount=2000")
+        .await
+        .unwrap();
+    assert_eq!(
+        same.headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "the same parameters in another order were not replayed"
+    );
+    assert_eq!(same.text().await.unwrap(), "charged");
+    let other = Reply::read(
+        post("k", "currency=usd&amount=2001&description=a+lamp")
+            .await
+            .unwrap(),
+    )
+    .await;
+    other.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+
+    assert_eq!(
+        post("list", "expand[]=customer&expand[]=invoice")
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::CREATED
+    );
+    let reordered = Reply::read(
+        post("list", "expand[]=invoice&expand[]=customer")
+            .await
+            .unwrap(),
+    )
+    .await;
+    reordered.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED);
+    assert_eq!(count(&runs), 2);
+}
+
+/// A JSON body that repeats a member within one object has no one meaning: it is
+/// refused with a 422 before the route runs, whatever the members' order, and the key
+/// stays free for the corrected request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_bodies_repeating_a_member_are_refused() {
+    let (route, runs) = counting("charged");
+    let router = axum::Router::new().route("/v1/charges", route).route_layer(
+        idem_runtime::http::IdempotencyLayer::new(idem_runtime::Idem::memory()),
+    );
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |body: &str| {
+        client
+            .post(format!("{base}/v1/charges"))
+            .header("idempotency-key", "k")
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    for body in [
+        r#"{"amount":1,"amount":1000}"#,
+        r#"{"amount":1000,"amount":1}"#,
+        r#"{"card":{"number":"4242","number":"4000"}}"#,
+    ] {
+        let refused = Reply::read(post(body).await.unwrap()).await;
+        refused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, types::AMBIGUOUS_BODY);
+        assert!(
+            refused.body["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("member")),
+            "{refused:?}"
+        );
+        assert!(!refused.replayed());
+    }
+    assert_eq!(count(&runs), 0, "an ambiguous body ran");
+    let corrected = post(r#"{"amount":1000}"#).await.unwrap();
+    assert_eq!(corrected.status(), StatusCode::CREATED);
+    assert!(corrected.headers().get("idempotent-replayed").is_none());
+    let replay = post(r#"{ "amount": 1000 }"#).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(count(&runs), 1);
+}
+
+/// Stripe's error shape, as an application renders idem's problems.
+fn stripe_error(p: &idem_runtime::http::Problem) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let kind = match p.kind() {
+        Some(types::KEY_REUSED | types::IN_FLIGHT | types::INVALID_KEY) => "idempotency_error",
+        Some(_) if p.status < 500 => "invalid_request_error",
+        _ => "api_error",
+    };
+    let body = json!({"error": {"type": kind, "message": p.message()}});
+    (p.status_code(), axum::Json(body)).into_response()
+}
+
+/// A Stripe-shaped error of the handler style, answering idem's errors in its shape.
+#[derive(Debug)]
+struct StripeError(idem_runtime::IdemError);
+
+impl From<idem_runtime::IdemError> for StripeError {
+    fn from(e: idem_runtime::IdemError) -> Self {
+        StripeError(e)
+    }
+}
+
+impl axum::response::IntoResponse for StripeError {
+    fn into_response(self) -> axum::response::Response {
+        idem_runtime::http::error_response(&self.0, stripe_error)
+    }
+}
+
+#[idem_runtime::idempotent(store = idem, key = key, scope = principal, retain = "1h",
+                           in_flight = reject, name = "stripe_charge")]
+async fn stripe_charge(
+    #[idem(skip)] idem: &idem_runtime::Idem,
+    #[idem(skip)] principal: &idem_runtime::http::Principal,
+    #[idem(skip)] key: &IdempotencyKey,
+    amount: i64,
+) -> Result<i64, StripeError> {
+    Ok(amount)
+}
+
+/// idem's refusals reach the client in the application's own error shape, in both
+/// styles: `{"error": {"type": "idempotency_error", ...}}` with the status idem chose,
+/// `Retry-After` kept; the routes' own responses, first or replayed, are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_render_in_the_applications_error_shape() {
+    use axum::extract::{Extension, State};
+    use idem_runtime::http::{IdempotencyLayer, IdempotentHandlerLayer, Principal};
+    let idem = idem_runtime::Idem::memory();
+    let gate = Arc::new(Gate::default());
+    let by_layer = axum::routing::post(
+        |State((_, gate)): State<(idem_runtime::Idem, Arc<Gate>)>,
+         key: IdempotencyKey,
+         axum::Json(body): axum::Json<Value>| async move {
+            gate.act(key.as_str()).await;
+            (StatusCode::CREATED, axum::Json(body))
+        },
+    );
+    let by_attribute = axum::routing::post(
+        |State((idem, _)): State<(idem_runtime::Idem, Arc<Gate>)>,
+         Extension(principal): Extension<Principal>,
+         key: IdempotencyKey,
+         axum::Json(body): axum::Json<Value>| async move {
+            let amount = body["amount"].as_i64().unwrap_or(0);
+            stripe_charge(&idem, &principal, &key, amount)
+                .await
+                .map(|amount| axum::Json(json!({"amount": amount})))
+        },
+    );
+    let router = axum::Router::new()
+        .route("/attribute", by_attribute)
+        .layer(IdempotentHandlerLayer::new())
+        .merge(
+            axum::Router::new()
+                .route("/layer", by_layer)
+                .route_layer(IdempotencyLayer::new(idem.clone()).problem_response(stripe_error)),
+        )
+        .with_state((idem, gate.clone()));
+    let base = serve_as_alice(router).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str, key: Option<&str>, body: &str| {
+        let mut req = client
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        req.send()
+    };
+    let assert_stripe = |r: &Reply, status: StatusCode, kind: &str| {
+        assert_eq!(r.status, status, "{r:?}");
+        assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
+        assert_eq!(r.body["error"]["type"], kind, "{r:?}");
+        assert!(r.body["error"]["message"].is_string(), "{r:?}");
+    };
+
+    for path in ["/attribute", "/layer"] {
+        let first = Reply::read(post(path, Some("k"), r#"{"amount":100}"#).await.unwrap()).await;
+        assert!(first.status.is_success(), "{path}: {first:?}");
+        let replay = Reply::read(post(path, Some("k"), r#"{"amount":100}"#).await.unwrap()).await;
+        assert!(replay.replayed(), "{path}: {replay:?}");
+        assert_eq!(replay.body, first.body, "{path}");
+        let reused = Reply::read(post(path, Some("k"), r#"{"amount":999}"#).await.unwrap()).await;
+        assert_stripe(
+            &reused,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_error",
+        );
+    }
+
+    // The layer's refusals before anything runs, and a request in flight.
+    let missing = Reply::read(post("/layer", None, "{}").await.unwrap()).await;
+    assert_stripe(&missing, StatusCode::BAD_REQUEST, "idempotency_error");
+    let ambiguous = Reply::read(post("/layer", Some("a"), r#"{"x":1,"x":2}"#).await.unwrap()).await;
+    assert_stripe(
+        &ambiguous,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_request_error",
+    );
+    let held = tokio::spawn(post("/layer", Some("held"), "{}"));
+    gate.0.entered.acquire().await.unwrap().forget();
+    let in_flight = Reply::read(post("/layer", Some("held"), "{}").await.unwrap()).await;
+    assert_stripe(&in_flight, StatusCode::CONFLICT, "idempotency_error");
+    in_flight.retry_after();
+    gate.0.release.add_permits(1);
+    assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::CREATED);
+}
+
+/// A charges API behind `IdempotencyLayer`, counting its effects: each charge is one
+/// row (a count here) written before the handler answers. A body with `fail=1` writes
+/// the charge and then answers 500, as a handler whose later step fails does.
+#[derive(Default)]
+struct Charges {
+    rows: std::sync::atomic::AtomicUsize,
+    /// The response each key's handler made, by key, to compare with what clients got.
+    answered: std::sync::Mutex<std::collections::HashMap<String, Value>>,
+}
+
+async fn charge(
+    axum::extract::State(charges): axum::extract::State<Arc<Charges>>,
+    headers: reqwest::header::HeaderMap,
+    body: String,
+) -> (StatusCode, axum::Json<Value>) {
+    let row = charges
+        .rows
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+    let key = text("idempotency-key").unwrap();
+    // Which attempt of the client's ran the handler: a replay to a later attempt shows it.
+    let attempt: u32 = text("x-attempt").unwrap().parse().unwrap();
+    let (status, answer) = if body.contains("fail=1") {
+        let error = json!({"type": "api_error", "message": "charged, then failed", "charge": row});
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"error": error, "attempt": attempt}),
+        )
+    } else {
+        (
+            StatusCode::OK,
+            json!({"id": format!("ch_{row}"), "attempt": attempt}),
+        )
+    };
+    charges.answered.lock().unwrap().insert(key, answer.clone());
+    (status, axum::Json(answer))
+}
+
+/// How long the client waits for one attempt's reply before retrying, as Stripe's
+/// clients do: the reply of a connection the proxy holds silent never comes.
+const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// One reply a retrying client got, with the attempt it answered.
+#[derive(Debug)]
+struct Attempt {
+    number: u32,
+    reply: Reply,
+}
+
+/// POSTs `body` as a form with one `Idempotency-Key` the way Stripe's clients do:
+/// retries connection errors and timeouts, 409 and every 5xx with the same key, up to
+/// `retries` times, backing off between attempts. Returns every reply it got, and how
+/// many attempts got none.
+async fn post_like_stripe(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    body: &str,
+    retries: u32,
+) -> (Vec<Attempt>, u32) {
+    let (mut replies, mut lost) = (Vec::new(), 0);
+    for number in 1..=retries + 1 {
+        if number > 1 {
+            let backoff = std::time::Duration::from_millis(50 << (number - 2).min(4));
+            tokio::time::sleep(backoff).await;
+        }
+        let sent = client
+            .post(url)
+            .header("idempotency-key", key)
+            .header("x-attempt", number.to_string())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.to_owned())
+            .send()
+            .await;
+        let read = match sent {
+            Ok(res) => {
+                let (status, headers) = (res.status(), res.headers().clone());
+                res.bytes().await.map(|bytes| Reply {
+                    status,
+                    headers,
+                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                })
+            }
+            Err(e) => Err(e),
+        };
+        match read {
+            Ok(reply) => {
+                let again = reply.status == StatusCode::CONFLICT || reply.status.is_server_error();
+                replies.push(Attempt { number, reply });
+                if !again {
+                    break;
+                }
+            }
+            Err(e) => {
+                assert!(
+                    e.is_timeout() || e.is_connect() || e.is_request() || e.is_body(),
+                    "{e:?}"
+                );
+                lost += 1;
+            }
+        }
+    }
+    (replies, lost)
+}
+
+/// A real client that retries every 5xx, 409 and lost reply with one key, through a
+/// proxy that drops or resets replies, against the layer with its defaults: a charge
+/// whose handler answered 500 after writing its row runs once, and every retry gets
+/// that first response, marked as a replay; with replies lost, N charges are N rows,
+/// and each call ends with the response its handler made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_retrying_5xx_through_a_lossy_proxy_charges_once_per_key() {
+    use proxy::{Mode, Proxy};
+    use std::sync::atomic::Ordering;
+    let charges = Arc::new(Charges::default());
+    let idem = idem_runtime::Idem::sqlite("sqlite::memory:").await.unwrap();
+    let router = axum::Router::new()
+        .route("/v1/charges", axum::routing::post(charge))
+        .route_layer(idem_runtime::http::IdempotencyLayer::new(idem))
+        .with_state(charges.clone());
+    let base = serve_as_alice(router).await;
+    let proxy = Proxy::start(base.strip_prefix("http://").unwrap()).await;
+    let url = format!("http://127.0.0.1:{}/v1/charges", proxy.port);
+    let client = reqwest::Client::builder()
+        .timeout(ATTEMPT_TIMEOUT)
+        .build()
+        .unwrap();
+    // Every reply is the response the key's handler made: a replay to any attempt but
+    // the one that ran the handler, marked so, and the handler's own to that one.
+    let check = |key: &str, attempts: &[Attempt]| {
+        let made = charges.answered.lock().unwrap()[key].clone();
+        for Attempt { number, reply } in attempts {
+            assert_eq!(
+                reply.body, made,
+                "{key}: attempt {number} got another response"
+            );
+            let ran = made["attempt"] == *number;
+            assert_eq!(reply.replayed(), !ran, "{key}: attempt {number}: {reply:?}");
+        }
+    };
+
+    // 500 after the charge: three retries, the first reply dropped or not.
+    for (key, mode) in [("fail-dropped", Mode::DropNextReply), ("fail", Mode::Pass)] {
+        let before = charges.rows.load(Ordering::SeqCst);
+        proxy.set(mode);
+        let (replies, lost) = post_like_stripe(&client, &url, key, "amount=100&fail=1", 3).await;
+        assert_eq!(
+            charges.rows.load(Ordering::SeqCst) - before,
+            1,
+            "{key}: charged twice"
+        );
+        assert_eq!(
+            lost + replies.len() as u32,
+            4,
+            "{key}: every 500 is retried"
+        );
+        assert!(replies.len() >= 3, "{key}: {replies:?} ({lost} lost)");
+        assert!(
+            replies
+                .iter()
+                .all(|a| a.reply.status == StatusCode::INTERNAL_SERVER_ERROR),
+            "{key}: {replies:?}"
+        );
+        check(key, &replies);
+    }
+
+    // N charges with replies dropped (held silent) or reset: N rows, each call ending
+    // with its handler's response.
+    const N: usize = 8;
+    let before = charges.rows.load(Ordering::SeqCst);
+    let mut faults = 0;
+    for i in 0..N {
+        let mode = match i % 4 {
+            0 => Mode::DropNextReply,
+            1 => Mode::ResetNextReply,
+            _ => Mode::Pass,
+        };
+        proxy.set(mode);
+        let key = format!("charge-{i}");
+        let body = format!("amount={}&currency=eur", 100 + i);
+        let (replies, lost) = post_like_stripe(&client, &url, &key, &body, 3).await;
+        faults += lost;
+        let last = replies.last().unwrap_or_else(|| panic!("{key}: no reply"));
+        assert_eq!(last.reply.status, StatusCode::OK, "{key}: {replies:?}");
+        check(&key, &replies);
+    }
+    assert!(faults as usize >= N / 2, "the proxy lost {faults} replies");
+    assert_eq!(charges.rows.load(Ordering::SeqCst) - before, N);
+    let ids: std::collections::HashSet<_> = charges
+        .answered
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(key, _)| key.starts_with("charge-"))
+        .map(|(_, answer)| answer["id"].clone())
+        .collect();
+    assert_eq!(ids.len(), N);
 }

@@ -1,6 +1,7 @@
 //! The canonical forms `IdempotencyLayer` fingerprints a request by: its media type, its
-//! query and a JSON body, each reduced so that spellings of one request that a server
-//! reads alike fingerprint alike, and requests a server reads differently never do.
+//! query, and a JSON or form body, each reduced so that spellings of one request that a
+//! server reads alike fingerprint alike, and requests a server reads differently never
+//! do.
 
 use std::borrow::Cow;
 
@@ -40,25 +41,45 @@ pub(super) fn content_types(headers: &HeaderMap) -> Vec<ByteStr<'_>> {
         .collect()
 }
 
-/// Whether the request's one `Content-Type` is JSON: `application/json` or a `+json`
-/// type (`application/problem+json`, `application/merge-patch+json`).
-pub(super) fn is_json(headers: &HeaderMap) -> bool {
+/// How a request body is read, by its one `Content-Type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BodyKind {
+    /// `application/json` or a `+json` type (`application/problem+json`,
+    /// `application/merge-patch+json`).
+    Json,
+    /// `application/x-www-form-urlencoded`.
+    Form,
+    /// Anything else, no `Content-Type`, or more than one.
+    Bytes,
+}
+
+/// How the request's body is read, from its one `Content-Type`.
+pub(super) fn body_kind(headers: &HeaderMap) -> BodyKind {
     let mut values = headers.get_all(CONTENT_TYPE).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
-        return false;
+        return BodyKind::Bytes;
     };
     let Ok(text) = value.to_str() else {
-        return false;
+        return BodyKind::Bytes;
     };
     let essence = text.split(';').next().unwrap_or("").trim();
     let Some((kind, subtype)) = essence.split_once('/') else {
-        return false;
+        return BodyKind::Bytes;
     };
-    kind.eq_ignore_ascii_case("application")
-        && (subtype.eq_ignore_ascii_case("json")
-            || subtype
-                .get(subtype.len().saturating_sub(5)..)
-                .is_some_and(|tail| tail.eq_ignore_ascii_case("+json")))
+    if !kind.eq_ignore_ascii_case("application") {
+        return BodyKind::Bytes;
+    }
+    let json = subtype.eq_ignore_ascii_case("json")
+        || subtype
+            .get(subtype.len().saturating_sub(5)..)
+            .is_some_and(|tail| tail.eq_ignore_ascii_case("+json"));
+    if json {
+        BodyKind::Json
+    } else if subtype.eq_ignore_ascii_case("x-www-form-urlencoded") {
+        BodyKind::Form
+    } else {
+        BodyKind::Bytes
+    }
 }
 
 fn normalize_media_type(text: &str) -> String {
@@ -143,38 +164,50 @@ fn unquote(value: &str) -> String {
     out
 }
 
-/// The query as the pairs a form decoder reads from it, sorted by name then value:
-/// `?b=2&a=1` and `?a=1&b=%32` are one query. Each pair is split at its first `=`
-/// (none: an empty value), `+` is a space and percent escapes are decoded to bytes, so
-/// no two queries that decode differently share a form; empty pairs (`&&`) are
-/// skipped, as form decoders skip them. The order of repeated names is not kept: an
-/// API whose meaning depends on it needs its own name per position.
-pub(super) fn canonical_query(query: Option<&str>) -> Vec<(ByteStr<'_>, ByteStr<'_>)> {
-    let decode = |part: &str| -> Vec<u8> {
-        let spaced = part.replace('+', " ");
-        percent_encoding::percent_decode_str(&spaced).collect()
+/// A query string or an `application/x-www-form-urlencoded` body as the pairs a form
+/// decoder reads from it, sorted by name: `b=2&a=1` and `a=1&b=%32` are one request.
+/// Each pair is split at its first `=` (none: an empty value), `+` is a space and
+/// percent escapes are decoded to bytes, so no two that decode differently share a
+/// form; empty pairs (`&&`) are skipped, as form decoders skip them. The values of a
+/// repeated name keep their order (`tag=a&tag=b` is not `tag=b&tag=a`), since decoders
+/// read them as a list.
+pub(super) fn canonical_form(form: &[u8]) -> Vec<(ByteStr<'static>, ByteStr<'static>)> {
+    let decode = |part: &[u8]| -> Vec<u8> {
+        let spaced: Vec<u8> = part
+            .iter()
+            .map(|&b| if b == b'+' { b' ' } else { b })
+            .collect();
+        percent_encoding::percent_decode(&spaced).collect()
     };
-    let mut pairs: Vec<(ByteStr<'_>, ByteStr<'_>)> = query
-        .unwrap_or("")
-        .split('&')
+    let mut pairs: Vec<(ByteStr<'static>, ByteStr<'static>)> = form
+        .split(|&b| b == b'&')
         .filter(|pair| !pair.is_empty())
         .map(|pair| {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let (name, value) = match pair.iter().position(|&b| b == b'=') {
+                Some(i) => (&pair[..i], &pair[i + 1..]),
+                None => (pair, &[][..]),
+            };
             (
                 ByteStr(Cow::Owned(decode(name))),
                 ByteStr(Cow::Owned(decode(value))),
             )
         })
         .collect();
-    pairs.sort();
+    // Stable, by name only: a repeated name's values stay in order.
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
     pairs
 }
 
 /// A JSON document by its content: objects as maps (the fingerprint sorts their
 /// entries), strings unescaped, numbers by their literal text (no float rounding, so
 /// `1e400`, `0.1000000000000000000001` and 20-digit integers stay distinct from their
-/// neighbours), whitespace gone. An object that repeats a key keeps every entry, so it
-/// is never the same as one without the repeat.
+/// neighbours), whitespace gone.
+///
+/// An object that repeats a member name has no one meaning (serde_json's `Value` keeps
+/// the last, a derived struct refuses it, other readers keep the first), so sorting its
+/// entries could make two requests a server reads differently alike:
+/// [`repeated_member`](Json::repeated_member) finds it, and the layer refuses such a
+/// body before it runs.
 #[derive(Debug)]
 pub(super) enum Json<'a> {
     Null,
@@ -197,6 +230,27 @@ impl<'a> Json<'a> {
     pub(super) fn parse(bytes: &'a [u8]) -> Option<Json<'a>> {
         let raw: &'a RawValue = serde_json::from_slice(bytes).ok()?;
         Json::from_raw(raw, 0).ok()
+    }
+
+    /// The first member name that an object in the document repeats (names compared
+    /// unescaped, so `"a"` and `"\u0061"` are one name). A subtree below [`MAX_DEPTH`]
+    /// is not searched: it is fingerprinted by its exact text, so no reordering of it
+    /// fingerprints alike anyway.
+    pub(super) fn repeated_member(&self) -> Option<&str> {
+        match self {
+            Json::Object(entries) => {
+                let mut names: Vec<&str> = entries.iter().map(|(name, _)| name.as_str()).collect();
+                names.sort_unstable();
+                if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+                    return Some(pair[0]);
+                }
+                entries
+                    .iter()
+                    .find_map(|(_, value)| value.repeated_member())
+            }
+            Json::Array(items) => items.iter().find_map(Json::repeated_member),
+            _ => None,
+        }
     }
 
     fn from_raw(raw: &'a RawValue, depth: usize) -> Result<Json<'a>, serde_json::Error> {
@@ -343,38 +397,51 @@ mod tests {
     }
 
     #[test]
-    fn json_media_types() {
-        for yes in [
+    fn body_media_types() {
+        for json in [
             "application/json",
             "Application/JSON; charset=utf-8",
             "application/merge-patch+json",
         ] {
-            assert!(is_json(&headers(&[yes])), "{yes}");
+            assert_eq!(body_kind(&headers(&[json])), BodyKind::Json, "{json}");
         }
-        for no in [
+        for form in [
+            "application/x-www-form-urlencoded",
+            "Application/X-WWW-Form-Urlencoded; charset=utf-8",
+        ] {
+            assert_eq!(body_kind(&headers(&[form])), BodyKind::Form, "{form}");
+        }
+        for bytes in [
             "text/json",
             "application/jsonx",
             "application/x-json5",
             "json",
+            "multipart/form-data; boundary=x",
+            "text/x-www-form-urlencoded",
         ] {
-            assert!(!is_json(&headers(&[no])), "{no}");
+            assert_eq!(body_kind(&headers(&[bytes])), BodyKind::Bytes, "{bytes}");
         }
-        assert!(!is_json(&headers(&[
-            "application/json",
-            "application/json"
-        ])));
+        assert_eq!(
+            body_kind(&headers(&["application/json", "application/json"])),
+            BodyKind::Bytes
+        );
+        assert_eq!(body_kind(&HeaderMap::new()), BodyKind::Bytes);
     }
 
     #[test]
-    fn queries_canonicalise() {
-        let q = |s: &str| fp(&canonical_query(Some(s)));
-        assert_eq!(q("b=2&a=1"), q("a=1&b=%32"));
-        assert_eq!(q("a=x+y"), q("a=x%20y"));
-        assert_eq!(q("a&&b="), q("b&a="));
-        assert_eq!(fp(&canonical_query(None)), q(""));
-        assert_ne!(q("a=1&b=2"), q("a=1%26b%3D2"));
-        assert_ne!(q("a=%FF"), q("a=%FE"));
-        assert_ne!(q("a=1"), q("a=2"));
+    fn forms_canonicalise() {
+        let q = |s: &[u8]| fp(&canonical_form(s));
+        assert_eq!(q(b"b=2&a=1"), q(b"a=1&b=%32"));
+        assert_eq!(q(b"a=x+y"), q(b"a=x%20y"));
+        assert_eq!(q(b"a&&b="), q(b"b&a="));
+        assert_eq!(q(b"amount=100&currency=eur"), q(b"currency=eur&amount=100"));
+        assert_ne!(q(b"a=1&b=2"), q(b"a=1%26b%3D2"));
+        assert_ne!(q(b"a=%FF"), q(b"a=%FE"));
+        assert_ne!(q(b"a=\xff"), q(b"a=\xfe"));
+        assert_ne!(q(b"a=1"), q(b"a=2"));
+        // A repeated name is a list: its order counts, its place among others does not.
+        assert_ne!(q(b"tag=a&tag=b"), q(b"tag=b&tag=a"));
+        assert_eq!(q(b"tag=a&x=1&tag=b"), q(b"x=1&tag=a&tag=b"));
     }
 
     #[test]
@@ -393,9 +460,29 @@ mod tests {
             "integers past u64 are not rounded"
         );
         assert_ne!(json("0.1"), json("0.1000000000000000000001"));
-        assert_ne!(json(r#"{"a":1,"a":2}"#), json(r#"{"a":2}"#));
         assert!(Json::parse(b"{").is_none());
         assert!(Json::parse(b"1 2").is_none());
+    }
+
+    #[test]
+    fn repeated_members_are_found() {
+        let repeated = |text: &str| {
+            Json::parse(text.as_bytes())
+                .unwrap()
+                .repeated_member()
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            repeated(r#"{"amount":1,"amount":1000}"#).as_deref(),
+            Some("amount")
+        );
+        assert_eq!(repeated(r#"{"a":1,"\u0061":2}"#).as_deref(), Some("a"));
+        assert_eq!(
+            repeated(r#"{"x":[{"b":1},{"c":{"d":1,"e":2,"d":3}}]}"#).as_deref(),
+            Some("d")
+        );
+        assert_eq!(repeated(r#"{"a":{"a":1},"b":[{"a":2}]}"#), None);
+        assert_eq!(repeated("[1, 1]"), None);
     }
 
     #[test]

@@ -20,13 +20,13 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
-use super::canonical::{Json, canonical_query, content_types, is_json};
+use super::canonical::{BodyKind, Json, body_kind, canonical_form, content_types};
 use super::estimate::Durations;
 use super::handler::run_spawned;
 use super::key::{IDEMPOTENT_REPLAYED, IdempotencyKey};
 use super::limits::{Budget, Buffered, ClaimLimiter, read_body};
 use super::principal::Principal;
-use super::problem::{Problem, in_flight_for};
+use super::problem::{Problem, Render, in_flight_for, log_server_side};
 use super::rejection::KeyRejection;
 use crate::context::observe;
 use crate::error::IdemError;
@@ -51,26 +51,34 @@ use crate::op::{Disposition, InFlight, MAX_KEY_BYTES};
 ///   same key on two of them is then a 422;
 /// - the request is fingerprinted, so the key reused with another request is a 422:
 ///   its method, its full path as the client sent it (axum's `OriginalUri`, so a nest
-///   prefix counts), its query (decoded, pairs sorted: `?b=2&a=1` is `?a=1&b=%32`), its
-///   `Content-Type` (media type and parameter names lowercased, parameters sorted) and
-///   its body: a JSON body (`application/json`, `+json` types) by its content (key
-///   order and whitespace do not count, number literals do), any other by its bytes;
+///   prefix counts), its query (decoded, pairs sorted by name: `?b=2&a=1` is
+///   `?a=1&b=%32`; a repeated name's values keep their order), its `Content-Type`
+///   (media type and parameter names lowercased, parameters sorted) and its body: a
+///   JSON body (`application/json`, `+json` types) by its content (key order and
+///   whitespace do not count, number literals do), an
+///   `application/x-www-form-urlencoded` body by its pairs as a query is, any other by
+///   its bytes. A JSON body that repeats a member name within one object is refused
+///   with a 422 before anything runs: JSON readers disagree on which member counts
+///   (serde_json's `Value` keeps the last, a derived struct refuses the body), so no
+///   fingerprint could stand for what the route will read;
 /// - the body is buffered for that within bounds: a `Content-Length` over
 ///   [`max_request_bytes`](Self::max_request_bytes) is a 413 before a byte is read, a
 ///   body still arriving after [`body_timeout`](Self::body_timeout) a 408, and bodies
 ///   past the layer's [`buffer_budget`](Self::buffer_budget), counted across every
 ///   request in it at once, a 503 with `Retry-After`. None of these runs the request;
-/// - the first request runs the routes below; its response is recorded if
-///   [`record_status`](Self::record_status) says so (by default: 2xx, 3xx, 402 and
-///   410, see [`records_by_default`](Self::records_by_default)), and then replayed to
-///   every retry with `Idempotent-Replayed: true`: status, the
-///   [recorded headers](Self::record_header) and body, byte for byte (the first answer,
-///   too, carries only the recorded headers, so it and its replays are alike). A JSON
-///   body is recorded as JSON, other UTF-8 text as a string, other bytes as base64, and
-///   every response up to [`max_response_bytes`](Self::max_response_bytes) fits the
-///   store's outcome cap once recorded. Any other response (a framework's 400, 405,
-///   413, 415 or 422, an authorization refusal, a 5xx) is passed on unrecorded and the
-///   key released: the corrected retry runs;
+/// - the first request runs the routes below and gets their response as they made
+///   it. The response is recorded if [`record_status`](Self::record_status) says so (by
+///   default every answer once the handler may have started, 5xx included: 2xx, 3xx,
+///   5xx, 402 and 410, see [`records_by_default`](Self::records_by_default)), and
+///   then replayed to every retry with `Idempotent-Replayed: true`: status, the
+///   [recorded headers](Self::record_header) and body, byte for byte (other headers,
+///   such as a request id, go to the first answer only). A JSON body is recorded as
+///   JSON, other UTF-8 text as a string, other bytes as base64, and every response up
+///   to [`max_response_bytes`](Self::max_response_bytes) fits the store's outcome cap
+///   once recorded. Any other response (a framework's 400, 405, 413, 415 or 422, an
+///   authorization refusal, a 429, a status named by
+///   [`release_status`](Self::release_status)) is passed on unrecorded and the key
+///   released: the corrected retry runs;
 /// - a retry while the first request runs gets 409 at once (the draft's behaviour; see
 ///   [`in_flight`](Self::in_flight)), with a `Retry-After` of about how long the
 ///   route's requests take: a running average of the requests that ran, at least 1 s
@@ -81,6 +89,10 @@ use crate::op::{Disposition, InFlight, MAX_KEY_BYTES};
 /// - the request runs in its own task, so it finishes and records its outcome even if
 ///   the client disconnects, and the client's retry replays it
 ///   ([`run_to_completion`](Self::run_to_completion)).
+///
+/// The layer's own answers (400, 408, 409, 413, 422, 429, 500, 503 above) are
+/// `application/problem+json` unless [`problem_response`](Self::problem_response)
+/// renders them in the application's shape. None of them is recorded.
 ///
 /// Put it inside the auth layer (so the principal is set when it runs), on the routes
 /// that need it (`Router::route_layer` runs it only for matched routes).
@@ -120,6 +132,10 @@ struct Config {
     max_response_bytes: usize,
     recorded_headers: Vec<HeaderName>,
     record_status: fn(StatusCode) -> bool,
+    /// Statuses released whatever `record_status` says.
+    released: Vec<StatusCode>,
+    /// `None`: problem+json.
+    render: Option<Render>,
     spawn: bool,
     /// How long each route's requests take: the `Retry-After` of a 409.
     durations: Arc<Durations>,
@@ -132,8 +148,9 @@ impl IdempotencyLayer {
     /// seconds and 64 MiB of them buffered at once, no claim limit, responses up to what
     /// the store's outcome cap holds once recorded (see
     /// [`max_response_bytes`](Self::max_response_bytes)), statuses recorded as
-    /// [`records_by_default`](Self::records_by_default) says, headers `content-type`,
-    /// `location`, `content-language` and `etag` recorded, requests run to completion.
+    /// [`records_by_default`](Self::records_by_default) says (5xx included), headers
+    /// `content-type`, `location`, `content-language` and `etag` recorded, the layer's
+    /// own refusals answered as problem+json, requests run to completion.
     ///
     /// # Panics
     ///
@@ -169,6 +186,8 @@ impl IdempotencyLayer {
                     header::ETAG,
                 ],
                 record_status: Self::records_by_default,
+                released: Vec::new(),
+                render: None,
                 spawn: true,
                 durations: Arc::default(),
             },
@@ -325,7 +344,8 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Records and replays this response header too.
+    /// Records and replays this response header too. A header that is not recorded
+    /// reaches the first answer only, as the route set it.
     pub fn record_header(mut self, name: HeaderName) -> Self {
         if !self.cfg.recorded_headers.contains(&name) {
             self.cfg.recorded_headers.push(name);
@@ -333,9 +353,10 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Which response statuses are recorded and replayed; the others are passed on and
-    /// release the key, so a retry runs again. Default:
-    /// [`records_by_default`](Self::records_by_default).
+    /// Which statuses of the responses the routes below produce are recorded and
+    /// replayed; the others are passed on and release the key, so a retry runs again.
+    /// Default: [`records_by_default`](Self::records_by_default). Statuses named with
+    /// [`release_status`](Self::release_status) are released whatever `record` says.
     ///
     /// ```
     /// use http::StatusCode;
@@ -350,30 +371,112 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The statuses recorded by default: the answers that say the operation ran and
-    /// decided. That is 2xx and 3xx, 402 Payment Required (a payment refused: the
-    /// retry must not pay) and 410 Gone.
+    /// Passes `status` on unrecorded and releases the key, so the retry runs again: for
+    /// a status the application answers only when nothing happened, such as a 503 from
+    /// a load-shedding or circuit-breaking layer below this one that refuses before the
+    /// handler starts. Call it again for each further status.
     ///
-    /// Every other status is passed on unrecorded, its key released: 5xx, 408, 425 and
-    /// 429 say "try again"; 400, 401, 403, 404, 405, 411, 413, 415, 422 and the rest of
-    /// 4xx are mostly refusals made before the operation ran (by the framework's
-    /// extractors, routing or authorization), which the corrected retry must not get
-    /// back; 409 is the draft's own "in progress, retry" and an optimistic-concurrency
-    /// "retry", and 412 answers preconditions the fingerprint does not cover.
+    /// Release only a status that never follows an effect. A 5xx after the handler ran
+    /// is an outcome of unknown effect (the charge may be written, the email sent);
+    /// releasing it lets a client that retries every 5xx with one key, as Stripe's
+    /// clients do, run the effect again.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// # use idem_runtime::{Idem, http::IdempotencyLayer};
+    /// // This API's 503 comes from its load shedder only, before any handler runs.
+    /// let layer = IdempotencyLayer::new(Idem::memory())
+    ///     .release_status(StatusCode::SERVICE_UNAVAILABLE);
+    /// ```
+    pub fn release_status(mut self, status: StatusCode) -> Self {
+        if !self.cfg.released.contains(&status) {
+            self.cfg.released.push(status);
+        }
+        self
+    }
+
+    /// The statuses recorded by default: every answer the routes produce once their
+    /// handler may have started, as Stripe records them. That is 2xx, 3xx and 5xx,
+    /// 402 Payment Required (a payment refused: the retry must not pay) and 410 Gone.
+    ///
+    /// A 5xx is recorded because the handler may have had its effect before it failed:
+    /// its outcome is unknown, and a retry that ran the handler again could repeat the
+    /// effect. The retry gets the recorded 5xx back; a client that wants the operation
+    /// attempted again sends a new key. A status the application answers only when
+    /// nothing happened can be released with [`release_status`](Self::release_status).
+    ///
+    /// The rest of 4xx is passed on unrecorded, its key released: 400, 401, 403, 404,
+    /// 405, 411, 413, 415, 422 and the like are mostly refusals made before the
+    /// operation ran (by the framework's extractors, routing or authorization), which
+    /// the corrected retry must not get back; 408, 425 and 429 say "try again"; 409 is
+    /// the draft's own "in progress, retry" and an optimistic-concurrency "retry", and
+    /// 412 answers preconditions the fingerprint does not cover. 1xx is never recorded.
+    ///
+    /// What the layer answers itself before the routes run (a refused key, a body over
+    /// its bounds, the store down, a request in flight, a key reused) is never recorded,
+    /// whatever the policy.
     ///
     /// ```
     /// use http::StatusCode;
     /// use idem_runtime::http::IdempotencyLayer;
     /// assert!(IdempotencyLayer::records_by_default(StatusCode::CREATED));
     /// assert!(IdempotencyLayer::records_by_default(StatusCode::PAYMENT_REQUIRED));
+    /// assert!(IdempotencyLayer::records_by_default(StatusCode::INTERNAL_SERVER_ERROR));
+    /// assert!(IdempotencyLayer::records_by_default(StatusCode::SERVICE_UNAVAILABLE));
     /// assert!(!IdempotencyLayer::records_by_default(StatusCode::UNSUPPORTED_MEDIA_TYPE));
-    /// assert!(!IdempotencyLayer::records_by_default(StatusCode::SERVICE_UNAVAILABLE));
+    /// assert!(!IdempotencyLayer::records_by_default(StatusCode::TOO_MANY_REQUESTS));
     /// ```
     pub fn records_by_default(status: StatusCode) -> bool {
         status.is_success()
             || status.is_redirection()
+            || status.is_server_error()
             || status == StatusCode::PAYMENT_REQUIRED
             || status == StatusCode::GONE
+    }
+
+    /// Renders the layer's own refusals in the application's error shape: `render`
+    /// gets each [`Problem`] the layer answers before or instead of the routes (key
+    /// missing or invalid, body refused, too many claims, request in flight, key reused
+    /// with another request, store down, outcome unknown, no principal) and makes the
+    /// response, with the status it chooses. Default: the problem as
+    /// `application/problem+json`.
+    ///
+    /// [`Problem::kind`] tells the cases apart (one of the [`types`](super::types)
+    /// names), [`Problem::message`] says what happened and what to do, and
+    /// `retry_after` is set where the client should wait: the layer adds the
+    /// `Retry-After` header from it unless `render` set one. Responses of the routes,
+    /// recorded or replayed, are never passed to it. The handler style answers in the
+    /// same shape through [`error_response`](super::error_response).
+    ///
+    /// A Stripe-shaped API, whose clients read an `error` object:
+    ///
+    /// ```
+    /// use axum::{Json, Router, response::{IntoResponse, Response}, routing::post};
+    /// use idem_runtime::Idem;
+    /// use idem_runtime::http::{IdempotencyLayer, Problem, types};
+    /// use serde_json::json;
+    /// # async fn create() -> &'static str { "created" }
+    ///
+    /// fn stripe_error(p: &Problem) -> Response {
+    ///     let kind = match p.kind() {
+    ///         Some(types::KEY_REUSED | types::IN_FLIGHT | types::INVALID_KEY) => "idempotency_error",
+    ///         Some(_) if p.status < 500 => "invalid_request_error",
+    ///         _ => "api_error",
+    ///     };
+    ///     let body = json!({"error": {"type": kind, "message": p.message()}});
+    ///     (p.status_code(), Json(body)).into_response()
+    /// }
+    ///
+    /// let app: Router = Router::new()
+    ///     .route("/v1/charges", post(create))
+    ///     .route_layer(IdempotencyLayer::new(Idem::memory()).problem_response(stripe_error));
+    /// ```
+    pub fn problem_response<F>(mut self, render: F) -> Self
+    where
+        F: Fn(&Problem) -> Response + Send + Sync + 'static,
+    {
+        self.cfg.render = Some(Render(Arc::new(render)));
+        self
     }
 
     /// Whether a request runs on when its client disconnects (default `true`).
@@ -382,6 +485,21 @@ impl IdempotencyLayer {
     pub fn run_to_completion(mut self, spawn: bool) -> Self {
         self.cfg.spawn = spawn;
         self
+    }
+}
+
+impl Config {
+    /// One of the layer's own answers, in the application's shape if it gave one.
+    fn answer(&self, problem: Problem) -> Response {
+        match &self.render {
+            Some(render) => render.answer(problem),
+            None => problem.into_response(),
+        }
+    }
+
+    /// Whether a response of the routes with `status` is recorded.
+    fn records(&self, status: StatusCode) -> bool {
+        (self.record_status)(status) && !self.released.contains(&status)
     }
 }
 
@@ -668,21 +786,21 @@ where
             let Ok(res) = inner.call(req).await;
             return res.into_response();
         }
-        Ok(None) => return Problem::from(KeyRejection::Missing).into_response(),
-        Err(e) => return Problem::from(e).into_response(),
+        Ok(None) => return cfg.answer(KeyRejection::Missing.into()),
+        Err(e) => return cfg.answer(e.into()),
     };
     let Some(principal) = req.extensions().get::<Principal>().cloned() else {
         tracing::error!(
             "IdempotencyLayer: no Principal in the request's extensions; is the auth \
              layer outside it?"
         );
-        return Problem::no_principal().into_response();
+        return cfg.answer(Problem::no_principal());
     };
     let (parts, body) = req.into_parts();
     let max = cfg.max_request_bytes.min(cfg.budget.bytes());
     let buffered = match read_body(&parts.headers, body, max, cfg.body_timeout, &cfg.budget).await {
         Ok(buffered) => buffered,
-        Err(problem) => return problem.into_response(),
+        Err(problem) => return cfg.answer(problem),
     };
     // The URI as the client sent it: inside a nested router, `parts.uri` has lost the
     // nest's prefix.
@@ -701,14 +819,25 @@ where
         .in_flight(cfg.in_flight)
         .fingerprint_part("method", parts.method.as_str())
         .fingerprint_part("path", uri.path())
-        .fingerprint_part("query", &canonical_query(uri.query()))
+        .fingerprint_part(
+            "query",
+            &canonical_form(uri.query().unwrap_or("").as_bytes()),
+        )
         .fingerprint_part("content_type", &content_types(&parts.headers));
-    let json = is_json(&parts.headers)
-        .then(|| Json::parse(&buffered.bytes))
-        .flatten();
-    let op = match json {
-        Some(json) => op.fingerprint_part("body_json", &json),
-        None => op.fingerprint_part("body_sha256", &Sha256::digest(&buffered.bytes)[..]),
+    let kind = body_kind(&parts.headers);
+    let json = match kind {
+        BodyKind::Json => Json::parse(&buffered.bytes),
+        BodyKind::Form | BodyKind::Bytes => None,
+    };
+    if let Some(member) = json.as_ref().and_then(Json::repeated_member) {
+        return cfg.answer(Problem::ambiguous_body(member));
+    }
+    let op = match (json, kind) {
+        (Some(json), _) => op.fingerprint_part("body_json", &json),
+        (None, BodyKind::Form) => {
+            op.fingerprint_part("body_form", &canonical_form(&buffered.bytes))
+        }
+        (None, _) => op.fingerprint_part("body_sha256", &Sha256::digest(&buffered.bytes)[..]),
     };
     let (route, timed) = (name.clone(), name.clone());
     let op = op
@@ -718,19 +847,25 @@ where
     let Buffered { bytes, permit } = buffered;
     let req = Request::from_parts(parts, Body::from(bytes));
     let limits = cfg.clone();
+    // The response as the routes made it, for the request that ran them: the record
+    // keeps only the recorded headers, the first answer keeps them all.
+    let first = Arc::new(std::sync::Mutex::new(None));
+    let made = first.clone();
     let call = async move {
         let body = || async move {
             // Only a fresh claim gets here: replays and in-flight answers take no token.
             if let Some(limiter) = &limits.claims
                 && let Err(wait) = limiter.take(principal.as_str())
             {
-                let refused = Problem::too_many_claims(wait).into_response();
+                let refused = limits.answer(Problem::too_many_claims(wait));
                 return Err(NotRecorded::Released(refused));
             }
             let started = std::time::Instant::now();
             let Ok(res) = inner.call(req).await;
             limits.durations.observe(&timed, started.elapsed());
-            record(&limits, res.into_response()).await
+            let (recorded, res) = record(&limits, res.into_response()).await?;
+            *made.lock().unwrap_or_else(|p| p.into_inner()) = Some(res);
+            Ok(recorded)
         };
         let out = observe(op.run(body)).await;
         // The request's share of the buffer budget is held until it is done.
@@ -744,6 +879,10 @@ where
     };
     match out {
         Ok(recorded) => {
+            let made = first.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(res) = made {
+                return res;
+            }
             let mut res = recorded.into_response();
             if info.replayed() {
                 res.headers_mut()
@@ -752,13 +891,15 @@ where
             res
         }
         Err(NotRecorded::Released(res)) => res,
-        Err(NotRecorded::Unrecordable) => Problem::outcome_unknown().into_response(),
-        Err(NotRecorded::Idem(e)) => match in_flight_for(&e) {
-            Some(remaining) => Problem::from(&e)
-                .retry_after(cfg.durations.hint(&route, remaining))
-                .into_response(),
-            None => e.into_response(),
-        },
+        Err(NotRecorded::Unrecordable) => cfg.answer(Problem::outcome_unknown()),
+        Err(NotRecorded::Idem(e)) => {
+            let mut problem = Problem::from(&e);
+            log_server_side(&e, &problem);
+            if let Some(remaining) = in_flight_for(&e) {
+                problem = problem.retry_after(cfg.durations.hint(&route, remaining));
+            }
+            cfg.answer(problem)
+        }
     }
 }
 
@@ -787,9 +928,10 @@ fn operation_name(
     format!("{method} sha256:{hex}")
 }
 
-/// Buffers a response the policy records; passes on one it does not.
-async fn record(cfg: &Config, res: Response) -> Result<Recorded, NotRecorded> {
-    if !(cfg.record_status)(res.status()) {
+/// Buffers a response the policy records, returning its record and the response as it
+/// was made (its body buffered); passes on one it does not record.
+async fn record(cfg: &Config, res: Response) -> Result<(Recorded, Response), NotRecorded> {
+    if !cfg.records(res.status()) {
         return Err(NotRecorded::Released(res));
     }
     let (parts, body) = res.into_parts();
@@ -821,11 +963,12 @@ async fn record(cfg: &Config, res: Response) -> Result<Recorded, NotRecorded> {
         }
         Err(_) => return Err(unrecordable("a response body failed mid-way")),
     };
-    Ok(Recorded {
+    let recorded = Recorded {
         status: parts.status.as_u16(),
         headers,
         body: RecordedBody::new(&bytes),
-    })
+    };
+    Ok((recorded, Response::from_parts(parts, Body::from(bytes))))
 }
 
 impl IntoResponse for Recorded {
@@ -906,7 +1049,7 @@ mod tests {
                 };
                 for body in bodies(room) {
                     let res = response(headers, body.clone());
-                    let Ok(recorded) = record(&cfg, res).await else {
+                    let Ok((recorded, _)) = record(&cfg, res).await else {
                         panic!("cap {cap}: a response of {limit} bytes was refused");
                     };
                     let bytes = stored(&recorded);

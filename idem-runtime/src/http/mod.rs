@@ -48,9 +48,9 @@
 //! - **On a router.** [`IdempotencyLayer`] makes every POST and PATCH below it
 //!   idempotent without touching handlers: it takes the key from the header and the
 //!   scope from the [`Principal`] the auth layer set, names the operation by its route,
-//!   fingerprints the request (canonical query, media type, JSON by content), records
-//!   and replays the final responses, and bounds what it buffers and what one caller
-//!   can claim.
+//!   fingerprints the request (canonical query, media type, JSON and form bodies by
+//!   content), records and replays the responses its handlers produced, and bounds
+//!   what it buffers and what one caller can claim.
 //!
 //! `Idempotent-Replayed: true` marks a replay only: a response whose handler ran for
 //! this request (a first execution, or a re-run after a released error) never carries
@@ -67,6 +67,7 @@
 //! | key missing, empty, malformed, not printable ASCII, over 255 characters | 400 |
 //! | a request with this key is in progress | 409, `Retry-After` |
 //! | key reused with another request | 422 |
+//! | JSON body repeating a member name in one object (layer) | 422 |
 //! | request body over the layer's cap (a declared `Content-Length` before the body is read) | 413 |
 //! | request body not arrived within the layer's read timeout | 408 |
 //! | more request bodies at once than the layer's buffer budget holds | 503, `Retry-After` |
@@ -82,6 +83,20 @@
 //! ASCII characters. `Option<IdempotencyKey>` accepts requests without the header. A
 //! bad key's problem body names the `header` and the `rule` it broke.
 //!
+//! # Errors in the application's own shape
+//!
+//! Clients of an API read its errors in one shape: a Stripe client looks for an `error`
+//! object, and takes a problem+json body for an invalid response. idem's answers can
+//! take that shape. On the layer, [`IdempotencyLayer::problem_response`] renders every
+//! answer the layer makes itself; in the handler style, the error type's
+//! `IntoResponse` answers its `IdemError` with [`error_response`] and the same render
+//! function. Either way the function gets a [`Problem`] ([`Problem::kind`] names the
+//! case, [`Problem::message`] says what to do, `retry_after` how long to wait) and
+//! chooses the status and body; `Retry-After` is added when it sets none. In the
+//! handler style a refused `Idempotency-Key` header is the [`IdempotencyKey`]
+//! extractor's rejection, a [`Problem`]: wrap the extractor (axum-extra's
+//! `WithRejection`, with `From<Problem>` for the error type) to render it too.
+//!
 //! # Handlers return domain types
 //!
 //! The outcome is recorded, so it must be a serde type: axum's `Json<T>` has no serde
@@ -94,12 +109,24 @@
 //!
 //! [`IdempotencyLayer`] records the response's status, selected headers
 //! (`content-type`, `location`, `content-language`, `etag`, and any added with
-//! [`record_header`](IdempotencyLayer::record_header)) and body, and replays them. It
-//! records the statuses [`records_by_default`](IdempotencyLayer::records_by_default)
-//! names (or [`record_status`](IdempotencyLayer::record_status) chooses); any other
-//! response, one that means "try again" (5xx, 408, 425, 429) or a refusal made before
-//! the operation ran (a framework's 400, 405, 413, 415 or 422), is passed on unrecorded
-//! and releases the key, so the corrected retry runs.
+//! [`record_header`](IdempotencyLayer::record_header)) and body, and replays them; the
+//! first answer is the handler's response as it was made, every header included. As
+//! Stripe does, it records every response the handlers produce once they may have
+//! started, 5xx included ([`records_by_default`](IdempotencyLayer::records_by_default)):
+//! a 5xx after a handler ran is an outcome of unknown effect, and releasing it would let
+//! a client that retries every 5xx with one key run the effect twice. A refusal made
+//! before the operation ran (a framework's 400, 405, 413, 415 or 422) or a "try again"
+//! (408, 425, 429) is passed on unrecorded and releases the key, so the corrected retry
+//! runs; [`release_status`](IdempotencyLayer::release_status) adds a status the
+//! application answers only when nothing happened, and
+//! [`record_status`](IdempotencyLayer::record_status) replaces the policy. What the
+//! layer answers itself (refused key or body, store down, in flight, key reused) is
+//! never recorded.
+//!
+//! In the handler style the attribute decides: an `Err` is released unless `errors =
+//! record` or `classify` says otherwise, so a handler error that may follow an effect
+//! should be classified `Record` (or `Unknown`), or the effect made safe to repeat with
+//! a downstream key, as the example's payments are.
 //!
 //! # Disconnects
 //!
@@ -135,5 +162,7 @@ pub use handler::{IdempotentHandler, IdempotentHandlerLayer};
 pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey};
 pub use layer::{IdempotencyLayer, IdempotencyService};
 pub use principal::Principal;
-pub use problem::{DEFAULT_TYPE_BASE, Problem, STORE_RETRY_AFTER, set_type_base, type_uri, types};
+pub use problem::{
+    DEFAULT_TYPE_BASE, Problem, STORE_RETRY_AFTER, error_response, set_type_base, type_uri, types,
+};
 pub use rejection::{KeyRejection, MAX_KEY_LEN};

@@ -46,6 +46,10 @@ pub mod types {
     /// 500: the route runs idempotent requests but no principal was set by the
     /// application's authentication (a wiring error; never run under a global scope).
     pub const NO_PRINCIPAL: &str = "no-principal";
+    /// 422: the JSON request body repeats a member name within one object, which JSON
+    /// readers take differently (the first, the last, or an error); the request did not
+    /// run. Send each member once.
+    pub const AMBIGUOUS_BODY: &str = "ambiguous-body";
     /// 500: idem is misconfigured or a recorded outcome cannot be read.
     pub const INTERNAL: &str = "internal";
 }
@@ -127,6 +131,12 @@ pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// An RFC 9457 problem: answered as `application/problem+json`, with `Retry-After`
 /// when [`retry_after`](Self::retry_after) is set.
+///
+/// An application that answers idem's problems in its own shape (see
+/// [`error_response`] and `IdempotencyLayer::problem_response`) reads the `status`
+/// ([`status_code`](Self::status_code)), the case ([`kind`](Self::kind), or the full
+/// `type_uri`), what to tell the client ([`message`](Self::message), or `title` and
+/// `detail`) and how long it should wait (the `retry_after` field, in seconds).
 ///
 /// ```
 /// use axum::response::IntoResponse;
@@ -215,6 +225,32 @@ impl Problem {
         StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
+    /// The kind of problem: `type` without the base in use, so one of the [`types`]
+    /// names for idem's own problems; `None` for a `type` under another base.
+    ///
+    /// ```
+    /// use idem_runtime::http::{Problem, types};
+    /// use idem_runtime::IdemError;
+    /// let p = Problem::from(IdemError::Mismatch { name: "pay".into() });
+    /// assert_eq!(p.kind(), Some(types::KEY_REUSED));
+    /// ```
+    pub fn kind(&self) -> Option<&str> {
+        self.type_uri.strip_prefix(type_uri("").as_str())
+    }
+
+    /// What to tell a person: `detail` where it is set (what happened this time and
+    /// what to do), else `title`.
+    ///
+    /// ```
+    /// use idem_runtime::http::Problem;
+    /// use idem_runtime::IdemError;
+    /// let p = Problem::from(IdemError::Mismatch { name: "pay".into() });
+    /// assert!(p.message().starts_with("this Idempotency-Key was first used"));
+    /// ```
+    pub fn message(&self) -> &str {
+        self.detail.as_deref().unwrap_or(&self.title)
+    }
+
     pub(crate) fn body_too_large(max: usize) -> Self {
         Problem::of(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -283,6 +319,27 @@ impl Problem {
         )
     }
 
+    pub(crate) fn ambiguous_body(member: &str) -> Self {
+        // A client's member name may be as long as its body: shown in part.
+        const SHOWN: usize = 64;
+        let cut = member
+            .char_indices()
+            .nth(SHOWN)
+            .map_or(member.len(), |(i, _)| i);
+        let ellipsis = if cut < member.len() { "…" } else { "" };
+        Problem::of(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            types::AMBIGUOUS_BODY,
+            "Request body ambiguous",
+        )
+        .detail(format!(
+            "the JSON body repeats the member {:?}{ellipsis} within one object, which JSON \
+             readers take differently (the first, the last, or an error); the request did \
+             not run: send each member once",
+            &member[..cut]
+        ))
+    }
+
     pub(crate) fn outcome_unknown() -> Self {
         Problem::of(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -347,7 +404,17 @@ impl From<&IdemError> for Problem {
             .retry_after(STORE_RETRY_AFTER),
             IdemError::Unknown { .. }
             | IdemError::Unrecorded { .. }
-            | IdemError::OutcomeTooLarge { .. } => Problem::outcome_unknown(),
+            | IdemError::OutcomeTooLarge { in_doubt: true, .. } => Problem::outcome_unknown(),
+            // A transactional handler's writes were rolled back with its claim.
+            IdemError::OutcomeTooLarge { .. } => Problem::of(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                types::INTERNAL,
+                "Response too large to record",
+            )
+            .detail(
+                "the request was not applied: its response was too large to record, so its \
+                 changes were undone; it may be retried with the same Idempotency-Key",
+            ),
             IdemError::Fenced { .. } => Problem::of(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 types::SUPERSEDED,
@@ -391,18 +458,103 @@ impl IntoResponse for Problem {
 /// The draft's status codes: 409 in flight (with `Retry-After`), 422 key reused, 400
 /// bad key, 503 store down (with `Retry-After`; the body did not run), 500 outcome
 /// unknown or unrecorded; every body a [`Problem`]. Server-side cases are logged with
-/// the full error, which the response does not carry.
+/// the full error, which the response does not carry. To answer in the application's
+/// own error shape instead, see [`error_response`].
 impl IntoResponse for IdemError {
     fn into_response(self) -> Response {
-        let problem = Problem::from(&self);
-        if problem.status >= 500 {
-            tracing::error!(error = %self, "idempotent request failed");
-        }
-        let mut res = problem.into_response();
-        if let Some(remaining) = in_flight_for(&self) {
-            // For the handler layer, which answers a hint from the route's durations.
-            res.extensions_mut().insert(InFlightFor(remaining));
-        }
-        res
+        error_response(&self, |problem| problem.clone().into_response())
+    }
+}
+
+/// Answers `e` in the application's own error shape: `render` turns its [`Problem`]
+/// (status, [`kind`](Problem::kind), [`message`](Problem::message), `retry_after`) into
+/// the response. For the handler style, in the `IntoResponse` of the error type whose
+/// `From<IdemError>` the handlers use; `IdempotencyLayer` takes the same function as
+/// [`problem_response`](super::IdempotencyLayer::problem_response).
+///
+/// Whatever `render` makes, the response keeps what clients and
+/// [`IdempotentHandlerLayer`](super::IdempotentHandlerLayer) rely on: a `Retry-After`
+/// header where the problem has one and `render` set none, and the mark that lets the
+/// handler layer fit a 409's `Retry-After` to the route. Server-side cases (5xx) are
+/// logged with the full error, which the problem does not carry.
+///
+/// ```
+/// use axum::{Json, response::{IntoResponse, Response}};
+/// use idem_runtime::http::{Problem, error_response, types};
+/// use idem_runtime::IdemError;
+/// use serde_json::json;
+///
+/// /// Stripe's error shape.
+/// fn stripe_error(p: &Problem) -> Response {
+///     let kind = match p.kind() {
+///         Some(types::KEY_REUSED | types::IN_FLIGHT | types::INVALID_KEY) => "idempotency_error",
+///         Some(_) if p.status < 500 => "invalid_request_error",
+///         _ => "api_error",
+///     };
+///     let body = json!({"error": {"type": kind, "message": p.message()}});
+///     (p.status_code(), Json(body)).into_response()
+/// }
+///
+/// enum ApiError { Idem(IdemError) }
+/// impl From<IdemError> for ApiError {
+///     fn from(e: IdemError) -> Self { ApiError::Idem(e) }
+/// }
+/// impl IntoResponse for ApiError {
+///     fn into_response(self) -> Response {
+///         match self {
+///             ApiError::Idem(e) => error_response(&e, stripe_error),
+///         }
+///     }
+/// }
+///
+/// let e = IdemError::InFlight { name: "pay".into(), retry_after: std::time::Duration::from_secs(3) };
+/// let res = ApiError::from(e).into_response();
+/// assert_eq!(res.status(), 409);
+/// assert_eq!(res.headers()["retry-after"], "3");
+/// assert_eq!(res.headers()["content-type"], "application/json");
+/// ```
+pub fn error_response(e: &IdemError, render: impl FnOnce(&Problem) -> Response) -> Response {
+    let problem = Problem::from(e);
+    log_server_side(e, &problem);
+    let mut res = with_retry_after(&problem, render(&problem));
+    if let Some(remaining) = in_flight_for(e) {
+        // For the handler layer, which answers a hint from the route's durations.
+        res.extensions_mut().insert(InFlightFor(remaining));
+    }
+    res
+}
+
+/// Logs `e` with its full message where its problem is a server-side one (5xx).
+pub(super) fn log_server_side(e: &IdemError, problem: &Problem) {
+    if problem.status >= 500 {
+        tracing::error!(error = %e, "idempotent request failed");
+    }
+}
+
+/// `res`, with the problem's `Retry-After` added where it has one and `res` has none.
+pub(super) fn with_retry_after(problem: &Problem, mut res: Response) -> Response {
+    if let Some(secs) = problem.retry_after
+        && !res.headers().contains_key(RETRY_AFTER)
+    {
+        res.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    res
+}
+
+/// How an application renders idem's problems: a function shared by a layer's clones.
+#[derive(Clone)]
+pub(super) struct Render(pub(super) std::sync::Arc<dyn Fn(&Problem) -> Response + Send + Sync>);
+
+impl std::fmt::Debug for Render {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Render(..)")
+    }
+}
+
+impl Render {
+    /// `problem` as the application renders it, `Retry-After` kept.
+    pub(super) fn answer(&self, problem: Problem) -> Response {
+        with_retry_after(&problem, (self.0)(&problem))
     }
 }
