@@ -5,7 +5,8 @@
 #   bash benches/run.sh --short   # every bench once, briefly: a few minutes, noisier
 #
 # Starts the local services that are down (127.0.0.1 only) and writes the report to
-# target/bench-report.md as well as to the terminal.
+# bench-report.md in the workspace's target directory (`target/`, or wherever
+# CARGO_TARGET_DIR or cargo's configuration puts it) as well as to the terminal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .ci/services.sh
@@ -25,8 +26,17 @@ elif [ "$(df --output=avail -B1G . | tail -1)" -ge 10 ]; then
     export IDEM_BENCH_GROWTH_MAX=10000000
 fi
 
-report=target/bench-report.md
-mkdir -p target
+# Where cargo puts a package's builds: CARGO_TARGET_DIR, a configured `build.target-dir`
+# or the package's own `target/`, as cargo itself resolves it.
+target_dir() { # the package's manifest
+    cargo metadata --format-version 1 --no-deps --manifest-path "$1" |
+        grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4
+}
+workspace_target=$(target_dir Cargo.toml)
+peer_bench="$(target_dir benches/peers/Cargo.toml)/release/idem-peer-bench"
+
+report=$workspace_target/bench-report.md
+mkdir -p "$workspace_target"
 : >"$report"
 section() { # title, then the command whose output goes under it
     local title=$1
@@ -58,7 +68,7 @@ section "PostgreSQL: throughput as the table grows" cargo bench --quiet -p idem-
 section "SQLite: group commit by callers, beside two bare commits" \
     cargo bench --quiet -p idem-tests --bench sqlite
 section "Beside the idempotent crate, redis-benchmark and two trivial scripts" \
-    env IDEM_BENCH_COMMANDS=1 "${pin[@]}" benches/peers/target/release/idem-peer-bench "${peer_args[@]}"
+    env IDEM_BENCH_COMMANDS=1 "${pin[@]}" "$peer_bench" "${peer_args[@]}"
 section "In process under criterion: idem and the idempotent crate" \
     "${pin[@]}" cargo bench --quiet --manifest-path benches/peers/Cargo.toml --bench in_process \
     -- --warm-up-time 1 --measurement-time "${criterion_secs}"

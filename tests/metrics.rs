@@ -1,4 +1,5 @@
-//! The counters and the body-duration histogram, read back from a real recorder.
+//! The counters and the body and store histograms, read back from a real recorder, and
+//! the description and unit every metric carries.
 
 use std::time::Duration;
 
@@ -21,37 +22,57 @@ fn recorder() -> &'static Snapshotter {
     })
 }
 
-/// Everything recorded so far: the snapshotter hands out counter increments and
-/// histogram samples once, so they are accumulated here.
-fn total(metric: &str, op: &str) -> u64 {
-    static TOTALS: Mutex<Option<HashMap<(String, String), u64>>> = Mutex::new(None);
-    let mut guard = TOTALS.lock().unwrap();
-    let totals = guard.get_or_insert_with(HashMap::new);
-    for (key, _, _, value) in recorder().snapshot().into_vec() {
-        let name = key
-            .key()
-            .labels()
-            .find(|l| l.key() == "name")
-            .map_or(String::new(), |l| l.value().to_owned());
+/// One series as the tests read it: the metric's name and its `name` and `call` labels
+/// (empty when absent).
+type Series = (String, String, String);
+
+/// Everything recorded so far, and each metric's unit and description: the snapshotter
+/// hands out counter increments and histogram samples once, so they are accumulated here.
+fn seen<T>(read: impl FnOnce(&HashMap<Series, u64>, &HashMap<String, Described>) -> T) -> T {
+    type Seen = (HashMap<Series, u64>, HashMap<String, Described>);
+    static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
+    let mut guard = SEEN.lock().unwrap();
+    let (totals, described) = guard.get_or_insert_with(Default::default);
+    for (key, unit, description, value) in recorder().snapshot().into_vec() {
+        let label = |name: &str| {
+            key.key()
+                .labels()
+                .find(|l| l.key() == name)
+                .map_or(String::new(), |l| l.value().to_owned())
+        };
+        let (name, call) = (label("name"), label("call"));
+        let metric = key.key().name().to_owned();
+        if let Some(description) = description {
+            described.insert(metric.clone(), (unit, description.to_string()));
+        }
         let n = match (key.kind(), value) {
             (MetricKind::Counter, DebugValue::Counter(n)) => n,
             (MetricKind::Histogram, DebugValue::Histogram(samples)) => {
                 let sum: f64 = samples.iter().map(|s| s.into_inner()).sum();
                 *totals
-                    .entry((format!("{}:sum", key.key().name()), name.clone()))
+                    .entry((format!("{metric}:sum"), name.clone(), call.clone()))
                     .or_default() += sum as u64;
                 samples.len() as u64
             }
             _ => continue,
         };
-        *totals
-            .entry((key.key().name().to_owned(), name))
-            .or_default() += n;
+        *totals.entry((metric, name, call)).or_default() += n;
     }
-    totals
-        .get(&(metric.to_owned(), op.to_owned()))
-        .copied()
-        .unwrap_or(0)
+    read(totals, described)
+}
+
+/// A metric's unit and description as the recorder received them.
+type Described = (Option<metrics::Unit>, String);
+
+/// The total of `metric` for operation `op`, every `call` label summed.
+fn total(metric: &str, op: &str) -> u64 {
+    seen(|totals, _| {
+        totals
+            .iter()
+            .filter(|((m, name, _), _)| m == metric && name == op)
+            .map(|(_, n)| n)
+            .sum()
+    })
 }
 
 /// The counter `metric` for operation `name` (0 when never incremented).
@@ -234,4 +255,132 @@ async fn group_commit_batches_count_every_write() {
     let writes = total("idem_group_commit_writes:sum", "") - writes;
     assert_eq!(writes, 48, "a claim and a record per call");
     assert!((1..=48).contains(&batches), "{batches} batches");
+}
+
+/// Each store call an operation makes is timed, labelled with the operation's name and
+/// the call; the metrics reach the recorder described, with their units, without the
+/// application asking.
+#[tokio::test]
+async fn store_calls_are_timed_and_every_metric_described() {
+    let _serial = SERIAL.lock().await;
+    recorder();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("store.db").display()
+    );
+    let idem = Idem::sqlite(&url).await.unwrap();
+    let op = "metrics_store_calls";
+    let samples = |call: &str| {
+        seen(|totals, _| {
+            let series = (m::STORE_SECONDS.to_owned(), op.to_owned(), call.to_owned());
+            totals.get(&series).copied().unwrap_or(0)
+        })
+    };
+    let (claims, records) = (samples("claim"), samples("record"));
+    idem.operation(op, "k1")
+        .fingerprint_none()
+        .retain(Duration::from_secs(86_400))
+        .run(|| async { Ok::<_, IdemError>(1) })
+        .await
+        .unwrap();
+    assert_eq!(samples("claim") - claims, 1);
+    assert_eq!(samples("record") - records, 1);
+
+    use metrics::Unit::{Count, Seconds};
+    seen(|_, described| {
+        for (metric, unit) in [
+            (m::CLAIMS, Count),
+            (m::BODY_SECONDS, Seconds),
+            (m::BATCH_WRITES, Count),
+            (m::STORE_SECONDS, Seconds),
+        ] {
+            let (got, text) = described
+                .get(metric)
+                .unwrap_or_else(|| panic!("{metric} reached the recorder undescribed"));
+            assert_eq!(*got, Some(unit), "{metric}");
+            assert!(!text.is_empty(), "{metric}");
+        }
+    });
+}
+
+/// `describe()` names every metric idem emits, with its unit, to the recorder in place.
+#[test]
+fn describe_gives_every_metric_a_description_and_a_unit() {
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
+
+    /// One description: the metric's kind, name, unit and text.
+    type Described = (&'static str, String, Option<Unit>, String);
+    /// The descriptions it is given, by kind.
+    #[derive(Default)]
+    struct Descriptions(Mutex<Vec<Described>>);
+    impl Descriptions {
+        fn add(&self, kind: &'static str, key: KeyName, unit: Option<Unit>, text: SharedString) {
+            let entry = (kind, key.as_str().to_owned(), unit, text.to_string());
+            self.0.lock().unwrap().push(entry);
+        }
+    }
+    impl metrics::Recorder for Descriptions {
+        fn describe_counter(&self, key: KeyName, unit: Option<Unit>, text: SharedString) {
+            self.add("counter", key, unit, text);
+        }
+        fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, text: SharedString) {
+            self.add("gauge", key, unit, text);
+        }
+        fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, text: SharedString) {
+            self.add("histogram", key, unit, text);
+        }
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    let recorder = Descriptions::default();
+    metrics::with_local_recorder(&recorder, m::describe);
+    let described = recorder.0.into_inner().unwrap();
+    let counters = [
+        m::CLAIMS,
+        m::REPLAYS,
+        m::MISMATCHES,
+        m::IN_FLIGHT,
+        m::TAKEOVERS,
+        m::FENCED,
+        m::UNKNOWN,
+        m::STORE_ERRORS,
+        m::PURGED,
+        m::STEPS,
+        m::STEP_REPLAYS,
+    ];
+    let histograms = [
+        (m::BODY_SECONDS, Unit::Seconds),
+        (m::BATCH_WRITES, Unit::Count),
+        (m::STORE_SECONDS, Unit::Seconds),
+    ];
+    let expected = counters
+        .iter()
+        .map(|&name| ("counter", name, Unit::Count))
+        .chain(
+            histograms
+                .iter()
+                .map(|&(name, unit)| ("histogram", name, unit)),
+        );
+    for (kind, name, unit) in expected {
+        let found = described.iter().find(|(_, n, _, _)| n == name);
+        let Some((got_kind, _, got_unit, text)) = found else {
+            panic!("{name} is not described: {described:?}");
+        };
+        assert_eq!((*got_kind, *got_unit), (kind, Some(unit)), "{name}");
+        assert!(!text.is_empty(), "{name}");
+    }
+    assert_eq!(
+        described.len(),
+        counters.len() + histograms.len(),
+        "{described:?}"
+    );
 }

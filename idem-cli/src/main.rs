@@ -1,7 +1,7 @@
 //! `idem`: the operator's command for idem stores.
 //!
 //! ```sh
-//! cargo install --path idem-cli
+//! cargo install --locked --path idem-cli
 //! idem --url sqlite://app.db stats
 //! idem --url postgres://app@db/app list --state unknown --older-than 5m
 //! idem --url postgres://app@db/app show acme charge order-42
@@ -31,6 +31,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 use display::{duration, unquoted};
 use idem_runtime::store::StoredOutcome;
 use idem_runtime::store::redis::RedisStore;
@@ -505,11 +506,37 @@ async fn open_redis(cli: &Cli, url: &str, secret: Option<String>) -> Result<Idem
     Ok(builder.store(store))
 }
 
+/// A table for people that stays greppable: no borders and no wrapping, so each record
+/// is one line, its columns two spaces apart (`right` ones, the numbers, aligned right).
+fn table(header: &[&str], right: &[usize]) -> Table {
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.to_vec());
+    let last = header.len().saturating_sub(1);
+    for (i, column) in t.column_iter_mut().enumerate() {
+        column.set_padding((0, if i == last { 0 } else { 2 }));
+        if right.contains(&i) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+/// Prints `t` a line at a time, each after `indent` and without the padding that ends it.
+fn print_table(t: &Table, indent: &str) {
+    for line in t.lines() {
+        println!("{indent}{}", line.trim_end());
+    }
+}
+
 fn state_name(state: State) -> &'static str {
     match state {
         State::InProgress => "in_progress",
         State::Completed => "completed",
         State::Unknown => "unknown",
+        // A state a later idem-runtime adds, which this build cannot name.
+        _ => "other",
     }
 }
 
@@ -530,19 +557,35 @@ async fn stats(cli: &Cli, idem: &Idem) -> Result<(), Failure> {
                 "in_progress": s.in_progress,
                 "completed": s.completed,
                 "unknown": s.unknown,
+                "released": s.released,
                 "oldest_in_progress_ms": millis(s.oldest_in_progress),
                 "oldest_unknown_ms": millis(s.oldest_unknown),
             })
         );
     } else {
-        println!("state         count  oldest");
-        println!(
-            "in_progress {:>7}  {}",
-            s.in_progress,
-            age(s.oldest_in_progress)
-        );
-        println!("completed   {:>7}  -", s.completed);
-        println!("unknown     {:>7}  {}", s.unknown, age(s.oldest_unknown));
+        let mut t = table(&["state", "count", "oldest"], &[1]);
+        t.add_row(vec![
+            "in_progress".to_owned(),
+            s.in_progress.to_string(),
+            age(s.oldest_in_progress),
+        ]);
+        t.add_row(vec![
+            "completed".to_owned(),
+            s.completed.to_string(),
+            "-".to_owned(),
+        ]);
+        t.add_row(vec![
+            "unknown".to_owned(),
+            s.unknown.to_string(),
+            age(s.oldest_unknown),
+        ]);
+        // Released with their steps kept: waiting for a retry, not stuck.
+        t.add_row(vec![
+            "released".to_owned(),
+            s.released.to_string(),
+            "-".to_owned(),
+        ]);
+        print_table(&t, "");
     }
     Ok(())
 }
@@ -576,24 +619,22 @@ async fn list(cli: &Cli, idem: &Idem, args: &ListArgs) -> Result<(), Failure> {
         println!("{}", Value::Array(rows));
     } else {
         let part = |stored: &str| part(stored, args.encoded);
-        println!(
-            "{:<12} {:>6} {:>8}  {:<20} {:<20} key",
-            "state", "epoch", "age", "scope", "name"
-        );
-        for r in &rows {
-            println!(
-                "{:<12} {:>6} {:>8}  {:<20} {:<20} {}",
-                state_name(r.state),
-                r.epoch,
-                age(Some(r.age)),
-                part(&r.id.scope),
-                DisplayKey::plain(&r.id.name),
-                part(&r.id.key)
-            );
-        }
         if rows.is_empty() {
             println!("(no records)");
+            return Ok(());
         }
+        let mut t = table(&["state", "epoch", "age", "scope", "name", "key"], &[1, 2]);
+        for r in &rows {
+            t.add_row(vec![
+                state_name(r.state).to_owned(),
+                r.epoch.to_string(),
+                age(Some(r.age)),
+                part(&r.id.scope),
+                DisplayKey::plain(&r.id.name).to_string(),
+                part(&r.id.key),
+            ]);
+        }
+        print_table(&t, "");
     }
     Ok(())
 }
@@ -709,15 +750,18 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
         if !d.steps.is_empty() {
             println!("steps      {} completed, oldest first:", d.steps.len());
         }
+        let mut steps = table(&["label", "epoch", "age", "value"], &[1, 2]);
         for s in &d.steps {
             let value = outcome_json(&s.outcome)["body"].to_string();
-            println!(
-                "  {:<20} epoch {:<6} {} ago  {}",
-                DisplayKey::plain(&s.label),
-                s.epoch,
+            steps.add_row(vec![
+                DisplayKey::plain(&s.label).to_string(),
+                s.epoch.to_string(),
                 age(Some(s.age)),
-                DisplayKey::plain(&value)
-            );
+                DisplayKey::plain(&value).to_string(),
+            ]);
+        }
+        if !d.steps.is_empty() {
+            print_table(&steps, "  ");
         }
     }
     Ok(())
@@ -739,20 +783,27 @@ fn resolution_json(flag: &str, text: &str) -> Result<Value, Failure> {
 
 async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failure> {
     // The value first: a bad one is refused before anything is read or written.
-    let resolution = if let Some(text) = &args.completed {
-        Resolution::Completed {
-            outcome: resolution_json("completed", text)?,
+    // With what to say once it is applied: its name and the value later calls replay.
+    let (resolution, what, replayed) = if let Some(text) = &args.completed {
+        let outcome = resolution_json("completed", text)?;
+        let shown = outcome.to_string();
+        let resolution = Resolution::Completed {
+            outcome,
             version: args.version,
             retain: args.retain,
-        }
+        };
+        (resolution, "completed", Some(shown))
     } else if let Some(text) = &args.rejected {
-        Resolution::Rejected {
-            error: resolution_json("rejected", text)?,
+        let error = resolution_json("rejected", text)?;
+        let shown = error.to_string();
+        let resolution = Resolution::Rejected {
+            error,
             version: args.version,
             retain: args.retain,
-        }
+        };
+        (resolution, "rejected", Some(shown))
     } else {
-        Resolution::Retry
+        (Resolution::Retry, "retry", None)
     };
     let id = operation_id(idem, &args.target)?;
     let current = read(idem, &id).await?;
@@ -777,11 +828,6 @@ async fn resolve(cli: &Cli, idem: &Idem, args: &ResolveArgs) -> Result<(), Failu
             current.info.epoch
         )));
     }
-    let (what, replayed) = match &resolution {
-        Resolution::Retry => ("retry", None),
-        Resolution::Completed { outcome, .. } => ("completed", Some(outcome.to_string())),
-        Resolution::Rejected { error, .. } => ("rejected", Some(error.to_string())),
-    };
     // The store applies it only while the record is still at `epoch`.
     idem.resolve(&id, epoch, resolution).await?;
     if cli.json {

@@ -170,14 +170,14 @@ fn emit(plan: Plan, func: ItemFn) -> TokenStream {
         Fingerprint::Params(params) if params.is_empty() => {
             op.extend(quote!(.fingerprint_none()));
         }
-        Fingerprint::Params(params) if params.is_empty() => {
-            op.extend(quote!(.fingerprint_none()));
-        }
         Fingerprint::Params(params) => {
             for param in params {
                 let label = LitStr::new(&param.to_string(), param.span());
-                // Spanned on the parameter: a type that is not `Serialize` is reported there.
-                op.extend(quote_spanned!(param.span()=> .fingerprint_part(#label, &#param)));
+                // Spanned on the parameter: a type that is not `Serialize` is reported
+                // there, with the runtime's message on `#[idem(skip)]`.
+                op = quote_spanned! {param.span()=>
+                    #private::fingerprint_param(#op, #label, &#param)
+                };
             }
         }
         Fingerprint::Expr(expr) => {

@@ -38,10 +38,13 @@ local function reclaim(held, takeover, resume)
 end
 
 local state, epoch = r[1], tonumber(r[2])
-if state == '1' and tonumber(r[5]) <= now then
-  -- Past retention: absent, whatever fingerprint it had; with the hash goes its steps
-  -- flag.
+if (state == '1' or (state == '0' and r[7] == '2')) and r[5] and tonumber(r[5]) <= now then
+  -- Past retention (a completed record, or one released with its steps): absent,
+  -- whatever fingerprint it had; with the hash go its steps flag and its steps.
   redis.call('DEL', REC)
+  if r[7] then
+    redis.call('DEL', STEPS)
+  end
   return create()
 end
 if r[3] ~= fp then
@@ -55,7 +58,10 @@ if state == '2' then
 end
 if r[7] == '2' then
   -- Released with its steps: its last attempt ended knowing what it had done, so it
-  -- resumes at once, whatever `on_takeover` says.
+  -- resumes at once, whatever `on_takeover` says; held again, it no longer expires.
+  redis.call('HDEL', REC, 'xa')
+  redis.call('PERSIST', REC)
+  redis.call('PERSIST', STEPS)
   return reclaim(epoch, 0, 1)
 end
 local lease_until = lease_end(r[4], r[2], r[8])

@@ -59,11 +59,16 @@ end
 
 -- Gives the claim up: a record without steps goes; one with steps stays IN_PROGRESS
 -- with its fingerprint and steps, released with its lease lapsed, for the next claim
--- with the same fingerprint to resume at once.
-local function give_up(r)
+-- with the same fingerprint to resume at once, until it expires `retain` ms from now
+-- (`xa`). Past that, claims treat it as absent and purge_expired deletes it; Redis
+-- drops it and its steps by themselves a grace period later, as a completed record.
+local function give_up(r, retain)
   if r[3] then
     wake(r[4])
-    redis.call('HSET', REC, 's', '0', 'st', '2', 'lu', dec(now_ms()))
+    local now = now_ms()
+    redis.call('HSET', REC, 's', '0', 'st', '2', 'lu', dec(now), 'xa', dec(now + retain))
+    redis.call('PEXPIRE', REC, dec(retain + GRACE_MS))
+    redis.call('PEXPIRE', STEPS, dec(retain + GRACE_MS))
   else
     remove(r)
   end

@@ -25,12 +25,38 @@ impl Idem {
     /// forgets everything when the process exits: a retry after a crash or from
     /// another instance runs the body again. Use the SQLite or PostgreSQL store where
     /// that matters.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let n = idem
+    ///     .operation("count", "c-1")
+    ///     .retain(Duration::from_secs(60))
+    ///     .fingerprint_none()
+    ///     .run(|| async { Ok::<_, IdemError>(1) })
+    ///     .await?;
+    /// # assert_eq!(n, 1);
+    /// # Ok(()) }
+    /// ```
     pub fn memory() -> Idem {
         IdemBuilder::default().memory()
     }
 
     /// The embedded store: a SQLite file (created if missing, WAL mode) or
     /// `sqlite::memory:`. The schema is created on open.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::sqlite("sqlite::memory:").await?; // or "sqlite://idem.db?mode=rwc"
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(url: &str) -> Result<Idem, IdemError> {
@@ -39,6 +65,16 @@ impl Idem {
 
     /// The production store on PostgreSQL (`postgres://…`), with a sqlx pool. Leases and
     /// expiry use the database's clock. Migrations run on open.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::postgres("postgres://app@db.internal:5432/app").await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(url: &str) -> Result<Idem, IdemError> {
@@ -49,6 +85,16 @@ impl Idem {
     /// is an upsert that decides, read back in the same transaction; leases and expiry
     /// use the database's clock. Migrations run on open. Transactional mode works on a
     /// `sqlx::Transaction<'_, MySql>`.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::mysql("mysql://app@db.internal:3306/app").await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn mysql(url: &str) -> Result<Idem, IdemError> {
@@ -59,6 +105,16 @@ impl Idem {
     /// state change is one Lua script; leases and expiry use the server's clock. See
     /// [`store::redis`](crate::store::redis) for the durability each server
     /// configuration gives.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::redis("redis://cache.internal:6379").await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn redis(url: &str) -> Result<Idem, IdemError> {
@@ -67,12 +123,36 @@ impl Idem {
 
     /// A store on the application's own sqlx pool (`PgPool`, `MySqlPool` or `SqlitePool`,
     /// each with its store's feature).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::BoxError> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?; // the application's pool
+    /// let idem = Idem::from_pool(pool).await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "_sql")]
     pub async fn from_pool<P: IntoStore>(pool: P) -> Result<Idem, IdemError> {
         IdemBuilder::default().pool(pool).await
     }
 
     /// Options beyond the defaults: table name, migrations, caps, key hashing.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .max_outcome_bytes(16 * 1024)
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn builder() -> IdemBuilder {
         IdemBuilder::default()
     }
@@ -113,6 +193,12 @@ pub struct IdemBuilder {
     pub(crate) layer: Option<StoreLayer>,
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) key_prefix: Option<String>,
+    /// A PEM CA the network stores' certificates may chain to.
+    #[cfg_attr(
+        not(any(feature = "tls-rustls", feature = "tls-native-tls")),
+        allow(dead_code)
+    )]
+    pub(crate) root_cert: Option<Vec<u8>>,
 }
 
 /// A function wrapping the opened store, set with [`IdemBuilder::layer`].
@@ -145,6 +231,7 @@ impl Default for IdemBuilder {
             group_commit: true,
             layer: None,
             key_prefix: None,
+            root_cert: None,
         }
     }
 }
@@ -152,6 +239,18 @@ impl Default for IdemBuilder {
 impl IdemBuilder {
     /// The table holding the records (default `idem_operations`); on PostgreSQL it may
     /// be schema-qualified (`billing.idem_operations`).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .table("billing_idempotency")
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.table = Some(table.into());
         self
@@ -159,6 +258,19 @@ impl IdemBuilder {
 
     /// Whether to create or migrate the schema on open (default `true`). Teams that
     /// run their own DDL set `false` and apply the SQL in `idem_runtime::schema` themselves.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// // The schema comes from the team's own migrations (`idem_runtime::schema`).
+    /// let idem = Idem::builder()
+    ///     .migrate(false)
+    ///     .postgres("postgres://app@db.internal:5432/app")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
         self
@@ -180,6 +292,18 @@ impl IdemBuilder {
     /// Redis, whose commands share two multiplexed connections.
     ///
     /// With the `postgres` or `mysql` feature.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .max_connections(32) // the server then sees up to 37 of idem's connections
+    ///     .postgres("postgres://app@db.internal:5432/app")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "_sql_server")]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);
@@ -211,6 +335,18 @@ impl IdemBuilder {
     /// The prefix of the Redis keys holding the records (default `idem`): stores with
     /// other prefixes share a server without seeing each other's records. No braces
     /// (they would change the keys' cluster hash tag).
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .key_prefix("billing-idem")
+    ///     .redis("redis://cache.internal:6379")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -218,7 +354,44 @@ impl IdemBuilder {
         self
     }
 
+    /// Trusts `pem` (one or more CA certificates in PEM) for the TLS connections of the
+    /// network stores, beside the default roots: for a server whose certificate chains
+    /// to a private CA or a provider's own (RDS, Cloud SQL). On PostgreSQL and MySQL it
+    /// is what `sslrootcert=` / `ssl-ca=` in the URL does; on Redis (`rediss://`) it is
+    /// the only way. The URL still says whether to use TLS and how strictly to verify.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/idem/redis-ca.pem")?;
+    /// let idem = Idem::builder()
+    ///     .tls_root_certificate(ca)
+    ///     .redis("rediss://cache.internal:6380")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "tls-rustls", feature = "tls-native-tls")))
+    )]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
+    }
+
     /// Cap on a recorded outcome's JSON, in bytes (default 64 KiB).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder().max_outcome_bytes(256 * 1024).memory();
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn max_outcome_bytes(mut self, max: usize) -> Self {
         self.max_outcome_bytes = max;
         self
@@ -232,6 +405,18 @@ impl IdemBuilder {
     /// as new ones come in; completed records do not change before they expire, so the
     /// cache is safe with other processes on the same store. Records deleted by hand
     /// may still be replayed from it for up to a minute.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .replay_cache_bytes(0) // every replay reads the store
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn replay_cache_bytes(mut self, bytes: usize) -> Self {
         self.replay_cache_bytes = bytes;
         self
@@ -239,6 +424,15 @@ impl IdemBuilder {
 
     /// Cap on the callers of this process waiting on one in-flight key (default
     /// 1024); past it they get [`IdemError::TooManyWaiters`] at once.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder().max_waiters(64).memory();
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn max_waiters(mut self, max: usize) -> Self {
         self.max_waiters = max;
         self
@@ -246,6 +440,19 @@ impl IdemBuilder {
 
     /// How often a waiter re-checks an in-flight operation when no wake-up arrives
     /// (changes made by other processes on stores without notifications). Default 200ms.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .poll_interval(Duration::from_millis(50))
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.poll_interval = every;
         self
@@ -258,18 +465,33 @@ impl IdemBuilder {
     /// connection that fails (refused, reset, closed) counts as unreachable.
     /// Default 5 seconds.
     ///
-    /// The other round trips of a call are bounded by its lease instead: a record (its
-    /// retries included) or a release gets what is left of the lease as a whole, then
-    /// the call ends [`IdemError::Unrecorded`]; a renewal gets a third of the lease. So
-    /// during a network partition a call answers within the store timeout (before its
-    /// body) or about one lease (after it), never later; retry it with the same key
-    /// once the store is back. A connection whose statement timed out is closed, never
-    /// reused mid-protocol.
+    /// Every other statement waits for the store at most this long too, and at most a
+    /// lease: a release, a renewal (and at most a third of the lease), each attempt of
+    /// a record (and at most half a lease). A record's attempts together get what is
+    /// left of the lease, then the call ends [`IdemError::Unrecorded`]. So during a
+    /// network partition a call answers within the store timeout (before its body) or
+    /// about one lease (after it), never later; retry it with the same key once the
+    /// store is back. A connection whose statement timed out is closed at once, never
+    /// reused mid-protocol nor kept waiting, so a connection gone silent is replaced by
+    /// the next call (on Redis, the client's response timeout is this timeout too).
     ///
     /// The bound includes the wait for one of idem's connections: under a load the
     /// connections cannot keep up with, calls that would queue past it are shed with the
     /// same retryable error instead of piling up. Size it above the longest queueing
     /// delay you accept at peak.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .store_timeout(Duration::from_secs(2))
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.store_timeout = timeout.max(Duration::from_millis(1));
         self
@@ -280,6 +502,16 @@ impl IdemBuilder {
     /// tests of takeover and fencing. ([`IdemBuilder::memory`]'s store, in the call's
     /// own process, holds a running call's claim while the call lives instead of
     /// renewing it; off, its leases lapse like any store's.)
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// // A test of takeover: claims lapse after their lease however long the body runs.
+    /// let idem = Idem::builder().renew_leases(false).memory();
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn renew_leases(mut self, renew: bool) -> Self {
         self.renew_leases = renew;
         self
@@ -310,6 +542,19 @@ impl IdemBuilder {
     ///
     /// Tracing events show keys and scopes as these keyed digests too (see
     /// [`log_keys_hashed`](Self::log_keys_hashed)).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let secret = std::env::var("IDEM_KEY_SECRET").unwrap_or_else(|_| "x".repeat(32));
+    /// let idem = Idem::builder()
+    ///     .hash_keys(secret)
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.hash_keys = Some(Secret(secret.as_ref().into()));
         self
@@ -328,6 +573,18 @@ impl IdemBuilder {
     ///   attack on it needs the secret.
     ///
     /// Where keys are personal data or otherwise sensitive, set `hash_keys`.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .log_keys_hashed(true) // events show `h:…` digests, not customer emails
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn log_keys_hashed(mut self, hash: bool) -> Self {
         self.log_keys_hashed = hash;
         self
@@ -360,6 +617,15 @@ impl IdemBuilder {
     /// # Panics
     ///
     /// If the [`hash_keys`](Self::hash_keys) secret is shorter than 16 bytes.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder().max_outcome_bytes(1024).memory();
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn memory(mut self) -> Idem {
         self.replay_cache_bytes = 0;
         let store = Arc::new(crate::store::MemoryStore::default());
@@ -371,6 +637,16 @@ impl IdemBuilder {
     /// # Panics
     ///
     /// If the [`hash_keys`](Self::hash_keys) secret is shorter than 16 bytes.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError, store::MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// // A store of your own, or one of idem's wrapped in yours.
+    /// let idem = Idem::builder().store(MemoryStore::default());
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     pub fn store(self, store: impl Store) -> Idem {
         self.finish_with(Arc::new(store), None)
     }
@@ -423,10 +699,23 @@ impl IdemBuilder {
         opts.group_commit = self.group_commit;
         self.check_secret()?;
         opts.key_mode = crate::idem::key_mode(self.hash_keys.as_ref());
+        opts.root_cert = self.root_cert.clone();
         Ok(opts)
     }
 
     /// The embedded SQLite store; see [`Idem::sqlite`].
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .table("orders_idem")
+    ///     .sqlite("sqlite://orders.db?mode=rwc")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(self, url: &str) -> Result<Idem, IdemError> {
@@ -435,6 +724,18 @@ impl IdemBuilder {
     }
 
     /// The PostgreSQL store; see [`Idem::postgres`].
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .table("billing.idem_operations")
+    ///     .postgres("postgres://app@db.internal:5432/app?sslmode=require")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
@@ -443,6 +744,18 @@ impl IdemBuilder {
     }
 
     /// The MySQL or MariaDB store; see [`Idem::mysql`].
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .max_connections(32)
+    ///     .mysql("mysql://app@db.internal:3306/app")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn mysql(self, url: &str) -> Result<Idem, IdemError> {
@@ -451,12 +764,30 @@ impl IdemBuilder {
     }
 
     /// The Redis or Valkey store; see [`Idem::redis`].
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .key_prefix("orders")
+    ///     .redis("redis://cache.internal:6379")
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn redis(self, url: &str) -> Result<Idem, IdemError> {
         self.check_secret()?;
         let prefix = self.redis_prefix();
-        let store = crate::store::redis::RedisStore::connect(url, &prefix).await?;
+        let store = crate::store::redis::RedisStore::connect_answering_within(
+            url,
+            &prefix,
+            self.store_timeout,
+            self.root_cert.as_deref(),
+        )
+        .await?;
         store
             .check_key_mode(&crate::idem::key_mode(self.hash_keys.as_ref()))
             .await?;
@@ -465,12 +796,29 @@ impl IdemBuilder {
 
     /// The store on a Redis Cluster, reached through any of its `nodes`
     /// (`redis://host:port`); otherwise as [`IdemBuilder::redis`].
+    ///
+    /// ```no_run
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .redis_cluster(&["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn redis_cluster(self, nodes: &[&str]) -> Result<Idem, IdemError> {
         self.check_secret()?;
         let prefix = self.redis_prefix();
-        let store = crate::store::redis::RedisStore::connect_cluster(nodes, &prefix).await?;
+        let store = crate::store::redis::RedisStore::connect_cluster_answering_within(
+            nodes,
+            &prefix,
+            self.store_timeout,
+            self.root_cert.as_deref(),
+        )
+        .await?;
         store
             .check_key_mode(&crate::idem::key_mode(self.hash_keys.as_ref()))
             .await?;
@@ -485,6 +833,16 @@ impl IdemBuilder {
     }
 
     /// A store on the application's own sqlx pool; see [`Idem::from_pool`].
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::BoxError> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let idem = Idem::builder().table("app_idem").pool(pool).await?;
+    /// # let _ = idem;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "_sql")]
     pub async fn pool<P: IntoStore>(self, pool: P) -> Result<Idem, IdemError> {
         let opts = self.sql_options()?;

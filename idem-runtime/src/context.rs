@@ -51,15 +51,15 @@ impl Current {
     }
 
     /// The epoch of this attempt: the fence that identifies this claim. Epochs come from
-    /// the store's counter (shared by every operation of a table, prefix or process), so
-    /// the first attempt's epoch is any positive number, not 1; a takeover's is always
-    /// higher than the claim it took over, and no epoch repeats for an operation's
-    /// recorded or leased attempts. (In transactional mode on SQLite the counter is in
-    /// the caller's transaction: an attempt that rolled back leaves no trace, its epoch
-    /// included, so the next attempt may see the same number.) A body run unprotected
-    /// under `fail_open` sees 0. Use it to tell attempts apart in logs,
-    /// not as an attempt count; [`downstream_key`](Self::downstream_key) does not
-    /// depend on it.
+    /// the store: a counter shared by every operation of the table (SQL stores) or of
+    /// the store (memory), or the server's clock in microseconds (Redis). So the first
+    /// attempt's epoch is any positive number, not 1; a takeover's is always higher than
+    /// the claim it took over, and no epoch repeats for an operation's recorded or
+    /// leased attempts. (In transactional mode on SQLite the counter is in the caller's
+    /// transaction: an attempt that rolled back leaves no trace, its epoch included, so
+    /// the next attempt may see the same number.) A body run unprotected under
+    /// `fail_open` sees 0. Use it to tell attempts apart in logs, not as an attempt
+    /// count; [`downstream_key`](Self::downstream_key) does not depend on it.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }

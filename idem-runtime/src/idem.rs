@@ -158,17 +158,49 @@ impl AsRef<Idem> for Idem {
 impl Idem {
     /// Sets the process-wide store used by `#[idempotent]` functions that name no
     /// `store`. A later call replaces it.
+    ///
+    /// ```
+    /// # use idem_runtime::{idempotent, Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// #[idempotent(key = id, retain = "1h")] // no `store`: the global one
+    /// async fn notify(id: u64) -> Result<u64, IdemError> { Ok(id) }
+    ///
+    /// Idem::set_global(Idem::memory());
+    /// assert_eq!(notify(7).await?, 7);
+    /// # Ok(()) }
+    /// ```
     pub fn set_global(idem: Idem) {
         *GLOBAL.write().unwrap_or_else(|p| p.into_inner()) = Some(idem);
     }
 
     /// The process-wide store, if one was set.
+    ///
+    /// ```
+    /// # use idem_runtime::Idem;
+    /// Idem::set_global(Idem::memory());
+    /// let idem = Idem::global().expect("set at startup");
+    /// # let _ = idem;
+    /// ```
     pub fn global() -> Option<Idem> {
         GLOBAL.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Deletes completed records past their retention; returns how many. Records in
-    /// progress or UNKNOWN are never purged.
+    /// Deletes completed records past their retention, and operations released with
+    /// their [steps](crate::step) kept past theirs; returns how many. Claims in progress
+    /// and UNKNOWN records are never purged.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::sqlite("sqlite::memory:").await?;
+    /// let purged = idem.purge_expired().await?; // from a cron job or `spawn_reaper`
+    /// assert_eq!(purged, 0);
+    /// # Ok(()) }
+    /// ```
     pub async fn purge_expired(&self) -> Result<u64, IdemError> {
         let n = self
             .store()
@@ -182,6 +214,18 @@ impl Idem {
 
     /// Purges expired records every `every` in a background task, which stops when the
     /// returned handle is dropped.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::sqlite("sqlite::memory:").await?;
+    /// let reaper = idem.spawn_reaper(Duration::from_secs(600));
+    /// // ... serve; the reaper purges every 10 minutes until dropped
+    /// drop(reaper);
+    /// # Ok(()) }
+    /// ```
     pub fn spawn_reaper(&self, every: Duration) -> ReaperHandle {
         let idem = self.clone();
         let task = tokio::spawn(async move {
@@ -198,6 +242,20 @@ impl Idem {
     }
 
     /// Counts by state and the age of the oldest stuck records, for alerting.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let stats = idem.stats().await?;
+    /// if stats.unknown > 0 || stats.oldest_in_progress > Some(Duration::from_secs(600)) {
+    ///     eprintln!("idem needs an operator: {stats:?}");
+    /// }
+    /// # assert_eq!(stats.completed, 0);
+    /// # Ok(()) }
+    /// ```
     pub async fn stats(&self) -> Result<Stats, IdemError> {
         self.store()
             .stats()
@@ -206,6 +264,21 @@ impl Idem {
     }
 
     /// Records matching `filter`, oldest first, for reconciliation.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError, ListFilter};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// for record in idem.list(&ListFilter::unknown().limit(50)).await? {
+    ///     let id = &record.id;
+    ///     println!("{} {} {} at epoch {}", id.display_scope(), id.name, id.display_key(), record.epoch);
+    /// }
+    /// let last_hour = idem.list(&ListFilter::recent(Duration::from_secs(3600))).await?;
+    /// # assert!(last_hour.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, IdemError> {
         self.store()
             .list(filter)
@@ -217,6 +290,20 @@ impl Idem {
     /// [steps](crate::step) of an operation not yet completed), or `None` when the store
     /// holds nothing for `id`. For operators; `id` as [`Idem::list`] or
     /// [`Operation::id`](crate::Operation::id) give it.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError, State};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let charge = idem.operation("charge", "order-1").retain(Duration::from_secs(3600));
+    /// let id = charge.id().clone();
+    /// charge.fingerprint_none().run(|| async { Ok::<_, IdemError>(1999) }).await?;
+    /// let record = idem.get(&id).await?.expect("recorded");
+    /// assert_eq!(record.info.state, State::Completed);
+    /// # Ok(()) }
+    /// ```
     pub async fn get(
         &self,
         id: &OperationId,
@@ -236,6 +323,21 @@ impl Idem {
     /// Settles an UNKNOWN (or stuck IN_PROGRESS) operation at `epoch` (from
     /// [`Idem::list`] or [`IdemError::Unknown`]). Returns [`IdemError::Fenced`] when the
     /// record is no longer at that epoch.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError, ListFilter, Resolution};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// for record in idem.list(&ListFilter::unknown()).await? {
+    ///     // The provider's dashboard says this charge went through: record what it returned.
+    ///     let outcome = serde_json::json!({ "charge": "ch_123" });
+    ///     let done = Resolution::Completed { outcome, version: 1, retain: Duration::from_secs(86_400) };
+    ///     idem.resolve(&record.id, record.epoch, done).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn resolve(
         &self,
         id: &OperationId,
@@ -612,8 +714,9 @@ mod tests {
         // Whatever a key's encoding looks like, it is hashed, never shown as given.
         let tagged = format!("h:{}", &hex_sha256(b"h:order-1001")[..16]);
         assert_eq!(logged_key(&idem, &Tagged), tagged);
+        // Unhashed, a key is logged as the application passed it.
         let shown = Idem::builder().memory();
-        assert_eq!(logged_key(&shown, "order-1001"), encoded);
+        assert_eq!(logged_key(&shown, "order-1001"), "order-1001");
     }
 
     async fn charge(idem: &Idem, cents: u64, runs: &AtomicU64) -> Result<u64, IdemError> {

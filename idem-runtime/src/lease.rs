@@ -96,13 +96,15 @@ impl<'a> Lease<'a> {
 
     /// Holds the claim `epoch` of `id` for `lease` from `claimed_at`, renewing it in the
     /// background through `renewer` (when there is one: renewal is on) until dropped.
-    /// `store` is called only where a renewal task starts.
+    /// A renewal waits at most `store_timeout` (and a third of the lease) for its
+    /// answer. `store` is called only where a renewal task starts.
     pub(crate) fn hold(
         renewer: Option<&Arc<Renewer>>,
         store: impl Fn() -> Arc<dyn Store>,
         id: &Arc<OperationId>,
         epoch: u64,
         lease: Duration,
+        store_timeout: Duration,
         claimed_at: Instant,
     ) -> Lease<'a> {
         let held_until = Arc::new(Mutex::new(Some(claimed_at + lease)));
@@ -111,6 +113,7 @@ impl<'a> Lease<'a> {
                 id: id.clone(),
                 epoch,
                 lease,
+                store_timeout,
                 held: held_until.clone(),
                 span: tracing::Span::current(),
             };
@@ -153,6 +156,7 @@ struct Claim {
     id: Arc<OperationId>,
     epoch: u64,
     lease: Duration,
+    store_timeout: Duration,
     held: Held,
     /// The call's span, so renewal logs carry its scope, name and key.
     span: tracing::Span,
@@ -170,12 +174,13 @@ impl Claim {
     }
 
     async fn renew_in_span(&self, store: &dyn Store) -> bool {
-        let every = self.every();
         // The store extends the lease from its own now, which is no earlier than this.
         let sent = Instant::now();
         // Bounded: a renewal stuck on a half-open connection must not keep the next one
-        // from being tried before the lease runs out.
-        let renewed = tokio::time::timeout(every, store.renew(&self.id, self.epoch, self.lease))
+        // from being tried before the lease runs out, nor hold that connection past the
+        // store timeout (dropped, its statement's connection is closed).
+        let bound = self.every().min(self.store_timeout);
+        let renewed = tokio::time::timeout(bound, store.renew(&self.id, self.epoch, self.lease))
             .await
             .unwrap_or_else(|_| {
                 Err(StoreError::unreachable(
@@ -385,6 +390,7 @@ mod tests {
             }),
             epoch: 1,
             lease,
+            store_timeout: Duration::from_secs(5),
             held: Arc::default(),
             span: tracing::Span::none(),
         }

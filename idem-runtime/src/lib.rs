@@ -131,6 +131,7 @@ mod step;
 pub mod store;
 mod tx;
 
+#[doc = include_str!("idempotent.md")]
 #[doc(inline)]
 pub use idem_macros::idempotent;
 
@@ -143,12 +144,12 @@ pub use fingerprint::fingerprint;
 pub use idem::{Idem, ReaperHandle};
 pub use key::KeyPart;
 pub use key_display::DisplayKey;
-pub use op::RecordableError;
 pub use op::{
     Classify, Disposition, ErrorPolicy, FingerprintStated, InFlight, MAX_KEY_BYTES,
     MAX_LEASE_OR_WAIT, NewOperation, NoUpgrade, OnStoreError, Operation, RecordErrors,
     ReleaseErrors, RetentionStated, Stated, Unstated, Upgrade, UpgradeWith,
 };
+pub use op::{RecordableError, RecordableOutcome};
 pub use step::{MAX_STEP_LABEL, step};
 pub use store::{
     ListFilter, OperationId, RecordDetail, RecordInfo, Resolution, State, Stats, Takeover,
@@ -205,6 +206,39 @@ pub mod __private {
     };
     pub use ::core::time::Duration;
     pub use ::inventory;
+
+    /// Not a stable API: a parameter the attribute puts in the fingerprint by default.
+    /// Every `Serialize` type is one; the trait exists for its compile error, which says
+    /// what to do where serde's own would point into idem's internals.
+    #[diagnostic::on_unimplemented(
+        message = "a parameter of type `{Self}` is fingerprinted, but `{Self}` is not \
+                   `Serialize`",
+        label = "this parameter is in the fingerprint: mark it `#[idem(skip)]` or give its \
+                 type a serde impl",
+        note = "`#[idem(skip)]` is for what is not part of the request: an `IdempotencyKey` \
+                (the operation's key already), a client, a connection; \
+                `#[derive(serde::Serialize)]` is for what is",
+        note = "by default every parameter but `self`, the store and `tx` is fingerprinted; \
+                `fingerprint = EXPR` states the fingerprint instead"
+    )]
+    pub trait FingerprintedParam: ::serde::Serialize {}
+
+    // Reported as the trait above, not as the serde bound the type misses.
+    #[diagnostic::do_not_recommend]
+    impl<T: ::serde::Serialize + ?Sized> FingerprintedParam for T {}
+
+    /// Not a stable API: [`Operation::fingerprint_part`] for a parameter the attribute
+    /// fingerprints by default.
+    pub fn fingerprint_param<P, U, F, R, V>(
+        op: Operation<P, U, F, R>,
+        name: &str,
+        value: &V,
+    ) -> Operation<P, U, crate::Stated, R>
+    where
+        V: FingerprintedParam + ?Sized,
+    {
+        op.fingerprint_part(name, value)
+    }
 
     /// Not a stable API: a key type a client chooses (an `Idempotency-Key` header, an
     /// MCP tool's `idempotency_key` argument). Such a key needs the caller's principal

@@ -34,7 +34,7 @@ impl<P, U, FP, R> Operation<P, U, FP, R> {
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
+        T: crate::op::RecordableOutcome,
         E: From<IdemError>,
         P: ErrorPolicy<E>,
         U: Upgrade<T>,
@@ -141,13 +141,16 @@ where
             // as the application passed them (decoded only if a subscriber records the
             // span). Debug-formatted (quoted, escaped): a key or scope holding spaces, `=`
             // or newlines cannot forge fields or lines in text logs.
-            let (scope, key) = (self.idem.log_key(&id.scope), self.idem.log_key(&id.key));
-            let span = tracing::info_span!(
-                "idem",
-                scope = ?crate::DisplayKey::new(&scope),
-                name = ?id.name,
-                key = ?crate::DisplayKey::new(&key),
-            );
+            // A block, so the logged forms are not held across the call's awaits.
+            let span = {
+                let (scope, key) = (self.idem.log_key(&id.scope), self.idem.log_key(&id.key));
+                tracing::info_span!(
+                    "idem",
+                    scope = ?crate::DisplayKey::new(&scope),
+                    name = ?id.name,
+                    key = ?crate::DisplayKey::new(&key),
+                )
+            };
             let call = async {
                 let span = tracing::Span::current();
                 match self.decide().await? {
@@ -198,6 +201,7 @@ where
         }
         if store.peeks() {
             let read = store.peek_completed(id, &self.fingerprint);
+            let read = metrics::store_call(self.name(), "peek_completed", read);
             match Box::pin(bounded(self.idem.store_timeout(), "replay read", read)).await {
                 Ok(Some(Ok(outcome))) => return Ok(Decided::Replay(Replayed::Read(outcome))),
                 Ok(Some(Err(_))) => return Err(self.mismatch()),
@@ -243,10 +247,12 @@ where
             },
             None => {
                 let sent = Instant::now();
-                let claim = ClaimInFlight::send(&self.idem, self.op.id.shared(), req);
-                // Boxed with its timer: the memory store's calls should not carry them,
-                // and a round trip dwarfs the allocation.
-                let answer = Box::pin(bounded(self.idem.store_timeout(), "claim", claim)).await;
+                // Bounded by the store timeout within. Boxed with its timer: the memory
+                // store's calls should not carry them, and a round trip dwarfs the
+                // allocation.
+                let claim =
+                    ClaimInFlight::send(&self.idem, self.op.id.shared(), req, self.op.retain, sent);
+                let answer = Box::pin(claim).await;
                 Attempt::Answered(
                     answer,
                     At {
@@ -376,8 +382,8 @@ where
         }
     }
 
-    /// How long one write of a running claim (a confirmation, a record attempt, a move
-    /// to UNKNOWN) may wait for the store: the store timeout, but never past a lease.
+    /// How long one write of a claim (a confirmation, a record attempt, a release, a
+    /// move to UNKNOWN) may wait for the store: the store timeout, but never past a lease.
     fn write_bound(&self) -> Duration {
         self.idem.store_timeout().min(self.op.lease)
     }
@@ -427,12 +433,19 @@ where
             let (claimed_at, at_once) = (at.sent, at.at_once);
             let id = &self.op.id;
             // Released if the caller goes away before the body starts: nothing ran.
-            let unstarted = Unstarted::arm(&self.idem, &self.op.id, epoch, self.op.lease, at_once);
+            let unstarted = Unstarted::arm(
+                &self.idem,
+                &self.op.id,
+                (epoch, &self.op.retain),
+                self.write_bound(),
+                at_once,
+            );
             // A claim answered late (a stalled process, a starved scheduler) may have lapsed
             // and been taken over before its body starts: confirm it first rather than run
             // a second body beside the taker's.
             if !at_once && claimed_at.elapsed() >= self.op.lease / 2 {
                 let confirm = self.idem.store().renew(id, epoch, self.op.lease);
+                let confirm = metrics::store_call(self.name(), "renew", confirm);
                 match Box::pin(bounded(self.write_bound(), "claim's confirmation", confirm)).await {
                     Ok(Fence::Held) => {}
                     Ok(Fence::Lost) => {
@@ -467,6 +480,7 @@ where
                     &shared,
                     epoch,
                     self.op.lease,
+                    self.idem.store_timeout(),
                     claimed_at,
                 ),
             };
@@ -494,8 +508,9 @@ where
                     return Err(err);
                 }
                 Encoded::Release(err) => {
-                    let release = self.idem.store().release(id, epoch);
-                    match Box::pin(bounded(self.op.lease, "release", release)).await {
+                    let release = self.idem.store().release(id, epoch, self.op.retain);
+                    let release = metrics::store_call(self.name(), "release", release);
+                    match Box::pin(bounded(self.write_bound(), "release", release)).await {
                         Ok(Fence::Held) => {
                             tracing::debug!(parent: span, epoch, "released after error")
                         }
@@ -535,7 +550,9 @@ where
     /// a lease from its own clock when the statement runs, which may be well after it was
     /// sent, so the lease this process can prove is shorter than the real one; every
     /// attempt is fenced, so one that lands after a takeover changes nothing and reports
-    /// `Fenced`.
+    /// `Fenced`. One attempt waits at most the write bound and half a lease: an attempt
+    /// that timed out has its connection closed, and the next goes out on another, so a
+    /// record that landed but whose reply was lost is found by the retry.
     async fn record(
         &self,
         epoch: u64,
@@ -568,18 +585,27 @@ where
         // The cache keeps time by the standard clock, like its reads.
         let sent_at = std::time::Instant::now();
         let started = Instant::from_std(sent_at);
+        let each = self.write_bound().min(self.op.lease / 2);
+        let mut first = true;
         loop {
-            // Each attempt gets what is left of the window below, and the first at least
-            // one write bound, so a late record after a partition still learns `Fenced`.
+            // Each attempt gets `each`, cut to what is left of the window below; the first
+            // gets it whole, so a late record after a partition still learns `Fenced`.
             let window = lease
                 .held_until(self.op.lease)
                 .map_or(started, |held| started.min(held))
                 + self.op.lease;
-            let attempt = window.max(Instant::now() + self.write_bound());
+            let now = Instant::now();
+            let attempt = if first {
+                now + each
+            } else {
+                (now + each).min(window)
+            };
+            first = false;
             let record = self
                 .idem
                 .store()
                 .record(id, epoch, &outcome, self.op.retain);
+            let record = metrics::store_call(self.name(), "record", record);
             let answer = match tokio::time::timeout_at(attempt, record).await {
                 Ok(answer) => answer,
                 Err(_) => Err(no_answer("record", attempt - started)),
@@ -651,15 +677,20 @@ where
         }
     }
 
-    /// Moves the claim to UNKNOWN, retrying while the lease holds (boxed where it is
-    /// awaited: a rare path, kept out of every call's future); if that fails too the
-    /// claim stays IN_PROGRESS and its lease lapses, which `on_takeover` then governs.
-    /// Returns what became of the operation, for the caller's error message.
+    /// Moves the claim to UNKNOWN, retrying a retryable error until the lease as it
+    /// stands when the move begins would lapse (boxed where it is awaited: a rare path,
+    /// kept out of every call's future). The renewals go on meanwhile, but do not extend
+    /// the retries: past that lease another caller may hold the operation. If the move
+    /// fails, the claim stays IN_PROGRESS and its lease lapses, which `on_takeover` then
+    /// governs. Returns what became of the operation, for the caller's error message.
     async fn settle_unknown(&self, epoch: u64, lease: &Lease<'_>) -> &'static str {
         let id = &self.op.id;
+        let until = lease.held_until(self.op.lease);
+        let mut bound = self.write_bound();
         loop {
             let mark = self.idem.store().mark_unknown(id, epoch);
-            match bounded(self.write_bound(), "move to UNKNOWN", mark).await {
+            let mark = metrics::store_call(self.name(), "mark_unknown", mark);
+            match bounded(bound, "move to UNKNOWN", mark).await {
                 Ok(Fence::Held) => {
                     tracing::warn!(epoch, "operation moved to UNKNOWN");
                     metrics::count(metrics::UNKNOWN, self.name());
@@ -676,12 +707,16 @@ where
                             so it was not marked UNKNOWN";
                 }
                 Err(e)
-                    if lease
-                        .held_until(self.op.lease)
-                        .is_some_and(|t| Instant::now() + Duration::from_millis(50) < t) =>
+                    if e.retryable
+                        && until.is_some_and(|t| Instant::now() + UNKNOWN_RETRY_EVERY < t) =>
                 {
                     tracing::warn!(epoch, error = %e, "could not mark UNKNOWN; retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(UNKNOWN_RETRY_EVERY).await;
+                    // The next attempt ends with the lease too.
+                    let left = until.map_or(Duration::ZERO, |t| {
+                        t.saturating_duration_since(Instant::now())
+                    });
+                    bound = self.write_bound().min(left.max(UNKNOWN_RETRY_EVERY));
                 }
                 Err(e) => {
                     tracing::error!(epoch, error = %e, "could not mark UNKNOWN");
@@ -692,6 +727,9 @@ where
         }
     }
 }
+
+/// The pause between attempts to move a claim to UNKNOWN.
+const UNKNOWN_RETRY_EVERY: Duration = Duration::from_millis(50);
 
 /// `answer`, or a retryable store error once `timeout` passes without it. Dropping a
 /// statement's future closes its connection (the stores never reuse one mid-protocol),
@@ -719,23 +757,40 @@ fn no_answer(what: &str, after: Duration) -> StoreError {
     )
 }
 
-/// A claim sent to the store, owned so that it can outlive the call: if the caller goes
-/// away before the store answers, the claim may still be made, with an epoch nobody
-/// knows. Dropped unanswered, it finishes on a task of its own and releases what it
-/// acquired, since no body ran; otherwise the claim would lapse, and with
-/// `on_takeover = unknown` turn into UNKNOWN although nothing happened.
+/// A claim sent to the store, bounded by the store timeout from when it was sent, and
+/// owned so that it can outlive the call.
+///
+/// Past the store timeout the claim is given up: its statement's future is dropped,
+/// which closes its connection (no store reuses one mid-protocol), so a silent
+/// connection frees its slot at once. A claim the store made but whose answer never came
+/// has an epoch nobody knows and cannot be released: it lapses with its lease (and with
+/// `on_takeover = unknown` then turns into UNKNOWN, though no body ran).
+///
+/// A caller that goes away before the answer (cancelled, not timed out) leaves the claim
+/// to finish on a task of its own until that same deadline; a claim it made is released
+/// there, since no body ran.
 struct ClaimInFlight {
     claim: Option<ClaimFuture>,
     idem: Idem,
     id: Arc<crate::store::OperationId>,
-    lease: Duration,
+    /// The operation's retention, for the release of a claim made here that resumed
+    /// steps: they are kept that long.
+    retain: Duration,
+    /// When the store timeout counted from the claim's sending ends.
+    deadline: Instant,
 }
 
 type ClaimFuture =
     std::pin::Pin<Box<dyn Future<Output = Result<Claim, StoreError>> + Send + 'static>>;
 
 impl ClaimInFlight {
-    fn send(idem: &Idem, id: Arc<crate::store::OperationId>, req: &ClaimRequest<'_>) -> Self {
+    fn send(
+        idem: &Idem,
+        id: Arc<crate::store::OperationId>,
+        req: &ClaimRequest<'_>,
+        retain: Duration,
+        sent: Instant,
+    ) -> Self {
         let (store, owned, fingerprint, lease, on_takeover) = (
             idem.store_arc(),
             id.clone(),
@@ -743,6 +798,8 @@ impl ClaimInFlight {
             req.lease,
             req.on_takeover,
         );
+        let timeout = idem.store_timeout();
+        let deadline = sent + timeout;
         let claim = Box::pin(async move {
             let req = ClaimRequest {
                 id: &owned,
@@ -750,13 +807,17 @@ impl ClaimInFlight {
                 lease,
                 on_takeover,
             };
-            store.claim(&req).await
+            let claim = metrics::store_call(&owned.name, "claim", store.claim(&req));
+            tokio::time::timeout_at(deadline, claim)
+                .await
+                .unwrap_or_else(|_| Err(no_answer("claim", timeout)))
         });
         ClaimInFlight {
             claim: Some(claim),
             idem: idem.clone(),
             id,
-            lease,
+            retain,
+            deadline,
         }
     }
 }
@@ -783,16 +844,17 @@ impl Drop for ClaimInFlight {
         let Some(claim) = self.claim.take() else {
             return;
         };
-        let (idem, id, lease) = (self.idem.clone(), self.id.clone(), self.lease);
-        // Bounded only so that a black-holed claim does not keep its task for good: a
-        // late answer is still released (the release is fenced by its epoch), and past
-        // the bound a claim that was made lapses with its lease.
-        let patience = lease + idem.store_timeout();
+        if Instant::now() >= self.deadline {
+            // Timed out already (an outer bound dropped it): dropped here, connection
+            // and all.
+            return;
+        }
+        let (idem, id, retain) = (self.idem.clone(), self.id.clone(), self.retain);
         spawn_cleanup(async move {
-            if let Ok(Ok(Claim::Acquired { epoch, .. })) =
-                tokio::time::timeout(patience, claim).await
-            {
-                release_unstarted(&idem, &id, epoch, lease).await;
+            // The claim's future ends by the deadline, answered or not.
+            if let Ok(Claim::Acquired { epoch, .. }) = claim.await {
+                let bound = idem.store_timeout();
+                release_unstarted(&idem, &id, (epoch, retain), bound).await;
             }
         });
     }
@@ -800,21 +862,31 @@ impl Drop for ClaimInFlight {
 
 /// A claim this call holds whose body has not started; released if dropped armed.
 struct Unstarted<'a> {
-    armed: Option<(&'a Idem, &'a Arc<crate::store::OperationId>, u64, Duration)>,
+    armed: Option<Armed<'a>>,
 }
+
+/// What an armed [`Unstarted`] releases: the handle, the operation, the claim (its epoch
+/// and the operation's retention, for steps it resumed), and how long the release waits.
+type Armed<'a> = (
+    &'a Idem,
+    &'a Arc<crate::store::OperationId>,
+    (u64, &'a Duration),
+    Duration,
+);
 
 impl<'a> Unstarted<'a> {
     /// Armed only where there is a window to cancel in: a claim made at once (the memory
-    /// store's) goes straight to its body.
+    /// store's) goes straight to its body. `claim` is its epoch and the operation's
+    /// retention (for steps it resumed); the release waits at most `bound`.
     fn arm(
         idem: &'a Idem,
         id: &'a crate::op::Id,
-        epoch: u64,
-        lease: Duration,
+        claim: (u64, &'a Duration),
+        bound: Duration,
         at_once: bool,
     ) -> Unstarted<'a> {
         Unstarted {
-            armed: (!at_once).then(|| (idem, id.arc_ref(), epoch, lease)),
+            armed: (!at_once).then(|| (idem, id.arc_ref(), claim, bound)),
         }
     }
 
@@ -825,9 +897,9 @@ impl<'a> Unstarted<'a> {
 
 impl Drop for Unstarted<'_> {
     fn drop(&mut self) {
-        if let Some((idem, id, epoch, lease)) = self.armed.take() {
-            let (idem, id) = (idem.clone(), id.clone());
-            spawn_cleanup(async move { release_unstarted(&idem, &id, epoch, lease).await });
+        if let Some((idem, id, (epoch, retain), bound)) = self.armed.take() {
+            let (idem, id, claim) = (idem.clone(), id.clone(), (epoch, *retain));
+            spawn_cleanup(async move { release_unstarted(&idem, &id, claim, bound).await });
         }
     }
 }
@@ -846,13 +918,16 @@ fn spawn_cleanup(cleanup: impl Future<Output = ()> + Send + 'static) {
     }
 }
 
+/// Releases the claim `(epoch, retain)` whose body never ran, waiting at most `bound`
+/// for the store. Steps it resumed are kept for `retain`, the operation's retention.
 async fn release_unstarted(
     idem: &Idem,
     id: &crate::store::OperationId,
-    epoch: u64,
-    lease: Duration,
+    (epoch, retain): (u64, Duration),
+    bound: Duration,
 ) {
-    match bounded(lease, "release", idem.store().release(id, epoch)).await {
+    let release = metrics::store_call(&id.name, "release", idem.store().release(id, epoch, retain));
+    match bounded(bound, "release", release).await {
         Ok(Fence::Held) => {
             tracing::debug!(
                 epoch,

@@ -214,6 +214,26 @@ pub trait RecordableError: Serialize + DeserializeOwned {}
 #[diagnostic::do_not_recommend]
 impl<E: Serialize + DeserializeOwned> RecordableError for E {}
 
+/// An `Ok` type that [`Operation::run`] can record and replay: every
+/// `T: Serialize + DeserializeOwned`, and nothing else (there is nothing to implement by
+/// hand). It exists for its compile error: a response wrapper returned by mistake (axum's
+/// or rmcp's `Json<T>`, which have no serde impls) is told what to return instead.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be recorded: the outcome of an idempotent operation is stored \
+               and replayed, so it must be `Serialize + DeserializeOwned`",
+    label = "the outcome type `{Self}` is not `Serialize + DeserializeOwned`",
+    note = "a response wrapper such as axum's or rmcp's `Json<T>` has no serde impls: return \
+            `T` from the `#[idempotent]` function (or the body given to `run`) and wrap it in \
+            `Json` outside it, in the handler that calls it",
+    note = "for a type of your own, derive `serde::Serialize` and `serde::Deserialize`"
+)]
+pub trait RecordableOutcome: Serialize + DeserializeOwned {}
+
+// Reported as `T: RecordableOutcome` with the message above, not as the serde bounds
+// behind it that `T` misses.
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned> RecordableOutcome for T {}
+
 /// Every `Err` is recorded and replayed like a success.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RecordErrors;
@@ -319,6 +339,79 @@ impl<T, F: Fn(u32, serde_json::Value) -> Result<T, IdemError>> Upgrade<T> for Up
 ///     .await?;
 /// assert_eq!(receipt, "receipt for 42");
 /// # Ok(()) }
+/// ```
+///
+/// # Nesting
+///
+/// An idempotent call made inside another's body (an `#[idempotent]` function calling
+/// another, or a `run` inside a `run`) is an operation of its own: its own claim,
+/// record and retention, its own [`current()`](crate::current) while its body runs, and
+/// its own [`observe`](crate::observe) report (the outer call's report stays the outer
+/// call's).
+///
+/// Without `tx`, the inner operation is recorded in the store when the inner call
+/// returns, whatever then becomes of the outer one. When the outer body's error is
+/// released, or the outer claim is taken over, and the outer body runs again, the inner
+/// call (with the same key and fingerprint) replays its recorded outcome rather than
+/// running again:
+///
+/// ```
+/// use idem_runtime::{idempotent, Idem, IdemError};
+/// use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+/// # #[derive(Debug)]
+/// # enum ShipError { CarrierDown, Idem(IdemError) }
+/// # impl From<IdemError> for ShipError {
+/// #     fn from(e: IdemError) -> Self { ShipError::Idem(e) }
+/// # }
+/// static LABELS: AtomicU32 = AtomicU32::new(0);
+///
+/// #[idempotent(store = idem, key = order, retain = "1d")]
+/// async fn print_label(idem: &Idem, order: u64) -> Result<u32, IdemError> {
+///     Ok(LABELS.fetch_add(1, SeqCst) + 1)
+/// }
+///
+/// #[idempotent(store = idem, key = order, retain = "1d")]
+/// async fn ship_parcel(idem: &Idem, order: u64, #[idem(skip)] down: bool) -> Result<u32, ShipError> {
+///     let label = print_label(idem, order).await?; // recorded on its own
+///     if down { return Err(ShipError::CarrierDown); } // released: `ship_parcel` runs again
+///     Ok(label)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), ShipError> {
+/// let idem = Idem::memory();
+/// assert!(matches!(ship_parcel(&idem, 7, true).await, Err(ShipError::CarrierDown)));
+/// assert_eq!(ship_parcel(&idem, 7, false).await?, 1); // the label was printed once
+/// # assert_eq!(LABELS.load(SeqCst), 1);
+/// # Ok(()) }
+/// ```
+///
+/// In transactional mode (`tx`), an inner call given the same transaction claims and
+/// records in it, under savepoints of its own: its released `Err` rolls back its own
+/// writes and claim only, and its record commits or rolls back with the transaction. An
+/// outer released `Err` rolls back to the outer operation's savepoint, which undoes the
+/// inner call's writes and record too, so the retry runs both bodies again. A call
+/// without `tx` inside a transactional body records in the store as above, outside the
+/// transaction: a rollback does not undo it. See
+/// [`guide::transactions`](crate::guide::transactions).
+///
+/// A call with the running operation's own identity (the same scope, name and key) is a
+/// duplicate of it, not a nested operation: it waits as `in_flight` says and then fails
+/// with [`IdemError::InFlight`] (in transactional mode, at once), since the outer claim
+/// is held until the outer body returns. Give the inner call a name or key of its own.
+///
+/// ```
+/// # use idem_runtime::{Idem, IdemError, InFlight};
+/// # use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let idem = Idem::memory();
+/// let sync = || idem.operation("sync", "s-1").retain(Duration::from_secs(60));
+/// let r = sync().fingerprint_none().run(|| async {
+///     let inner = sync().in_flight(InFlight::Reject).fingerprint_none();
+///     inner.run(|| async { Ok::<_, IdemError>(1) }).await
+/// });
+/// assert!(matches!(r.await, Err(IdemError::InFlight { .. })));
+/// # }
 /// ```
 #[must_use = "an operation does nothing until `run` is awaited"]
 pub struct Operation<P = ReleaseErrors, U = NoUpgrade, F = Stated, R = Stated> {
@@ -430,6 +523,24 @@ impl<P, U, F, R> Operation<P, U, F, R> {
 
     /// The namespace: a tenant, account or principal. The same key in two scopes is
     /// two operations. Default: the empty scope.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let charge = |tenant: &'static str| {
+    ///     idem.operation("charge", "order-1")
+    ///         .scope(tenant)
+    ///         .retain(Duration::from_secs(3600))
+    ///         .fingerprint_none()
+    ///         .run(move || async move { Ok::<_, IdemError>(tenant.to_owned()) })
+    /// };
+    /// assert_eq!(charge("acme").await?, "acme");
+    /// assert_eq!(charge("globex").await?, "globex"); // another scope: another operation
+    /// # Ok(()) }
+    /// ```
     pub fn scope<S: KeyPart + ?Sized>(mut self, scope: &S) -> Self {
         let len = write_stored(self.idem.as_ref(), scope, &mut self.id.get_mut().scope);
         if len > MAX_KEY_BYTES {
@@ -445,6 +556,22 @@ impl<P, U, F, R> Operation<P, U, F, R> {
     /// How long a completed outcome is kept and replayed. Size it from the longest
     /// retry or redelivery horizon of the callers. Required: an operation runs only
     /// once its retention is stated, as the attribute's `retain` is.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let sent = idem
+    ///     .operation("send_invoice", "inv-7")
+    ///     .retain(Duration::from_secs(7 * 86_400)) // clients retry for up to a week
+    ///     .fingerprint_none()
+    ///     .run(|| async { Ok::<_, IdemError>(true) })
+    ///     .await?;
+    /// # assert!(sent);
+    /// # Ok(()) }
+    /// ```
     pub fn retain(mut self, retain: Duration) -> Operation<P, U, F, Stated> {
         if retain.is_zero() {
             self.fail(IdemError::Config {
@@ -458,6 +585,23 @@ impl<P, U, F, R> Operation<P, U, F, R> {
 
     /// How long a claim is owned before another caller may take it over. Renewed
     /// while the body runs. Default: 60 seconds.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let rows = idem
+    ///     .operation("export", "2024-q3")
+    ///     .retain(Duration::from_secs(86_400))
+    ///     .lease(Duration::from_secs(300)) // a crashed export is taken over after 5 minutes
+    ///     .fingerprint_none()
+    ///     .run(|| async { Ok::<_, IdemError>(1200) })
+    ///     .await?;
+    /// # assert_eq!(rows, 1200);
+    /// # Ok(()) }
+    /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
         if lease < Duration::from_millis(1) {
             self.fail(IdemError::Config {
@@ -477,6 +621,28 @@ impl<P, U, F, R> Operation<P, U, F, R> {
     }
 
     /// What a duplicate does while the first call runs. Default: wait up to 5 seconds.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError, InFlight};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let export = || {
+    ///     idem.operation("export", "e-1")
+    ///         .retain(Duration::from_secs(60))
+    ///         .in_flight(InFlight::Reject)
+    ///         .fingerprint_none()
+    ///         .run(|| async {
+    ///             tokio::time::sleep(Duration::from_millis(10)).await;
+    ///             Ok::<_, IdemError>(1)
+    ///         })
+    /// };
+    /// let (first, duplicate) = tokio::join!(export(), export());
+    /// assert_eq!(first?, 1);
+    /// assert!(matches!(duplicate, Err(IdemError::InFlight { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn in_flight(mut self, in_flight: InFlight) -> Self {
         if let InFlight::Wait(d) = in_flight
             && d > MAX_LEASE_OR_WAIT
@@ -493,6 +659,24 @@ impl<P, U, F, R> Operation<P, U, F, R> {
     }
 
     /// What a lapsed claim turns into. Default: [`Takeover::Rerun`].
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError, Takeover};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let sent = idem
+    ///     .operation("welcome_email", "user-7")
+    ///     .retain(Duration::from_secs(86_400))
+    ///     // The mail provider takes no idempotency key: after a crash, ask an operator.
+    ///     .on_takeover(Takeover::Unknown)
+    ///     .fingerprint_none()
+    ///     .run(|| async { Ok::<_, IdemError>(true) })
+    ///     .await?;
+    /// # assert!(sent);
+    /// # Ok(()) }
+    /// ```
     pub fn on_takeover(mut self, on_takeover: Takeover) -> Self {
         self.on_takeover = on_takeover;
         self
@@ -500,6 +684,23 @@ impl<P, U, F, R> Operation<P, U, F, R> {
 
     /// What happens when the store is unreachable at claim time. Default:
     /// [`OnStoreError::FailClosed`].
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError, OnStoreError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let pushed = idem
+    ///     .operation("push_notification", "n-42")
+    ///     .retain(Duration::from_secs(3600))
+    ///     .on_store_error(OnStoreError::FailOpen) // a duplicate push beats no push
+    ///     .fingerprint_none()
+    ///     .run(|| async { Ok::<_, IdemError>(true) })
+    ///     .await?;
+    /// # assert!(pushed);
+    /// # Ok(()) }
+    /// ```
     pub fn on_store_error(mut self, on_store_error: OnStoreError) -> Self {
         self.on_store_error = on_store_error;
         self
@@ -509,6 +710,23 @@ impl<P, U, F, R> Operation<P, U, F, R> {
     /// is refused with [`IdemError::Mismatch`]. May be called more than once. An
     /// operation runs only once its fingerprint is stated, with this or
     /// [`fingerprint_none`](Self::fingerprint_none).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let pay = |cents: u64| {
+    ///     idem.operation("pay", "order-1")
+    ///         .retain(Duration::from_secs(3600))
+    ///         .fingerprint(&cents)
+    ///         .run(move || async move { Ok::<_, IdemError>(cents) })
+    /// };
+    /// assert_eq!(pay(500).await?, 500);
+    /// assert!(matches!(pay(900).await, Err(IdemError::Mismatch { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn fingerprint<V: Serialize + ?Sized>(self, value: &V) -> Operation<P, U, Stated, R> {
         self.fingerprint_part("", value)
     }
@@ -516,12 +734,46 @@ impl<P, U, F, R> Operation<P, U, F, R> {
     /// Binds nothing to the key: any call with the same key is the same request. For
     /// operations whose key alone is the whole request (a message id, a webhook event
     /// id); where the payload can differ, use [`fingerprint`](Self::fingerprint).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let ingest = |body: &'static str| {
+    ///     idem.operation("ingest", "event-1")
+    ///         .retain(Duration::from_secs(3600))
+    ///         .fingerprint_none()
+    ///         .run(move || async move { Ok::<_, IdemError>(body.to_owned()) })
+    /// };
+    /// assert_eq!(ingest("first").await?, "first");
+    /// assert_eq!(ingest("redelivered").await?, "first"); // the key is the whole request
+    /// # Ok(()) }
+    /// ```
     pub fn fingerprint_none(self) -> Operation<P, U, Stated, R> {
         self.restate()
     }
 
     /// Like [`fingerprint`](Self::fingerprint), naming the part (the attribute passes
     /// each parameter by name).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let moved = idem
+    ///     .operation("transfer", "t-1")
+    ///     .retain(Duration::from_secs(3600))
+    ///     .fingerprint_part("from", "acct-1")
+    ///     .fingerprint_part("cents", &500u64)
+    ///     .run(|| async { Ok::<_, IdemError>(true) })
+    ///     .await?;
+    /// # assert!(moved);
+    /// # Ok(()) }
+    /// ```
     pub fn fingerprint_part<V: Serialize + ?Sized>(
         mut self,
         part: &str,
@@ -538,6 +790,23 @@ impl<P, U, F, R> Operation<P, U, F, R> {
     }
 
     /// The outcome's schema version (default 1). Bump it when `T` changes shape.
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let (cents, currency) = idem
+    ///     .operation("price", "sku-1")
+    ///     .retain(Duration::from_secs(3600))
+    ///     .version(2) // version 1 recorded a bare number of cents
+    ///     .fingerprint_none()
+    ///     .run(|| async { Ok::<_, IdemError>((1999u64, "EUR".to_owned())) })
+    ///     .await?;
+    /// # assert_eq!((cents, currency.as_str()), (1999, "EUR"));
+    /// # Ok(()) }
+    /// ```
     pub fn version(mut self, version: u32) -> Self {
         self.version = version;
         self
@@ -545,17 +814,93 @@ impl<P, U, F, R> Operation<P, U, F, R> {
 
     /// Records every `Err` and replays it like a success (`errors = record`); the error
     /// type must be [`RecordableError`] (`Serialize + DeserializeOwned`).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// #[derive(Debug, serde::Serialize, serde::Deserialize)]
+    /// enum PayError { Declined, Idem(String) }
+    /// # impl From<IdemError> for PayError {
+    /// #     fn from(e: IdemError) -> Self { PayError::Idem(e.to_string()) }
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let refund = || {
+    ///     idem.operation("refund", "r-1")
+    ///         .retain(Duration::from_secs(3600))
+    ///         .record_errors()
+    ///         .fingerprint_none()
+    ///         .run(|| async { Err::<u64, _>(PayError::Declined) })
+    /// };
+    /// assert!(matches!(refund().await, Err(PayError::Declined)));
+    /// let (again, info) = idem_runtime::observe(refund()).await;
+    /// assert!(matches!(again, Err(PayError::Declined)) && info.replayed());
+    /// # Ok(()) }
+    /// ```
     pub fn record_errors(self) -> Operation<RecordErrors, U, F, R> {
         self.with_policy(RecordErrors)
     }
 
     /// Decides per error with `classify` (`classify = path`); the error type must be
     /// [`RecordableError`] (`Serialize + DeserializeOwned`).
+    ///
+    /// ```
+    /// # use idem_runtime::{Disposition, Idem, IdemError};
+    /// # use std::time::Duration;
+    /// #[derive(Debug, serde::Serialize, serde::Deserialize)]
+    /// enum PayError { Declined, Idem(String) }
+    /// # impl From<IdemError> for PayError {
+    /// #     fn from(e: IdemError) -> Self { PayError::Idem(e.to_string()) }
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// fn by_kind(e: &PayError) -> Disposition {
+    ///     match e {
+    ///         PayError::Declined => Disposition::Record, // final: replay it
+    ///         PayError::Idem(_) => Disposition::Release, // nothing happened: retry
+    ///     }
+    /// }
+    /// let idem = Idem::memory();
+    /// let r = idem
+    ///     .operation("pay", "p-1")
+    ///     .retain(Duration::from_secs(3600))
+    ///     .classify(by_kind)
+    ///     .fingerprint_none()
+    ///     .run(|| async { Err::<u64, _>(PayError::Declined) })
+    ///     .await;
+    /// # assert!(matches!(r, Err(PayError::Declined)));
+    /// # Ok(()) }
+    /// ```
     pub fn classify<C>(self, classify: C) -> Operation<Classify<C>, U, F, R> {
         self.with_policy(Classify(classify))
     }
 
     /// Converts outcomes recorded under another [`version`](Self::version).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let price = |version: u32| {
+    ///     idem.operation("price", "sku-1")
+    ///         .retain(Duration::from_secs(3600))
+    ///         .version(version)
+    ///         .fingerprint_none()
+    /// };
+    /// price(1).run(|| async { Ok::<_, IdemError>(1999u64) }).await?;
+    /// let cents_to_money = |_from: u32, old: serde_json::Value| -> Result<_, IdemError> {
+    ///     Ok((old.as_u64().unwrap_or_default(), "EUR".to_owned()))
+    /// };
+    /// let v2 = price(2)
+    ///     .upgrade(cents_to_money)
+    ///     .run(|| async { Ok::<_, IdemError>((0u64, "USD".to_owned())) })
+    ///     .await?;
+    /// assert_eq!(v2, (1999, "EUR".to_owned())); // the version 1 outcome, upgraded
+    /// # Ok(()) }
+    /// ```
     pub fn upgrade<G>(self, upgrade: G) -> Operation<P, UpgradeWith<G>, F, R> {
         self.rebuild(|policy, _| (policy, UpgradeWith(upgrade)))
     }
@@ -619,6 +964,18 @@ impl<P, U, F, R> Operation<P, U, F, R> {
 
     /// The operation's identity as stored, for matching [`Idem::list`] rows and for
     /// [`Idem::resolve`].
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let id = idem.operation("charge", "order-1").scope("acme").id().clone();
+    /// assert_eq!(id.name, "charge");
+    /// assert!(idem.get(&id).await?.is_none()); // nothing recorded under it yet
+    /// # Ok(()) }
+    /// ```
     pub fn id(&self) -> &OperationId {
         &self.id
     }
@@ -702,6 +1059,23 @@ impl<P, U> Operation<P, U> {
 impl Idem {
     /// Starts configuring one operation, identified by `name` and `key` (and, with
     /// [`Operation::scope`], a scope).
+    ///
+    /// ```
+    /// # use idem_runtime::{Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let order_id = 42u64;
+    /// let receipt = idem
+    ///     .operation("charge", &order_id)
+    ///     .retain(Duration::from_secs(86_400))
+    ///     .fingerprint(&1999u64)
+    ///     .run(|| async { Ok::<_, IdemError>(format!("receipt {order_id}")) })
+    ///     .await?;
+    /// # assert_eq!(receipt, "receipt 42");
+    /// # Ok(()) }
+    /// ```
     pub fn operation<K: KeyPart + ?Sized>(&self, name: &str, key: &K) -> NewOperation {
         Operation::new(Some(self.clone()), name, key)
     }

@@ -67,7 +67,9 @@ impl StepsRun {
 ///   and the step runs again on the next run of the body.
 /// - **Released errors resume.** When the body's error releases the claim, its
 ///   completed steps stay, and so does the request's fingerprint: a retry with another
-///   request is [`IdemError::Mismatch`].
+///   request is [`IdemError::Mismatch`]. They stay for the operation's `retain`,
+///   counted from the release; past it the operation expires like a completed one, and
+///   the next call, with any request, runs afresh without them.
 /// - **Takeovers resume.** After a crash, the taker replays every recorded step and
 ///   runs the rest. A step that crashed mid-way runs again, with the same
 ///   [`downstream_key`](crate::Current::downstream_key) for its label, so a provider

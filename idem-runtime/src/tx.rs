@@ -10,11 +10,8 @@
 //! key in it, never touch another operation's savepoints. How it behaves on each
 //! database: [`guide::transactions`](crate::guide::transactions).
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
 use crate::error::IdemError;
-use crate::op::{ErrorPolicy, Operation, Upgrade};
+use crate::op::{ErrorPolicy, Operation, RecordableOutcome, Upgrade};
 
 #[cfg(feature = "_sql")]
 use crate::error::StoreError;
@@ -356,7 +353,7 @@ impl<P, U, FP, R> Operation<P, U, FP, R> {
     ) -> Result<TxStep<T, E, TxGuard<P, U>>, IdemError>
     where
         C: TxConnection,
-        T: Serialize + DeserializeOwned,
+        T: RecordableOutcome,
         E: From<IdemError>,
         P: ErrorPolicy<E>,
         U: Upgrade<T>,
@@ -434,7 +431,7 @@ impl<P, U> TxGuard<P, U> {
     pub async fn finish<C, T, E>(self, tx: &mut C, out: Result<T, E>) -> Result<T, E>
     where
         C: TxConnection,
-        T: Serialize + DeserializeOwned,
+        T: RecordableOutcome,
         E: From<IdemError>,
         P: ErrorPolicy<E>,
     {

@@ -270,9 +270,11 @@ pub async fn drop_mysql_table(url: &str, table: &str) {
             .execute(&pool)
             .await;
     }
-    let _ = sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{table}_claim`"))
-        .execute(&pool)
-        .await;
+    for procedure in ["claim", "claim_v2"] {
+        let _ = sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{table}_{procedure}`"))
+            .execute(&pool)
+            .await;
+    }
     let _ = sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ?")
         .bind(table)
         .execute(&pool)

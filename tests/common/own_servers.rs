@@ -274,15 +274,42 @@ pub struct OwnRedis {
 }
 
 impl OwnRedis {
+    /// Starts a server that speaks only TLS, with the certificate `cert` and its key.
+    pub fn start_tls(test: &str, cert: &Path, key: &Path) -> Option<OwnRedis> {
+        let port = spare_port();
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        let port_arg = port.to_string();
+        Self::start_on(
+            test,
+            port,
+            &[
+                "--port",
+                "0",
+                "--tls-port",
+                &port_arg,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-auth-clients",
+                "no",
+            ],
+        )
+    }
+
     /// Starts a server with `args` (`--replicaof`, ...).
     pub fn start(test: &str, args: &[&str]) -> Option<OwnRedis> {
+        Self::start_on(test, spare_port(), args)
+    }
+
+    /// Starts a server listening on `port` (unless `args` move it), with `args`.
+    fn start_on(test: &str, port: u16, args: &[&str]) -> Option<OwnRedis> {
         let found = Command::new("redis-server")
             .arg("--version")
             .stdout(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
         need(test, found, "redis-server")?;
-        let port = spare_port();
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo build --release --manifest-path benches/peers/Cargo.toml --example replays
 //! taskset -c 0 perf record -g --call-graph dwarf \
-//!     benches/peers/target/release/examples/replays idem 4
+//!     "${CARGO_TARGET_DIR:-benches/peers/target}/release/examples/replays" idem 4
 //! ```
 //!
 //! Arguments: `idem` or `idempotent`, and the seconds to run (default 10). The server

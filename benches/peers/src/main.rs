@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! cargo build --release --manifest-path benches/peers/Cargo.toml
-//! taskset -c 0 benches/peers/target/release/idem-peer-bench
+//! taskset -c 0 "${CARGO_TARGET_DIR:-benches/peers/target}/release/idem-peer-bench"
 //! ```
 //!
 //! The work, for both libraries: fingerprint a small request, claim its key, run a body

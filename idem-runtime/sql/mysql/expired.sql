@@ -1,1 +1,1 @@
-(state = 1 AND expires_ms <= VALUES(claimed_ms))
+((state = 1 OR (state = 0 AND steps = 2)) AND expires_ms <= VALUES(claimed_ms))

@@ -13,7 +13,7 @@ WITH seen AS (
     WHERE NOT EXISTS (
         SELECT 1 FROM seen
         WHERE NOT ((state = 0 AND (lease_until <= now OR steps = 2) AND fingerprint = :fp)
-                   OR (state = 1 AND expires_at <= now)))
+                   OR ((state = 1 OR (state = 0 AND steps = 2)) AND expires_at <= now)))
     -- claim_conflict.sql: an existing row is taken only if its record expired, or its
     -- lease lapsed or was released under the same fingerprint.
     {claim_conflict}
@@ -26,7 +26,7 @@ SELECT mine, stale, state, epoch, same_fingerprint, taken_over, resume, retry_af
 FROM ins
 UNION ALL
 SELECT false, (state = 0 AND (lease_until <= now OR steps = 2) AND fingerprint = :fp)
-        OR (state = 1 AND expires_at <= now),
+        OR ((state = 1 OR (state = 0 AND steps = 2)) AND expires_at <= now),
     state, epoch, fingerprint = :fp, taken_over, false,
     greatest(0, (EXTRACT(EPOCH FROM lease_until - now) * 1000)::bigint),
     CASE WHEN fingerprint = :fp THEN outcome END, outcome_is_err, outcome_version

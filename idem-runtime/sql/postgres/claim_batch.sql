@@ -24,7 +24,7 @@ WITH input AS (
         WHERE s.ord = i.ord
           AND NOT ((s.state = 0 AND (s.lease_until <= s.now OR s.steps = 2)
                     AND s.fingerprint = i.fp)
-                   OR (s.state = 1 AND s.expires_at <= s.now)))
+                   OR ((s.state = 1 OR (s.state = 0 AND s.steps = 2)) AND s.expires_at <= s.now)))
     ORDER BY i.scope, i.name, i.key
     -- claim_conflict.sql: an existing row is taken only if its record expired, or its
     -- lease lapsed or was released under the same fingerprint.
@@ -43,7 +43,7 @@ FROM won
 UNION ALL
 SELECT s.ord, false,
     (s.state = 0 AND (s.lease_until <= s.now OR s.steps = 2) AND s.fingerprint = s.fp)
-        OR (s.state = 1 AND s.expires_at <= s.now),
+        OR ((s.state = 1 OR (s.state = 0 AND s.steps = 2)) AND s.expires_at <= s.now),
     s.state, s.epoch, s.fingerprint = s.fp, s.taken_over, false,
     greatest(0, (EXTRACT(EPOCH FROM s.lease_until - s.now) * 1000)::bigint),
     CASE WHEN s.fingerprint = s.fp THEN s.outcome END, s.outcome_is_err, s.outcome_version

@@ -3,7 +3,8 @@ SELECT state, epoch,
             AS age_ms,
         greatest(0, (EXTRACT(EPOCH FROM lease_until - clock_timestamp()) * 1000)::bigint)
             AS lease_ms,
-        greatest(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)
-            AS expires_ms,
+        CASE WHEN expires_at IS NOT NULL THEN
+            greatest(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)
+        END AS expires_ms,
         outcome, outcome_is_err, outcome_version
     FROM {table} WHERE scope = :scope AND name = :name AND key = :key

@@ -1,7 +1,8 @@
--- A record with steps stays, released (no lease); one without goes, with any steps an
+-- A record with steps stays, released (no lease) until it expires; one without goes, with any steps an
 -- earlier life left. The two arms exclude each other, so at most one changes the row.
 WITH kept AS (
-    UPDATE {table} SET steps = 2, lease_until = clock_timestamp()
+    UPDATE {table} SET steps = 2, lease_until = clock_timestamp(),
+        expires_at = clock_timestamp() + :retain_ms::bigint * interval '1 millisecond'
     WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch AND state = 0
       AND steps = 1
     RETURNING waiters

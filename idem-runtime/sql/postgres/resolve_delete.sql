@@ -1,6 +1,7 @@
 -- As release.sql: a record with steps stays, released, for the next call to resume.
 WITH kept AS (
-    UPDATE {table} SET state = 0, steps = 2, lease_until = clock_timestamp()
+    UPDATE {table} SET state = 0, steps = 2, lease_until = clock_timestamp(),
+        expires_at = clock_timestamp() + :retain_ms::bigint * interval '1 millisecond'
     WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch AND state IN (0, 2)
       AND steps IN (1, 2)
     RETURNING waiters

@@ -16,7 +16,7 @@ INSERT INTO {table} AS cur (scope, name, key, state, epoch, fingerprint,
         created_ms = CASE WHEN {expired} THEN excluded.created_ms ELSE cur.created_ms END,
         claimed_ms = CASE WHEN {expired} OR {rerun} THEN excluded.claimed_ms
                           ELSE cur.claimed_ms END,
-        expires_ms = CASE WHEN {expired} THEN NULL ELSE cur.expires_ms END,
+        expires_ms = CASE WHEN {expired} OR {released} THEN NULL ELSE cur.expires_ms END,
         outcome = CASE WHEN {expired} THEN NULL ELSE cur.outcome END,
         outcome_is_err = CASE WHEN {expired} THEN 0 ELSE cur.outcome_is_err END,
         outcome_version = CASE WHEN {expired} THEN 0 ELSE cur.outcome_version END,

@@ -1,4 +1,4 @@
-UPDATE {table} SET state = 0, steps = 2, lease_until_ms = {now}
+UPDATE {table} SET state = 0, steps = 2, lease_until_ms = {now}, expires_ms = {now} + :retain_ms
     WHERE scope = :scope AND name = :name AND key = :key AND epoch = :epoch AND state IN (0, 2)
       AND steps IN (1, 2)
     RETURNING 1 AS held;

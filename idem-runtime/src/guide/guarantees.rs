@@ -63,9 +63,11 @@
 //!
 //! By default (`errors = release`) an `Err` releases the claim: the record is removed
 //! and a retry runs the body again, with any payload. An operation that recorded
-//! [steps](crate::step) keeps them, and its payload stays bound: the retry replays the
-//! completed steps and runs the rest, and another payload is
-//! [`IdemError::Mismatch`](crate::IdemError::Mismatch). `errors = record` records the
+//! [steps](crate::step) keeps them, and its payload stays bound for its `retain`,
+//! counted from the release: a retry within it replays the completed steps and runs the
+//! rest, and another payload is [`IdemError::Mismatch`](crate::IdemError::Mismatch);
+//! past it the record expires like a completed one (purged, and any payload runs
+//! afresh, steps and all). `errors = record` records the
 //! error and replays it like a success. `classify = path` decides per error:
 //! [`Disposition::Release`](crate::Disposition::Release),
 //! [`Record`](crate::Disposition::Record) or [`Unknown`](crate::Disposition::Unknown),
@@ -106,8 +108,10 @@
 //! increasing numbers, not attempt counts.
 //!
 //! A claim whose body never started (the caller went away while the claim was being
-//! made) is released, even if the store answers only later: nothing ran, so it must
-//! not end in UNKNOWN.
+//! made) is released, even if the store answers only after the caller left, as long as
+//! it answers within the store timeout of the claim's sending: nothing ran, so it must
+//! not end in UNKNOWN. A claim the store made but never answered within that timeout
+//! has an epoch nobody learned, so it cannot be released: it lapses with its lease.
 //!
 //! [`Idem::memory`](crate::Idem::memory) renews nothing: its store lives in the call's
 //! own process, so it holds a running call's claim for as long as the call's future
@@ -127,9 +131,10 @@
 //!
 //! No call waits on a store without a bound.
 //! [`IdemBuilder::store_timeout`](crate::IdemBuilder::store_timeout) (5 s by default)
-//! bounds the claim and the read that looks for a replay; the record, a release and a
-//! renewal are bounded by the lease. The whole table is in the [`store`](crate::store)
-//! module's "Network faults" section.
+//! bounds every statement; the record's retries together are bounded by the lease, and
+//! so are a move to UNKNOWN's. A statement that timed out has its connection closed at
+//! once, so a connection gone silent is replaced by the next call's. The whole table is
+//! in the [`store`](crate::store) module's "Network faults" section.
 //!
 //! # When the store is unreachable
 //!

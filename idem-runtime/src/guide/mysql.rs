@@ -37,14 +37,16 @@
 //!
 //! MySQL cannot return the row an upsert wrote, so the claim is an upsert that decides,
 //! followed by a read of the row it decided, in one transaction on one connection. It
-//! runs on the server, as a stored procedure (`<table>_claim`, `SQL SECURITY INVOKER`)
-//! that idem's third migration creates: one `CALL`, one round trip, answered with the
+//! runs on the server, as a stored procedure (`<table>_claim_v2`, `SQL SECURITY
+//! INVOKER`) that idem's fourth migration creates (the third's `<table>_claim` stays
+//! for processes of the earlier version): one `CALL`, one round trip, answered with the
 //! row decided. The procedure rolls its transaction back on any error and raises the
 //! error again as it was.
 //!
 //! 1. `INSERT ... ON DUPLICATE KEY UPDATE` inserts a fresh claim, or takes an existing
-//!    row over when it is an expired COMPLETED record or a lapsed lease of the same
-//!    fingerprint, or leaves it alone. A per-attempt random token written into the row
+//!    row over when it is expired (a COMPLETED record past its retention, or one
+//!    released with its steps past its expiry), a lapsed lease of the same fingerprint
+//!    or a record released with steps of the same fingerprint, or leaves it alone. A per-attempt random token written into the row
 //!    says whether this claim wrote it.
 //! 2. The upsert holds the row's exclusive lock until commit, so the `SELECT ... FOR
 //!    UPDATE` after it reads exactly the row the upsert left.

@@ -42,13 +42,17 @@
 //! treats an expired one as absent). [`Idem::purge_expired`](crate::Idem::purge_expired)
 //! deletes those past their retention and returns how many;
 //! [`Idem::spawn_reaper`](crate::Idem::spawn_reaper) does it on a schedule until its
-//! handle is dropped. Records in progress or UNKNOWN are never purged. Redis expires
-//! completed records by itself; purging there is optional.
+//! handle is dropped. An operation released with its [steps](crate::step) kept expires
+//! the same way, its `retain` after the release (or
+//! [`RESUME_WINDOW`](crate::store::RESUME_WINDOW) after a `Resolution::Retry`), and is
+//! purged with its steps. Records held by a claim, or UNKNOWN, are never purged. Redis
+//! expires these records by itself; purging there is optional.
 //!
 //! # Stuck claims and reconciliation
 //!
 //! - [`Idem::stats`](crate::Idem::stats): counts by state, and the age of the oldest
-//!   IN_PROGRESS and UNKNOWN records, for alerting.
+//!   IN_PROGRESS and UNKNOWN records, for alerting. Operations released with their
+//!   steps kept, waiting for a retry, are counted apart (`released`), not as claims.
 //! - [`Idem::list`](crate::Idem::list) with a [`ListFilter`](crate::ListFilter)
 //!   ([`unknown()`](crate::ListFilter::unknown), [`stuck(age)`](crate::ListFilter::stuck)):
 //!   records oldest first.

@@ -34,7 +34,8 @@
 //!     fingerprint BYTEA,                        -- SHA-256 of the request, bound at first claim
 //!     taken_over BOOLEAN,
 //!     lease_until TIMESTAMPTZ, created_at TIMESTAMPTZ, claimed_at TIMESTAMPTZ,
-//!     expires_at TIMESTAMPTZ,                   -- COMPLETED only: now + retain
+//!     expires_at TIMESTAMPTZ,                   -- COMPLETED, or released with its steps:
+//!                                               -- now + retain
 //!     outcome BYTEA, outcome_is_err BOOLEAN, outcome_version INTEGER,
 //!     waiters BOOLEAN,                          -- someone waits: finishing sends NOTIFY
 //!     steps SMALLINT                            -- 0 none, 1 recorded, 2 released with them,
@@ -46,7 +47,8 @@
 //!     epoch BIGINT, recorded_at TIMESTAMPTZ,
 //!     outcome BYTEA, outcome_is_err BOOLEAN, outcome_version INTEGER
 //! );
-//! -- partial indexes: (expires_at) WHERE state = 1 for purge,
+//! -- partial indexes: (expires_at) WHERE state = 1 and
+//! --                  (expires_at) WHERE state = 0 AND steps = 2 for purge,
 //! --                  (claimed_at) WHERE state IN (0, 2) for stuck-claim queries
 //! ```
 //!

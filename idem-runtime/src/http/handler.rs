@@ -30,6 +30,12 @@ use crate::context::observe;
 ///   at least 1 s and at most what is left of the running request's lease (1 s until
 ///   one has finished). The route is the method and axum's `MatchedPath`.
 ///
+/// Add it with `.layer` on the router, inside the auth layer (see
+/// [where the auth layer goes](super#where-the-auth-layer-goes)). A route without it
+/// compiles and runs, but nothing there sets the replay header: the first request whose
+/// [`IdempotencyKey`](super::IdempotencyKey) is extracted on such a route logs a
+/// warning, once per process, that says to add `.layer(IdempotentHandlerLayer::new())`.
+///
 /// ```
 /// use axum::{Router, routing::post};
 /// use idem_runtime::http::IdempotentHandlerLayer;
@@ -101,7 +107,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        req.extensions_mut().insert(ReplayHeaderSet);
         // The clone that was polled ready serves this request (tower's usual swap).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -135,6 +142,33 @@ where
             }
             Ok(res)
         })
+    }
+}
+
+/// Put in a request's extensions by the layers that set `Idempotent-Replayed`
+/// ([`IdempotentHandlerLayer`] and [`IdempotencyLayer`](super::IdempotencyLayer)), so
+/// the [`IdempotencyKey`](super::IdempotencyKey) extractor can tell a route that has
+/// neither.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReplayHeaderSet;
+
+/// Warns, once per process, when a request carrying an `Idempotency-Key` reaches its
+/// handler through neither layer. Such a route compiles and runs, and its calls are
+/// idempotent, but nothing observes them, so a replay goes out without
+/// `Idempotent-Replayed` and its client cannot tell it from a first execution. Once:
+/// a missing layer is a setup mistake, and one line says so without flooding the log.
+pub(crate) fn check_layer(extensions: &http::Extensions) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if extensions.get::<ReplayHeaderSet>().is_none() {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "an `IdempotencyKey` was extracted on a route without \
+                 `IdempotentHandlerLayer`: replayed responses will not carry \
+                 `Idempotent-Replayed: true`, and a client's disconnect cancels the handler \
+                 mid-effect; add `.layer(IdempotentHandlerLayer::new())` to the router \
+                 (warned once per process)"
+            );
+        });
     }
 }
 

@@ -4,6 +4,7 @@ use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 
+use super::handler::check_layer;
 use super::problem::Problem;
 use super::rejection::{KeyRejection, MAX_KEY_LEN};
 use crate::key::KeyPart;
@@ -152,7 +153,10 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
         match Self::from_headers(&parts.headers) {
-            Ok(Some(key)) => Ok(key),
+            Ok(Some(key)) => {
+                check_layer(&parts.extensions);
+                Ok(key)
+            }
             Ok(None) => Err(KeyRejection::Missing.into()),
             Err(e) => Err(e.into()),
         }
@@ -163,7 +167,11 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Problem> {
-        Self::from_headers(&parts.headers).map_err(Problem::from)
+        let key = Self::from_headers(&parts.headers).map_err(Problem::from)?;
+        if key.is_some() {
+            check_layer(&parts.extensions);
+        }
+        Ok(key)
     }
 }
 

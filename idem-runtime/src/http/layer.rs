@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::BoxError;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{MatchedPath, OriginalUri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -521,11 +522,15 @@ pub struct IdempotencyService<S> {
     cfg: Arc<Config>,
 }
 
-impl<S> Service<Request<Body>> for IdempotencyService<S>
+/// Takes a request with any body, as tower-http's layers do; the routes inside get it
+/// as an axum [`Body`] holding the buffered bytes.
+impl<S, B> Service<Request<B>> for IdempotencyService<S>
 where
     S: Service<Request<Body>, Error = Infallible> + Clone + Send + 'static,
     S::Response: IntoResponse,
     S::Future: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
 {
     type Response = Response;
     type Error = Infallible;
@@ -535,10 +540,15 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn call(&mut self, req: Request<B>) -> Self::Future {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let cfg = self.cfg.clone();
+        // `Body::new` keeps an axum body as it is rather than boxing it again.
+        let mut req = req.map(Body::new);
+        // This layer sets `Idempotent-Replayed` itself: a handler below that extracts
+        // the key needs no `IdempotentHandlerLayer`.
+        req.extensions_mut().insert(super::handler::ReplayHeaderSet);
         Box::pin(async move { Ok(handle(cfg, inner, req).await) })
     }
 }

@@ -6,6 +6,9 @@
 //!   [`IdempotencyKey`] extractor and the caller with [`Principal`], scope by the
 //!   principal, and wrap the routes in [`IdempotentHandlerLayer`] (replay header,
 //!   handlers run to completion). Errors answer through `IntoResponse for IdemError`.
+//!   Without the layer the routes still work, but replays go out without
+//!   `Idempotent-Replayed`; the first key extracted on such a route logs a warning
+//!   (once per process) saying to add it.
 //!
 //!   ```
 //!   use axum::{Json, Router, extract::State, routing::post};
@@ -144,6 +147,48 @@
 //! from two principals is two operations. For the same reason a replay is not
 //! authorization: authenticate before the idempotent call, as for a first call. The
 //! layer refuses to run without a principal rather than fall back to a shared scope.
+//!
+//! # Where the auth layer goes
+//!
+//! In both styles the auth layer runs first: it authenticates the request, refuses it
+//! (401, 403) before anything idempotent runs, and inserts the [`Principal`]. axum runs
+//! the last `.layer` added first, so the auth layer is added after idem's:
+//!
+//! - **On a router**, [`IdempotencyLayer`] sits inside the auth layer, which it reads
+//!   the principal from (a request without one is refused with a 500 that says so).
+//! - **On handlers**, [`IdempotentHandlerLayer`] sits inside it too, so a refused
+//!   request never starts a handler task, and the handler extracts the [`Principal`]
+//!   for its `scope`.
+//!
+//! A replay does not run the handler, so a check made inside it is not made again for
+//! the replay. Authorization that must hold for every answer (may this principal still
+//! make this transfer?) belongs in the auth layer, in an extractor, or in a handler
+//! that checks and then calls an `#[idempotent]` function, never inside the
+//! idempotent body alone.
+//!
+//! ```
+//! use axum::{Router, extract::Request, middleware::{self, Next}, response::Response, routing::post};
+//! use idem_runtime::Idem;
+//! use idem_runtime::http::{IdempotencyLayer, IdempotentHandlerLayer, Principal};
+//! # async fn create_order() {}
+//! # async fn transfer() {}
+//!
+//! async fn auth(mut req: Request, next: Next) -> Response {
+//!     // Check the credentials here and answer 401 without calling `next`.
+//!     req.extensions_mut().insert(Principal::new("user-42"));
+//!     next.run(req).await
+//! }
+//!
+//! let orders: Router = Router::new() // on a router
+//!     .route("/orders", post(create_order))
+//!     .route_layer(IdempotencyLayer::new(Idem::memory()))
+//!     .layer(middleware::from_fn(auth));
+//! let transfers: Router = Router::new() // on handlers
+//!     .route("/transfers", post(transfer))
+//!     .layer(IdempotentHandlerLayer::new())
+//!     .layer(middleware::from_fn(auth));
+//! # let _ = (orders, transfers);
+//! ```
 //!
 //! The workspace's `examples/http_payments.rs` is a payments API with both styles, and
 //! its first lines show a `curl` retry.

@@ -104,6 +104,7 @@ pub async fn run_all(store: &dyn Store) {
     steps_are_recorded_fenced_and_replaced(store).await;
     a_takeover_resumes_the_steps(store).await;
     a_release_keeps_steps_and_fingerprint(store).await;
+    a_released_operation_expires(store).await;
     an_operator_settles_a_released_operation(store).await;
     unknown_keeps_steps_and_retry_resumes(store).await;
     a_new_life_starts_without_steps(store).await;
@@ -250,7 +251,7 @@ pub async fn a_release_keeps_steps_and_fingerprint(store: &dyn Store) {
         put_step(store, &id, first, "charge", "1").await,
         Fence::Held
     );
-    assert_eq!(store.release(&id, first).await.unwrap(), Fence::Held);
+    assert_eq!(store.release(&id, first, DAY).await.unwrap(), Fence::Held);
     assert_eq!(
         claim(store, &id, OTHER_FP, LEASE).await,
         Claim::Mismatch,
@@ -275,7 +276,7 @@ pub async fn a_release_keeps_steps_and_fingerprint(store: &dyn Store) {
         "the resumed claim holds a lease"
     );
     assert_eq!(step_list(store, &id).await, [step("charge", first, "1")]);
-    assert_eq!(store.release(&id, first).await.unwrap(), Fence::Lost);
+    assert_eq!(store.release(&id, first, DAY).await.unwrap(), Fence::Lost);
     assert_eq!(
         store.record(&id, second, &outcome("9"), DAY).await.unwrap(),
         Fence::Held
@@ -284,6 +285,84 @@ pub async fn a_release_keeps_steps_and_fingerprint(store: &dyn Store) {
         claim(store, &id, FP, LEASE).await,
         Claim::Completed(outcome("9"))
     );
+}
+
+/// A release with steps keeps the record for the retention it is given, counted from
+/// the release: within it the same request resumes and another is a mismatch, and the
+/// record is neither purged nor counted as a claim in progress. Past it the record is
+/// expired, as a completed one past its retention is: purged with its steps, and
+/// claimed afresh, without them, by any request.
+pub async fn a_released_operation_expires(store: &dyn Store) {
+    let released = |id: &OperationId, retain: Duration| {
+        let id = id.clone();
+        async move {
+            let epoch = acquire(store, &id, FP, LEASE).await;
+            assert_eq!(
+                put_step(store, &id, epoch, "charge", "1").await,
+                Fence::Held
+            );
+            let before = store.stats().await.unwrap();
+            assert_eq!(
+                store.release(&id, epoch, retain).await.unwrap(),
+                Fence::Held
+            );
+            let after = store.stats().await.unwrap();
+            assert_eq!(
+                (after.in_progress, after.released),
+                (before.in_progress - 1, before.released + 1),
+                "{id}: a released record is counted as released, not as a claim in progress"
+            );
+            epoch
+        }
+    };
+
+    let kept = fresh_id("steps-release-kept");
+    let first = released(&kept, DAY).await;
+    let purged = fresh_id("steps-release-expired");
+    released(&purged, TINY).await;
+    let reclaimed = fresh_id("steps-release-expired");
+    released(&reclaimed, TINY).await;
+    let resumed = fresh_id("steps-release-expired");
+    released(&resumed, TINY).await;
+    tokio::time::sleep(PAST_TINY).await;
+
+    // Past its retention, any request claims it afresh: another one...
+    acquire(store, &reclaimed, OTHER_FP, LEASE).await;
+    assert!(
+        step_list(store, &reclaimed).await.is_empty(),
+        "an expired record's steps are gone"
+    );
+    // ... and the same one, which does not resume.
+    acquire(store, &resumed, FP, LEASE).await;
+    assert!(step_list(store, &resumed).await.is_empty());
+
+    let gone = store.purge_expired().await.unwrap();
+    assert!(gone >= 1, "purge removes an expired released record");
+    if let Ok(found) = store.get(&purged).await {
+        assert_eq!(found, None, "purged");
+    }
+    assert!(step_list(store, &purged).await.is_empty());
+    acquire(store, &purged, OTHER_FP, LEASE).await;
+
+    // Within its retention it survived the purge, bound to its request.
+    assert_eq!(claim(store, &kept, OTHER_FP, LEASE).await, Claim::Mismatch);
+    if let Ok(Some(detail)) = store.get(&kept).await {
+        let left = detail.expires_in.expect("a released record expires");
+        assert!(left > LEASE && left <= DAY, "{left:?} of {DAY:?}");
+    }
+    let (second, _) = resume(store, &kept, FP, Takeover::Rerun).await;
+    assert_eq!(step_list(store, &kept).await, [step("charge", first, "1")]);
+    if let Ok(Some(detail)) = store.get(&kept).await {
+        assert_eq!(detail.expires_in, None, "a resumed claim has no expiry");
+    }
+    // A resumed claim released again is kept for its retention from the new release.
+    assert_eq!(
+        store.release(&kept, second, TINY).await.unwrap(),
+        Fence::Held
+    );
+    tokio::time::sleep(PAST_TINY).await;
+    acquire(store, &kept, OTHER_FP, LEASE).await;
+    assert!(step_list(store, &kept).await.is_empty());
 }
 
 /// A released operation's epoch no longer holds its claim: its record, renewal and move
@@ -296,7 +375,7 @@ pub async fn an_operator_settles_a_released_operation(store: &dyn Store) {
         put_step(store, &id, epoch, "charge", "1").await,
         Fence::Held
     );
-    assert_eq!(store.release(&id, epoch).await.unwrap(), Fence::Held);
+    assert_eq!(store.release(&id, epoch, DAY).await.unwrap(), Fence::Held);
     assert_eq!(
         store.record(&id, epoch, &outcome("2"), DAY).await.unwrap(),
         Fence::Lost
@@ -323,7 +402,10 @@ pub async fn an_operator_settles_a_released_operation(store: &dyn Store) {
         put_step(store, &dropped, epoch, "charge", "1").await,
         Fence::Held
     );
-    assert_eq!(store.release(&dropped, epoch).await.unwrap(), Fence::Held);
+    assert_eq!(
+        store.release(&dropped, epoch, DAY).await.unwrap(),
+        Fence::Held
+    );
     if let Ok(fence) = store.forget(&dropped, epoch).await {
         assert_eq!(fence, Fence::Held, "a released operation can be forgotten");
         assert!(step_list(store, &dropped).await.is_empty());
@@ -537,7 +619,7 @@ pub async fn lapsed_lease_is_taken_over_and_fenced(store: &dyn Store) {
         Claim::InFlight { .. }
     ));
     assert_eq!(store.renew(&id, old, LEASE).await.unwrap(), Fence::Lost);
-    assert_eq!(store.release(&id, old).await.unwrap(), Fence::Lost);
+    assert_eq!(store.release(&id, old, DAY).await.unwrap(), Fence::Lost);
     assert_eq!(store.mark_unknown(&id, old).await.unwrap(), Fence::Lost);
     assert_eq!(
         store.record(&id, old, &outcome("late"), DAY).await.unwrap(),
@@ -749,11 +831,17 @@ pub async fn forget_drops_settled_records_only(store: &dyn Store) {
 pub async fn release_lets_the_next_call_run(store: &dyn Store) {
     let id = fresh_id("release");
     let epoch = acquire(store, &id, FP, LEASE).await;
-    assert_eq!(store.release(&id, epoch + 1).await.unwrap(), Fence::Lost);
-    assert_eq!(store.release(&id, epoch).await.unwrap(), Fence::Held);
-    assert_eq!(store.release(&id, epoch).await.unwrap(), Fence::Lost);
+    assert_eq!(
+        store.release(&id, epoch + 1, DAY).await.unwrap(),
+        Fence::Lost
+    );
+    assert_eq!(store.release(&id, epoch, DAY).await.unwrap(), Fence::Held);
+    assert_eq!(store.release(&id, epoch, DAY).await.unwrap(), Fence::Lost);
     acquire(store, &id, OTHER_FP, LEASE).await;
-    assert_eq!(store.release(&id, u64::MAX).await.unwrap(), Fence::Lost);
+    assert_eq!(
+        store.release(&id, u64::MAX, DAY).await.unwrap(),
+        Fence::Lost
+    );
 }
 
 /// An expired outcome is absent: a new payload binds, and the old epoch is fenced.
@@ -804,7 +892,7 @@ pub async fn epochs_never_repeat(store: &dyn Store) {
     };
     seen.push(second);
     // The taker releases: the record is gone.
-    assert_eq!(store.release(&id, second).await.unwrap(), Fence::Held);
+    assert_eq!(store.release(&id, second, DAY).await.unwrap(), Fence::Held);
     let third = acquire(store, &id, OTHER_FP, LEASE).await;
     assert!(
         !seen.contains(&third),
@@ -856,7 +944,8 @@ pub async fn epochs_never_repeat(store: &dyn Store) {
     }
 }
 
-/// Purge removes COMPLETED records past retention, never IN_PROGRESS or UNKNOWN ones.
+/// Purge removes COMPLETED records past retention, never claims in progress or UNKNOWN
+/// records (released ones: `a_released_operation_expires`).
 pub async fn purge_removes_only_expired_completed(store: &dyn Store) {
     let live = fresh_id("purge");
     let expired = fresh_id("purge");

@@ -99,8 +99,13 @@ pub trait Delegate: Send + Sync + 'static {
     }
 
     /// [`Store::release`], forwarded by default.
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.inner().release(id, epoch).await
+    async fn release(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        self.inner().release(id, epoch, retain).await
     }
 
     /// [`Store::mark_unknown`], forwarded by default.
@@ -211,8 +216,13 @@ impl Store for dyn Delegate {
         Delegate::record(self, id, epoch, outcome, retain).await
     }
 
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        Delegate::release(self, id, epoch).await
+    async fn release(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        Delegate::release(self, id, epoch, retain).await
     }
 
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {

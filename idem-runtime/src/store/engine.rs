@@ -590,6 +590,11 @@ impl Statements {
     }
 }
 
+/// The code `stats.sql` gives IN_PROGRESS records released with their steps kept
+/// (`steps = 2`), beside the state codes: no claim holds them, so they are no stuck
+/// claims.
+const RELEASED: i64 = 3;
+
 /// Records purged per statement, so a large purge does not lock many rows at once.
 const PURGE_BATCH: i64 = 1000;
 
@@ -1056,8 +1061,14 @@ impl<D: Dialect> Store for SqlStore<D> {
             .await
     }
 
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.fenced(&self.sql.release, id, epoch, &[]).await
+    async fn release(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        let retain = [("retain_ms", Arg::Int(millis(retain)))];
+        self.fenced(&self.sql.release, id, epoch, &retain).await
     }
 
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
@@ -1081,7 +1092,11 @@ impl<D: Dialect> Store for SqlStore<D> {
         completed: Option<(&StoredOutcome, Duration)>,
     ) -> Result<Fence, StoreError> {
         match completed {
-            None => self.fenced(&self.sql.resolve_delete, id, epoch, &[]).await,
+            None => {
+                let window = [("retain_ms", Arg::Int(millis(super::RESUME_WINDOW)))];
+                self.fenced(&self.sql.resolve_delete, id, epoch, &window)
+                    .await
+            }
             Some((outcome, retain)) => {
                 self.write_outcome(&self.sql.resolve_record, id, epoch, outcome, retain)
                     .await
@@ -1167,6 +1182,11 @@ impl<D: Dialect> Store for SqlStore<D> {
             let code = row.int("state")?;
             let n = u64::try_from(row.int("n")?).unwrap_or(0);
             let oldest = Some(duration_ms(row.int("oldest_ms")?));
+            // stats.sql counts records released with their steps apart, as `RELEASED`.
+            if code == RELEASED {
+                stats.released = n;
+                continue;
+            }
             match State::from_code(code) {
                 Some(State::InProgress) => {
                     (stats.in_progress, stats.oldest_in_progress) = (n, oldest)
@@ -1435,7 +1455,10 @@ pub(crate) mod tests {
 
         let released = id("released");
         let epoch = a_second_life(store, &released).await;
-        assert_eq!(store.release(&released, epoch).await.unwrap(), Fence::Held);
+        assert_eq!(
+            store.release(&released, epoch, LEASE).await.unwrap(),
+            Fence::Held
+        );
         assert!(store.get(&released).await.unwrap().is_none());
         assert_eq!(step_rows(store, table, "released").await, 0);
 
@@ -1454,6 +1477,47 @@ pub(crate) mod tests {
         assert!(store.purge_expired().await.unwrap() >= 1);
         assert!(store.get(&purged).await.unwrap().is_none());
         assert_eq!(step_rows(store, table, "purged").await, 0);
+
+        // Released with its steps and expired: purged with them, or claimed afresh and
+        // rid of them by the first step of its new life.
+        let expired = id("expired-release");
+        let reborn = id("reborn-release");
+        for op in [&expired, &reborn] {
+            let epoch = fresh(store, op, FP).await;
+            let fence = store.record_step(op, epoch, "a", &outcome("5")).await;
+            assert_eq!(fence.unwrap(), Fence::Held);
+            assert_eq!(store.release(op, epoch, TINY).await.unwrap(), Fence::Held);
+        }
+        tokio::time::sleep(PAST_TINY).await;
+        let epoch = fresh(store, &reborn, [2; 32]).await;
+        let fence = store.record_step(&reborn, epoch, "b", &outcome("6")).await;
+        assert_eq!(fence.unwrap(), Fence::Held);
+        assert_eq!(step_rows(store, table, "reborn-release").await, 1);
+        assert!(store.purge_expired().await.unwrap() >= 1);
+        assert!(store.get(&expired).await.unwrap().is_none());
+        assert_eq!(step_rows(store, table, "expired-release").await, 0);
+    }
+
+    /// Claims `id` afresh under `fingerprint`; panics on anything else.
+    async fn fresh<D: Dialect>(
+        store: &SqlStore<D>,
+        id: &OperationId,
+        fingerprint: [u8; 32],
+    ) -> u64 {
+        let req = ClaimRequest {
+            id,
+            fingerprint,
+            lease: LEASE,
+            on_takeover: Takeover::Rerun,
+        };
+        match store.claim(&req).await.unwrap() {
+            Claim::Acquired {
+                epoch,
+                resume: false,
+                ..
+            } => epoch,
+            other => panic!("{id}: a fresh claim expected, got {other:?}"),
+        }
     }
 
     /// Steps of one operation recorded at once (a body that joins them) all hold: their

@@ -185,7 +185,8 @@ struct Record {
     pinned: bool,
     lease_until: Tick,
     claimed_at: Tick,
-    /// When a completed record expires ([`Tick::NEVER`] before it completes).
+    /// When a completed record, or one released with its steps, expires
+    /// ([`Tick::NEVER`] while a claim holds it).
     expires_at: Tick,
     outcome: Option<Kept>,
     /// The steps of this life of the record, boxed: most records have none, and every
@@ -211,8 +212,10 @@ struct Step {
 }
 
 impl Record {
+    /// Past its retention: a completed record, or one released with its steps (in
+    /// progress, but held by no claim).
     fn expired(&self, now: Tick) -> bool {
-        self.state == State::Completed && self.expires_at <= now
+        (self.state == State::Completed || self.released()) && self.expires_at <= now
     }
 
     /// How long the lease still runs: a pinned claim's whole lease, since it is held
@@ -257,13 +260,14 @@ impl Record {
     }
 
     /// Gives the claim up: `true` when the record must go (it has no steps), else it
-    /// stays IN_PROGRESS, released, for the next claim to resume.
-    fn release(&mut self) -> bool {
+    /// stays IN_PROGRESS, released, for the next claim to resume until `expires_at`.
+    fn release(&mut self, expires_at: Tick) -> bool {
         match &mut self.steps {
             Some(steps) if !steps.done.is_empty() => {
                 steps.released = true;
                 self.state = State::InProgress;
                 self.pinned = false;
+                self.expires_at = expires_at;
                 false
             }
             _ => true,
@@ -384,6 +388,7 @@ impl MemoryStore {
             rec.pinned = pin;
             rec.lease_until = now.after(req.lease);
             rec.claimed_at = now;
+            rec.expires_at = Tick::NEVER;
             if let Some(steps) = &mut rec.steps {
                 steps.released = false;
             }
@@ -511,9 +516,15 @@ impl Store for MemoryStore {
         Ok(self.record_now(id, epoch, Kept::from(outcome), retain))
     }
 
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
+    async fn release(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        let expires_at = self.now().after(retain);
         Ok(self.fenced(id, epoch, Record::held_by, |map| {
-            if map.get_mut(id).expect("checked").release() {
+            if map.get_mut(id).expect("checked").release(expires_at) {
                 map.remove(id);
             }
         }))
@@ -550,7 +561,8 @@ impl Store for MemoryStore {
         Ok(
             self.fenced(id, epoch, Record::settles_at, |map| match completed {
                 None => {
-                    if map.get_mut(id).expect("checked").release() {
+                    let expires_at = self.now().after(super::RESUME_WINDOW);
+                    if map.get_mut(id).expect("checked").release(expires_at) {
                         map.remove(id);
                     }
                 }
@@ -640,7 +652,7 @@ impl Store for MemoryStore {
         let mut s = Stats::default();
         for r in map.values() {
             let age = now.since(r.claimed_at);
-            s.count(r.state, age);
+            s.count(r.state, r.released(), age);
         }
         Ok(s)
     }
@@ -656,7 +668,7 @@ impl Store for MemoryStore {
                 age: now.since(r.claimed_at),
             },
             lease_remaining: (r.state == State::InProgress).then(|| r.lease_left(now)),
-            expires_in: (r.state == State::Completed).then(|| {
+            expires_in: (r.state == State::Completed || r.released()).then(|| {
                 if r.expires_at == Tick::NEVER {
                     Duration::MAX
                 } else {
@@ -754,7 +766,10 @@ mod tests {
         let mut ids: Vec<_> = listed.into_iter().map(|r| r.id).collect();
         ids.sort();
         assert_eq!(ids, [a_bc.clone(), ab_c.clone()]);
-        assert_eq!(store.release(&ab_c, first).await.unwrap(), Fence::Held);
+        assert_eq!(
+            store.release(&ab_c, first, LEASE).await.unwrap(),
+            Fence::Held
+        );
         assert!(store.get(&ab_c).await.unwrap().is_none());
         assert_eq!(store.get(&a_bc).await.unwrap().unwrap().info.epoch, second);
     }

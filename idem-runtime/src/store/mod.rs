@@ -38,9 +38,10 @@
 //! | round trip | bounded by | what the caller gets past it |
 //! |---|---|---|
 //! | the claim, the read that looks for a replay | [`IdemBuilder::store_timeout`](crate::IdemBuilder::store_timeout), 5 s by default | [`IdemError::Store`](crate::IdemError::Store), retryable; the body did not run (and `fail_open` does not run it: silence may be a lock wait) |
-//! | the record, with its retries | what is left of the lease, as a whole | [`IdemError::Unrecorded`](crate::IdemError::Unrecorded): the body ran; its record may or may not have landed |
-//! | a release, a move to UNKNOWN | the lease | the claim lapses with its lease |
-//! | a lease renewal | a third of the lease | the next renewal is tried |
+//! | the record, with its retries | what is left of the lease, as a whole; one attempt, the store timeout and half a lease | [`IdemError::Unrecorded`](crate::IdemError::Unrecorded): the body ran; its record may or may not have landed |
+//! | a release | the store timeout (and the lease) | the claim lapses with its lease |
+//! | a move to UNKNOWN, with its retries | the lease as it stood when the move began; one attempt, the store timeout | the claim lapses with its lease |
+//! | a lease renewal | the store timeout and a third of the lease | the next renewal is tried |
 //!
 //! So during a partition a call answers within the store timeout if its body had not
 //! started, and within about one lease if it had. Retry a `Store` error with the same
@@ -49,9 +50,12 @@
 //! landed, or runs the body again (`on_takeover = rerun`) or answers `Unknown`
 //! (`on_takeover = unknown`), so give the downstream system
 //! [`downstream_key`](crate::Current::downstream_key) where a second run must not
-//! repeat the effect. A statement that timed out has its connection closed rather than
-//! reused. A call that goes away before its body starts has its claim released even if
-//! the store answers only later.
+//! repeat the effect. A statement that timed out has its connection closed at once
+//! rather than reused or waited on, so a connection gone silent frees its place for a
+//! new one. A claim that timed out may still have been made by the store: nobody knows
+//! its epoch, so it lapses with its lease. A call that goes away before its body starts
+//! has its claim released, if the store answers within the store timeout of the
+//! claim's sending.
 //!
 //! # A new SQL backend
 //!
@@ -226,7 +230,9 @@ impl OperationId {
     /// ```
     /// use idem_runtime::{Idem, KeyPart};
     ///
-    /// let id = Idem::memory().operation("charge", &("acme", 7)).scope("eu").id();
+    /// let idem = Idem::memory();
+    /// let op = idem.operation("charge", &("acme", 7)).scope("eu");
+    /// let id = op.id();
     /// assert_eq!(id.key, ("acme", 7).encode_key());
     /// assert_eq!(id.display_key().to_string(), "(acme, 7)");
     /// assert_eq!(id.display_scope().to_string(), "eu");
@@ -304,6 +310,7 @@ pub struct ClaimRequest<'a> {
 }
 
 /// A recorded outcome as the store keeps it.
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredOutcome {
     /// Whether the body returned `Err` (recorded under `errors = record` or `classify`).
@@ -315,6 +322,16 @@ pub struct StoredOutcome {
 }
 
 impl StoredOutcome {
+    /// An outcome as a store read it back: its JSON `body`, whether it is a recorded
+    /// `Err`, and its schema version.
+    pub fn new(body: Vec<u8>, is_err: bool, version: u32) -> Self {
+        StoredOutcome {
+            is_err,
+            version,
+            body,
+        }
+    }
+
     pub(crate) fn view(&self) -> OutcomeRef<'_> {
         OutcomeRef {
             is_err: self.is_err,
@@ -380,11 +397,13 @@ pub enum Claim {
 /// }
 /// # Ok(()) }
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resolution {
     /// The effect did not happen: remove the record so the next call runs the body. An
     /// operation with recorded [steps](crate::step) keeps them and its fingerprint, and
-    /// the next call with the same request resumes it: its steps replay.
+    /// the next call with the same request resumes it: its steps replay. It keeps them
+    /// for [`RESUME_WINDOW`], then expires.
     Retry,
     /// The effect happened: record this outcome (the JSON of the function's `Ok` value)
     /// so later calls replay it.
@@ -409,6 +428,7 @@ pub enum Resolution {
 }
 
 /// A record's state.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum State {
     /// A claim is held.
@@ -441,6 +461,7 @@ impl State {
 }
 
 /// One record, as [`Idem::list`](crate::Idem::list) shows it. The outcome is left out.
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordInfo {
     /// The operation.
@@ -453,7 +474,20 @@ pub struct RecordInfo {
     pub age: Duration,
 }
 
+impl RecordInfo {
+    /// A record as a store lists it.
+    pub fn new(id: OperationId, state: State, epoch: u64, age: Duration) -> Self {
+        RecordInfo {
+            id,
+            state,
+            epoch,
+            age,
+        }
+    }
+}
+
 /// One record in full, as [`Idem::get`](crate::Idem::get) shows it.
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordDetail {
     /// Its identity, state, epoch and age.
@@ -461,7 +495,8 @@ pub struct RecordDetail {
     /// For IN_PROGRESS: how long the lease still runs by the store's clock (zero once
     /// lapsed).
     pub lease_remaining: Option<Duration>,
-    /// For COMPLETED: how long until the outcome expires (zero once expired).
+    /// For COMPLETED, and for IN_PROGRESS released with its steps kept
+    /// ([`Store::release`]): how long until the record expires (zero once expired).
     pub expires_in: Option<Duration>,
     /// For COMPLETED: the recorded outcome.
     pub outcome: Option<StoredOutcome>,
@@ -472,7 +507,22 @@ pub struct RecordDetail {
     pub steps: Vec<StepRecord>,
 }
 
+impl RecordDetail {
+    /// A record with nothing more known of it than `info`; a store sets the fields its
+    /// state has.
+    pub fn new(info: RecordInfo) -> Self {
+        RecordDetail {
+            info,
+            lease_remaining: None,
+            expires_in: None,
+            outcome: None,
+            steps: Vec::new(),
+        }
+    }
+}
+
 /// One completed [step](crate::step) of an operation, as the store keeps it.
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepRecord {
     /// The step's label, unique within its operation.
@@ -483,6 +533,18 @@ pub struct StepRecord {
     pub age: Duration,
     /// The step's `Ok` value, encoded like an operation's outcome.
     pub outcome: StoredOutcome,
+}
+
+impl StepRecord {
+    /// A step as a store read it back.
+    pub fn new(label: String, epoch: u64, age: Duration, outcome: StoredOutcome) -> Self {
+        StepRecord {
+            label,
+            epoch,
+            age,
+            outcome,
+        }
+    }
 }
 
 /// Which records [`Idem::list`](crate::Idem::list) returns: built from
@@ -632,15 +694,20 @@ pub(crate) fn sort_listed(rows: &mut Vec<RecordInfo>, filter: &ListFilter) {
 /// assert!(stats.oldest_unknown.is_none()); // alert when this grows
 /// # Ok(()) }
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Records IN_PROGRESS.
+    /// Records IN_PROGRESS under a claim (not those counted in `released`).
     pub in_progress: u64,
     /// Records COMPLETED (including those past retention, not yet purged).
     pub completed: u64,
     /// Records UNKNOWN.
     pub unknown: u64,
-    /// Age of the oldest IN_PROGRESS record.
+    /// Records IN_PROGRESS that their last call released with its [steps](crate::step)
+    /// kept, for a retry to resume until they expire ([`Store::release`]). No call holds
+    /// them, so they are not stuck claims.
+    pub released: u64,
+    /// Age of the oldest IN_PROGRESS record counted in `in_progress`.
     pub oldest_in_progress: Option<Duration>,
     /// Age of the oldest UNKNOWN record.
     pub oldest_unknown: Option<Duration>,
@@ -648,9 +715,11 @@ pub struct Stats {
 
 impl Stats {
     /// Counts one record in `state`, `age` since its claim, for stores that tally
-    /// their records one by one.
-    pub(crate) fn count(&mut self, state: State, age: Duration) {
+    /// their records one by one; `released` for an IN_PROGRESS record released with
+    /// its steps kept.
+    pub(crate) fn count(&mut self, state: State, released: bool, age: Duration) {
         match state {
+            State::InProgress if released => self.released += 1,
             State::InProgress => {
                 self.in_progress += 1;
                 self.oldest_in_progress = self.oldest_in_progress.max(Some(age));
@@ -663,6 +732,12 @@ impl Stats {
         }
     }
 }
+
+/// How long an operation with recorded [steps](crate::step) is kept for its next call
+/// to resume after an operator's [`Resolution::Retry`]: [`Store::resolve`] is not told
+/// the operation's retention, so this stands in for it. Past it the record expires, as
+/// one released by its own call does past its retention ([`Store::release`]).
+pub const RESUME_WINDOW: Duration = Duration::from_secs(7 * 86_400);
 
 /// Whether a fenced write took effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -695,7 +770,7 @@ pub enum Fence {
 /// let Claim::Acquired { epoch, .. } = store.claim(&req).await? else { unreachable!() };
 /// // A duplicate while the first call runs:
 /// assert!(matches!(store.claim(&req).await?, Claim::InFlight { .. }));
-/// let outcome = StoredOutcome { is_err: false, version: 1, body: b"42".to_vec() };
+/// let outcome = StoredOutcome::new(b"42".to_vec(), false, 1);
 /// store.record(&id, epoch, &outcome, Duration::from_secs(3600)).await?;
 /// // A duplicate after it, and the same key with another request:
 /// assert_eq!(store.claim(&req).await?, Claim::Completed(outcome));
@@ -736,10 +811,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Releases the claim of `epoch`: the record goes away and a retry runs the body.
     /// An operation with recorded [steps](Store::record_step) keeps its record, its
-    /// fingerprint and its steps instead, with no lease: the next claim with the same
-    /// fingerprint acquires it at once (whatever `on_takeover` says) with `resume`
-    /// set, and another fingerprint is a [`Claim::Mismatch`].
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError>;
+    /// fingerprint and its steps instead, with no lease, for `retain` from now (the
+    /// operation's retention): until then the next claim with the same fingerprint
+    /// acquires it at once (whatever `on_takeover` says) with `resume` set, and another
+    /// fingerprint is a [`Claim::Mismatch`]. From then on it is expired, as a completed
+    /// record past its retention is: [`purge_expired`](Store::purge_expired) deletes it
+    /// with its steps, and a claim with any fingerprint starts it afresh, without them.
+    async fn release(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        retain: Duration,
+    ) -> Result<Fence, StoreError>;
 
     /// Moves the claim of `epoch` to UNKNOWN.
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError>;
@@ -758,7 +841,7 @@ pub trait Store: Send + Sync + 'static {
     /// Settles an UNKNOWN or IN_PROGRESS record held at `epoch`: `None` removes it (the
     /// next call runs the body), `Some` records that outcome for `retain`. With `None`,
     /// an operation with recorded steps is released as [`release`](Store::release)
-    /// does, so that the next call resumes it.
+    /// does, so that the next call resumes it, and kept for [`RESUME_WINDOW`].
     async fn resolve(
         &self,
         id: &OperationId,
@@ -808,7 +891,9 @@ pub trait Store: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
-    /// Deletes COMPLETED records past their retention; returns how many.
+    /// Deletes COMPLETED records past their retention, and records released with their
+    /// steps past theirs (see [`release`](Store::release)), steps and all; returns how
+    /// many.
     async fn purge_expired(&self) -> Result<u64, StoreError>;
 
     /// Counts by state.
@@ -881,8 +966,8 @@ macro_rules! forward_store {
             async fn record(&self, id: &OperationId, epoch: u64, outcome: &StoredOutcome, retain: Duration) -> Result<Fence, StoreError> {
                 (**self).record(id, epoch, outcome, retain).await
             }
-            async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-                (**self).release(id, epoch).await
+            async fn release(&self, id: &OperationId, epoch: u64, retain: Duration) -> Result<Fence, StoreError> {
+                (**self).release(id, epoch, retain).await
             }
             async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
                 (**self).mark_unknown(id, epoch).await

@@ -23,8 +23,9 @@
 //! statements go one by one, prepared.
 //!
 //! The claim is one prepared `CALL` of a stored procedure named after the table
-//! (`<table>_claim`, created by migration 3 from
-//! `migrations/mysql/0003_claim_procedure.sql`), which runs the claim's transaction on
+//! (`<table>_claim_v2`, created by migration 4 from
+//! `migrations/mysql/0004_claim_procedure_v2.sql`; migration 3's `<table>_claim` stays
+//! for processes of the earlier version), which runs the claim's transaction on
 //! the server (the upsert that decides, the epoch drawn only for a claim it made, the
 //! locking read of what it decided) and answers with that row; `claim.sql` is the call.
 //! Its row is read column by column with the names the server sends (sqlx's lookup by
@@ -81,6 +82,8 @@ pub const MYSQL_SCHEMA_SQL: &str = concat!(
     include_str!("../../migrations/mysql/0002_steps.sql"),
     "\n",
     include_str!("../../migrations/mysql/0003_claim_procedure.sql"),
+    "\n",
+    include_str!("../../migrations/mysql/0004_claim_procedure_v2.sql"),
 );
 
 /// The migrations, in order: (version, DDL in the default table name).
@@ -93,6 +96,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         3,
         include_str!("../../migrations/mysql/0003_claim_procedure.sql"),
+    ),
+    (
+        4,
+        include_str!("../../migrations/mysql/0004_claim_procedure_v2.sql"),
     ),
 ];
 
@@ -574,6 +581,10 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, Ide
             "invalid MySQL URL `{shown}`: {e}; expected `mysql://user:password@host:port/database`"
         ),
     })?;
+    let connect = match &opts.root_cert {
+        Some(pem) => connect.ssl_ca_from_pem(pem.clone()),
+        None => connect,
+    };
     let size = opts.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
     let server = Server {
         db: "MySQL",
@@ -844,8 +855,10 @@ mod tests {
             let drop = format!("DROP TABLE IF EXISTS `{table}{suffix}`");
             pool.execute(drop.as_str()).await.unwrap();
         }
-        let drop = format!("DROP PROCEDURE IF EXISTS `{table}_claim`");
-        pool.execute(drop.as_str()).await.unwrap();
+        for procedure in ["claim", "claim_v2"] {
+            let drop = format!("DROP PROCEDURE IF EXISTS `{table}_{procedure}`");
+            pool.execute(drop.as_str()).await.unwrap();
+        }
         sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ?")
             .bind(table)
             .execute(&pool)
@@ -971,7 +984,7 @@ mod tests {
     }
 
     /// A table of an earlier version (migrations 1 and 2, no procedure) gains the
-    /// procedure on open, once; opened with `migrate(false)`, it is a clear error.
+    /// procedures on open, once; opened with `migrate(false)`, it is a clear error.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_earlier_table_gains_the_claim_procedure() {
         let Some((store, table)) = open_test_store("earlier", None).await else {
@@ -989,15 +1002,17 @@ mod tests {
             .unwrap();
             n
         };
-        assert_eq!(versions().await, 3);
+        assert_eq!(versions().await, 4);
         // As an earlier version of idem left it.
-        sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ? AND version = 3")
+        sqlx::query("DELETE FROM idem_schema_migrations WHERE table_name = ? AND version >= 3")
             .bind(&table)
             .execute(&pool)
             .await
             .unwrap();
-        let forget = format!("DROP PROCEDURE `{table}_claim`");
-        pool.execute(forget.as_str()).await.unwrap();
+        for procedure in ["claim", "claim_v2"] {
+            let forget = format!("DROP PROCEDURE `{table}_{procedure}`");
+            pool.execute(forget.as_str()).await.unwrap();
+        }
         let unmigrated = SqlOptions {
             table: table.clone(),
             migrate: false,
@@ -1016,7 +1031,7 @@ mod tests {
         };
         for _ in 0..2 {
             let again = open(&url, &opts).await.unwrap();
-            assert_eq!(versions().await, 3);
+            assert_eq!(versions().await, 4);
             drop(again);
         }
         open(&url, &unmigrated).await.unwrap();
@@ -1078,7 +1093,11 @@ mod tests {
         let parts = split(&claim.sql);
         assert_eq!(parts.len(), 1, "{}", claim.sql);
         assert!(is_select(parts[0]));
-        assert!(claim.sql.starts_with("CALL `ops_claim`("), "{}", claim.sql);
+        assert!(
+            claim.sql.starts_with("CALL `ops_claim_v2`("),
+            "{}",
+            claim.sql
+        );
         let named = [
             ("scope", Arg::Text("s")),
             ("name", Arg::Text("n")),
@@ -1092,17 +1111,18 @@ mod tests {
         assert_eq!(args.len(), claim.sql.matches('?').count());
         let ddl = table.render_ddl(MYSQL_SCHEMA_SQL);
         let script = split_script(&ddl);
-        assert_eq!(script.len(), 10, "{ddl}");
-        // The procedure is one statement, its body's `;`s included.
-        let procedure = script[9];
-        assert!(
-            procedure.starts_with("--") && procedure.ends_with("\nEND"),
-            "{procedure}"
-        );
-        assert!(procedure.contains("PROCEDURE IF NOT EXISTS `ops_claim`("));
-        assert!(procedure.contains("INSERT INTO `ops_epoch_seq`"));
-        assert!(procedure.contains("DELETE FROM `ops_epoch_seq`"));
-        assert_eq!(procedure.matches("START TRANSACTION").count(), 1);
+        assert_eq!(script.len(), 11, "{ddl}");
+        // Each procedure is one statement, its body's `;`s included.
+        for (procedure, name) in [(script[9], "`ops_claim`("), (script[10], "`ops_claim_v2`(")] {
+            assert!(
+                procedure.starts_with("--") && procedure.ends_with("\nEND"),
+                "{procedure}"
+            );
+            assert!(procedure.contains(&format!("PROCEDURE IF NOT EXISTS {name}")));
+            assert!(procedure.contains("INSERT INTO `ops_epoch_seq`"));
+            assert!(procedure.contains("DELETE FROM `ops_epoch_seq`"));
+            assert_eq!(procedure.matches("START TRANSACTION").count(), 1);
+        }
         assert!(!ddl.contains("idem_operations"), "{ddl}");
         assert!(ddl.contains("TRIM(BOTH '`' FROM '`ops`')"), "{ddl}");
         assert!(

@@ -68,6 +68,8 @@ pub const POSTGRES_SCHEMA_SQL: &str = concat!(
     include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
     "\n",
     include_str!("../../migrations/postgres/0003_steps.sql"),
+    "\n",
+    include_str!("../../migrations/postgres/0004_released_expiry.sql"),
 );
 
 /// The migrations, in order: (version, DDL in the default table name). Each is
@@ -82,6 +84,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../migrations/postgres/0002_epochs_and_key_mode.sql"),
     ),
     (3, include_str!("../../migrations/postgres/0003_steps.sql")),
+    (
+        4,
+        include_str!("../../migrations/postgres/0004_released_expiry.sql"),
+    ),
 ];
 
 /// The advisory lock that serializes idem's migrations across processes ("idemmigr").
@@ -308,6 +314,11 @@ impl Dialect for Pg {
             .bind(MIGRATION_LOCK)
             .execute(&mut *tx)
             .await?;
+        // Every open runs `CREATE ... IF NOT EXISTS` on what exists already, and the
+        // server answers each with a NOTICE that sqlx logs: quiet them for this
+        // transaction only, warnings and errors still reported.
+        tx.execute("SET LOCAL client_min_messages = warning")
+            .await?;
         if let Some(schema) = table.schema() {
             let create = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
             tx.execute(create.as_str()).await?;
@@ -406,7 +417,29 @@ struct PgGroup {
 #[derive(Debug)]
 struct Waiting {
     op: Gathered,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<Row>, sqlx::Error>>,
+    reply: Reply,
+}
+
+type Reply = tokio::sync::oneshot::Sender<Result<Vec<Row>, sqlx::Error>>;
+
+/// `statement`'s output, or `None` once every caller it answers has given up (its store
+/// timeout passed, or it went away at its deadline): the statement's future is then
+/// dropped, which closes its connection, so a batch on a connection gone silent does
+/// not hold it past the callers' timeouts.
+async fn while_awaited<T>(
+    replies: &mut [&mut Reply],
+    statement: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let gone = async {
+        for reply in replies.iter_mut() {
+            reply.closed().await;
+        }
+    };
+    tokio::select! {
+        biased;
+        () = gone => None,
+        out = statement => Some(out),
+    }
 }
 
 /// Writes a gathered batch, as many statements as it has repeats of one key (a statement
@@ -416,7 +449,7 @@ async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
     let mut rest = batch;
     while !rest.is_empty() {
         let mut seen = std::collections::HashSet::new();
-        let (now, later): (Vec<_>, Vec<_>) = rest
+        let (mut now, later): (Vec<_>, Vec<_>) = rest
             .into_iter()
             .partition(|w| seen.insert(w.op.id().clone()));
         rest = later;
@@ -430,11 +463,20 @@ async fn write_batch(group: Arc<PgGroup>, batch: Vec<Waiting>) {
             Gathered::Record { .. } => &group.record_batch,
         };
         let done = {
-            let calls: Vec<_> = now.iter().map(|w| w.op.args()).collect();
+            let (ops, mut replies): (Vec<&Gathered>, Vec<&mut Reply>) =
+                now.iter_mut().map(|w| (&w.op, &mut w.reply)).unzip();
+            let calls: Vec<_> = ops.iter().map(|op| op.args()).collect();
             match bind_batch(stmt, &calls) {
-                Ok(query) => hot(&group.pool, group.owned.as_deref(), query).await,
-                Err(e) => Err(e),
+                Ok(query) => {
+                    let write = hot(&group.pool, group.owned.as_deref(), query);
+                    while_awaited(&mut replies, write).await
+                }
+                Err(e) => Some(Err(e)),
             }
+        };
+        let Some(done) = done else {
+            tracing::debug!("every caller of a batch gave up on it; its statement was dropped");
+            continue;
         };
         match done {
             Ok(rows) => answer(now, &rows),
@@ -466,20 +508,24 @@ fn fail_all(batch: Vec<Waiting>, e: &sqlx::Error) {
 
 /// Issues each one's own statement (`claim.sql`, `record.sql`), one after another.
 async fn alone(group: &PgGroup, each: Vec<Waiting>) {
-    for w in each {
+    for mut w in each {
         let stmt = match w.op {
             Gathered::Fresh { .. } => &group.claim_fresh,
             Gathered::Claim { .. } => &group.claim,
             Gathered::Record { .. } => &group.record,
         };
         let rows = match stmt.args(&w.op.args()) {
-            Ok(args) => hot(
-                &group.pool,
-                group.owned.as_deref(),
-                bind(sqlx::query(&stmt.sql), args),
-            )
-            .await
-            .and_then(|rows| rows.iter().map(decode_row).collect()),
+            Ok(args) => {
+                let write = hot(
+                    &group.pool,
+                    group.owned.as_deref(),
+                    bind(sqlx::query(&stmt.sql), args),
+                );
+                match while_awaited(&mut [&mut w.reply], write).await {
+                    Some(rows) => rows.and_then(|rows| rows.iter().map(decode_row).collect()),
+                    None => continue,
+                }
+            }
             Err(e) => Err(sqlx::Error::Protocol(e.to_string())),
         };
         let _ = w.reply.send(rows);
@@ -666,6 +712,10 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
             "invalid PostgreSQL URL `{shown}`: {e}; expected `postgres://user:password@host:port/database`"
         ),
     })?;
+    let connect = match &opts.root_cert {
+        Some(pem) => connect.ssl_root_cert_from_pem(pem.clone()),
+        None => connect,
+    };
     let hot = opts
         .max_connections
         .unwrap_or(DEFAULT_MAX_CONNECTIONS)
@@ -1198,6 +1248,7 @@ mod tests {
             .bind(&quiet.key)
             .bind(epoch as i64)
             .bind(&payload)
+            .bind(DAY.as_millis() as i64)
             .fetch_one(&db.admin)
             .await
             .unwrap();
@@ -1357,7 +1408,7 @@ mod tests {
             let step = outcome("1");
             let fence = db.store.record_step(id, epoch, "charge", &step).await;
             assert_eq!(fence.unwrap(), Fence::Held);
-            assert_eq!(db.store.release(id, epoch).await.unwrap(), Fence::Held);
+            assert_eq!(db.store.release(id, epoch, DAY).await.unwrap(), Fence::Held);
             released.push(epoch);
         }
         let col = |row: &Row, name: &str| {

@@ -37,16 +37,19 @@
 //! - `<prefix>:s:{<tag>}`, the operation's [steps](Store::record_step), a hash from
 //!   label to `seq:epoch:recorded-at:is_err:version:body` (`seq` numbers the labels
 //!   in the order first recorded, so [`Store::steps`] lists them oldest first; a label
-//!   recorded again keeps its `seq`). It has no expiry: it exists only while its record
-//!   is in progress or unknown, and goes in the script that completes, removes or
-//!   forgets the record.
+//!   recorded again keeps its `seq`). It exists only while its record is in progress or
+//!   unknown, and goes in the script that completes, removes or forgets the record, or
+//!   that claims or purges it once it expired.
 //!
 //! Steps belong to one life of the record, which the record's field `st` tracks:
 //! absent, no steps in this life (the steps key, if any, is an earlier life's, and the
 //! first step recorded deletes it); `1`, the steps key is this life's; `2`, the claim
 //! was released with its steps (a release, or an operator's retry): the record stays
 //! in progress with its fingerprint and a lapsed lease, its epoch no longer holds, and
-//! the next claim with the same fingerprint resumes it at once. A fresh claim, or a
+//! the next claim with the same fingerprint resumes it at once, until it expires
+//! (`xa`, the operation's retention from the release): then it is expired as a
+//! completed record is, and it and its steps key get the same `PEXPIRE` five minutes
+//! later. A fresh claim, or a
 //! claim that replaces an expired record, writes a hash without `st`. An operation that
 //! records no steps pays for them with one more field read in its scripts.
 //!
@@ -164,7 +167,8 @@ pub const DEFAULT_PREFIX: &str = "idem";
 /// Longest retention the store keeps (about 100 years), so deadlines stay exact
 /// integers in Lua's numbers.
 const MAX_RETAIN_MS: u128 = 100 * 365 * 86_400_000;
-/// How long one command may take before it counts as a lost connection.
+/// How long one command may take before it counts as a lost connection, on a store
+/// connected without a builder; the builder's stores use their store timeout.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keys asked for per `SCAN` step.
 const SCAN_COUNT: u32 = 1000;
@@ -259,6 +263,32 @@ struct Healing {
 const CONNECTIONS: usize = 2;
 
 /// Opens [`CONNECTIONS`] connections.
+/// A client for `info`; a `rediss://` server's certificate may also chain to
+/// `root_cert` (a PEM CA) when one is given.
+fn open_client(
+    info: ::redis::ConnectionInfo,
+    root_cert: Option<&[u8]>,
+) -> ::redis::RedisResult<::redis::Client> {
+    #[cfg(feature = "tls-rustls")]
+    if matches!(info.addr(), ::redis::ConnectionAddr::TcpTls { .. }) {
+        // rustls needs one process-wide crypto provider; ring unless the application
+        // installed another.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    if let Some(pem) = root_cert {
+        return ::redis::Client::build_with_tls(
+            info,
+            ::redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.to_vec()),
+            },
+        );
+    }
+    let _ = root_cert;
+    ::redis::Client::open(info)
+}
+
 async fn connections(
     client: &::redis::Client,
     config: &ConnectionManagerConfig,
@@ -293,15 +323,12 @@ impl Healing {
             .swap(false, std::sync::atomic::Ordering::AcqRel)
         {
             tracing::warn!("replacing a Redis connection that stopped answering");
-            let fresh = connections(&self.client, &self.config).await;
-            match fresh {
-                Ok(fresh) => *self.current.write().unwrap_or_else(|p| p.into_inner()) = fresh,
-                Err(e) => {
-                    self.suspect
-                        .store(true, std::sync::atomic::Ordering::Release);
-                    return Err(e);
-                }
-            }
+            // Suspect again unless replaced: a caller that gives up while the fresh
+            // connections open leaves the replacement to the next command.
+            let replacing = StillSuspect(Some(&self.suspect));
+            let fresh = connections(&self.client, &self.config).await?;
+            replacing.disarm();
+            *self.current.write().unwrap_or_else(|p| p.into_inner()) = fresh;
         }
         let all = self.current.read().unwrap_or_else(|p| p.into_inner());
         let i = match lane {
@@ -334,6 +361,24 @@ impl Healing {
                 .store(true, std::sync::atomic::Ordering::Release);
         }
         out
+    }
+}
+
+/// Marks the connections suspect again when dropped armed: their replacement did not
+/// finish.
+struct StillSuspect<'a>(Option<&'a std::sync::atomic::AtomicBool>);
+
+impl StillSuspect<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for StillSuspect<'_> {
+    fn drop(&mut self) {
+        if let Some(suspect) = self.0 {
+            suspect.store(true, std::sync::atomic::Ordering::Release);
+        }
     }
 }
 
@@ -417,21 +462,37 @@ impl RedisStore {
     /// A store connected here and passed to [`IdemBuilder::store`](crate::IdemBuilder::store)
     /// is used as it is: the prefix's key mode is neither recorded nor checked against
     /// the builder's [`hash_keys`](crate::IdemBuilder::hash_keys). Open with
-    /// [`IdemBuilder::redis`](crate::IdemBuilder::redis) to have it checked.
+    /// [`IdemBuilder::redis`](crate::IdemBuilder::redis) to have it checked. A command
+    /// unanswered for 30 s counts as a lost connection (the builder's stores use their
+    /// [`store_timeout`](crate::IdemBuilder::store_timeout) instead).
     pub async fn connect(url: &str, prefix: &str) -> Result<RedisStore, IdemError> {
+        Self::connect_answering_within(url, prefix, RESPONSE_TIMEOUT, None).await
+    }
+
+    /// [`connect`](Self::connect), where a command unanswered for `response_timeout`
+    /// counts as a lost connection, which is then replaced, and a `rediss://` server's
+    /// certificate may chain to `root_cert` (a PEM CA).
+    pub(crate) async fn connect_answering_within(
+        url: &str,
+        prefix: &str,
+        response_timeout: Duration,
+        root_cert: Option<&[u8]>,
+    ) -> Result<RedisStore, IdemError> {
+        use ::redis::IntoConnectionInfo;
         check_prefix(prefix)?;
+        let info = url
+            .into_connection_info()
+            .map_err(|e| config_error("invalid Redis URL", e))?;
         let client =
-            ::redis::Client::open(url).map_err(|e| config_error("invalid Redis URL", e))?;
+            open_client(info, root_cert).map_err(|e| config_error("invalid Redis URL", e))?;
         // Few, short reconnect attempts: a caller learns soon that the server is gone
         // (and `fail_open` can act); the next call tries again.
         let config = ConnectionManagerConfig::new()
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_response_timeout(Some(response_timeout))
             .set_connection_timeout(Some(Duration::from_secs(5)));
-        let managers = connections(&client, &config)
-            .await
-            .map_err(|e| IdemError::store("connect", store_error(e)))?;
+        let managers = connections(&client, &config).await.map_err(connect_error)?;
         let healing = Healing {
             current: std::sync::RwLock::new(managers),
             next: Default::default(),
@@ -454,6 +515,18 @@ impl RedisStore {
     /// is checked only when opened through
     /// [`IdemBuilder::redis_cluster`](crate::IdemBuilder::redis_cluster).
     pub async fn connect_cluster(nodes: &[&str], prefix: &str) -> Result<RedisStore, IdemError> {
+        Self::connect_cluster_answering_within(nodes, prefix, RESPONSE_TIMEOUT, None).await
+    }
+
+    /// [`connect_cluster`](Self::connect_cluster), where a command unanswered for
+    /// `response_timeout` counts as a lost connection, and `rediss://` nodes'
+    /// certificates may chain to `root_cert` (a PEM CA).
+    pub(crate) async fn connect_cluster_answering_within(
+        nodes: &[&str],
+        prefix: &str,
+        response_timeout: Duration,
+        root_cert: Option<&[u8]>,
+    ) -> Result<RedisStore, IdemError> {
         use ::redis::IntoConnectionInfo;
         check_prefix(prefix)?;
         let first = nodes.first().ok_or_else(|| IdemError::Config {
@@ -462,17 +535,25 @@ impl RedisStore {
         let info = first
             .into_connection_info()
             .map_err(|e| config_error("invalid Redis URL", e))?;
-        let client = ::redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
-            .response_timeout(RESPONSE_TIMEOUT)
-            .connection_timeout(Duration::from_secs(5))
+        let builder = ::redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+            .response_timeout(response_timeout)
+            .connection_timeout(Duration::from_secs(5));
+        #[cfg(feature = "tls-rustls")]
+        let builder = match root_cert {
+            Some(pem) => builder.certs(::redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.to_vec()),
+            }),
+            None => builder,
+        };
+        let client = builder
             .build()
             .map_err(|e| config_error("invalid Redis Cluster nodes", e))?;
-        let conn = client
-            .get_async_connection()
-            .await
-            .map_err(|e| IdemError::store("connect", store_error(e)))?;
-        let pubsub = ::redis::Client::open(info.clone())
-            .map_err(|e| config_error("invalid Redis URL", e))?;
+        let conn = client.get_async_connection().await.map_err(connect_error)?;
+        let pubsub =
+            open_client(info, root_cert).map_err(|e| config_error("invalid Redis URL", e))?;
+        // The nodes' address form (and a TLS one's certificates) as the client holds it.
+        let info = pubsub.get_connection_info().clone();
         Ok(RedisStore {
             conn: Conn::Cluster {
                 conn,
@@ -593,6 +674,13 @@ impl RedisStore {
         (rec, steps)
     }
 
+    /// The steps key beside the record key `rec`, as [`keys`](Self::keys) makes both.
+    fn steps_key_of(&self, rec: &[u8]) -> Vec<u8> {
+        let mut steps = rec.to_vec();
+        steps[self.prefix.len() + 1] = b's';
+        steps
+    }
+
     /// Whether `key` is one of this store's record keys (and not one of a store whose
     /// prefix merely starts with ours).
     fn is_record_key(&self, key: &[u8]) -> bool {
@@ -652,9 +740,20 @@ impl RedisStore {
             }
             Conn::Cluster { conn, info } => {
                 for (host, port) in masters(&mut conn.clone()).await? {
-                    let node = (**info)
-                        .clone()
-                        .set_addr(::redis::ConnectionAddr::Tcp(host, port));
+                    let addr = match info.addr() {
+                        ::redis::ConnectionAddr::TcpTls {
+                            insecure,
+                            tls_params,
+                            ..
+                        } => ::redis::ConnectionAddr::TcpTls {
+                            host,
+                            port,
+                            insecure: *insecure,
+                            tls_params: tls_params.clone(),
+                        },
+                        _ => ::redis::ConnectionAddr::Tcp(host, port),
+                    };
+                    let node = (**info).clone().set_addr(addr);
                     let client = ::redis::Client::open(node).map_err(store_error)?;
                     let mut c = client
                         .get_multiplexed_async_connection()
@@ -695,7 +794,7 @@ impl RedisStore {
                 for k in &keys {
                     pipe.cmd("HMGET")
                         .arg(k)
-                        .arg(&["s", "e", "ca", "sn", "k", "xa"]);
+                        .arg(&["s", "e", "ca", "sn", "k", "xa", "st"]);
                 }
                 let fields: Vec<Vec<Option<Vec<u8>>>> =
                     pipe.query_async(conn).await.map_err(store_error)?;
@@ -793,6 +892,8 @@ struct Row {
     epoch: u64,
     claimed_at: u64,
     expires_at: Option<u64>,
+    /// In progress, released with its steps kept (`st` is '2'): no claim holds it.
+    released: bool,
     id: OperationId,
 }
 
@@ -817,6 +918,7 @@ impl Row {
             // server's clock in µs at that claim (prelude.lua).
             claimed_at: num(2).unwrap_or(epoch / 1000),
             expires_at: num(5),
+            released: num(6) == Some(2),
             id: parse_wakeup(&op)?,
         })
     }
@@ -869,6 +971,20 @@ fn glob_escape(s: &str) -> String {
 /// server still loading, and a replica refusing writes (`READONLY`: a failover in
 /// progress, or a URL naming a replica) are retryable but answered, so `fail_open`
 /// does not run a body on them; anything else is a refusal.
+/// A failed first connection; a refused TLS handshake says what to change.
+fn connect_error(e: RedisError) -> IdemError {
+    let text = e.to_string();
+    if !text.contains("certificate") {
+        return IdemError::store("connect", store_error(e));
+    }
+    let hint = format!(
+        "the TLS handshake failed: {text}; check that the server's certificate chains to a \
+         CA this process trusts (give a private CA with `IdemBuilder::tls_root_certificate`) \
+         and names the host the URL gives"
+    );
+    IdemError::store("connect", StoreError::new(false, hint))
+}
+
 fn store_error(e: RedisError) -> StoreError {
     use ::redis::{ErrorKind, ServerErrorKind};
     if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_timeout() {
@@ -1144,10 +1260,19 @@ impl Store for RedisStore {
         .await
     }
 
-    async fn release(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        let epoch = epoch.to_string();
-        self.fenced(&self.scripts.release, id, &[epoch.as_bytes()])
-            .await
+    async fn release(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        retain: Duration,
+    ) -> Result<Fence, StoreError> {
+        let (epoch, retain) = (epoch.to_string(), ms(retain));
+        self.fenced(
+            &self.scripts.release,
+            id,
+            &[epoch.as_bytes(), retain.as_bytes()],
+        )
+        .await
     }
 
     async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
@@ -1180,8 +1305,13 @@ impl Store for RedisStore {
         let epoch = epoch.to_string();
         match completed {
             None => {
-                self.fenced(&self.scripts.resolve, id, &[epoch.as_bytes(), b"retry"])
-                    .await
+                let window = ms(super::RESUME_WINDOW);
+                self.fenced(
+                    &self.scripts.resolve,
+                    id,
+                    &[epoch.as_bytes(), b"retry", b"", window.as_bytes()],
+                )
+                .await
             }
             Some((outcome, retain)) => {
                 let retain = ms(retain);
@@ -1250,12 +1380,12 @@ impl Store for RedisStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let mut purged = 0;
         for (now, row) in self.scan().await? {
-            if row.state == State::Completed && row.expires_at.is_some_and(|xa| xa <= now) {
+            let ends = row.state == State::Completed || row.released;
+            if ends && row.expires_at.is_some_and(|xa| xa <= now) {
                 // The script checks again: the record may have been claimed afresh since.
-                // It touches the record alone (a completed record's steps went when it
-                // completed), so the record is its one key.
+                // A released record's steps go with it.
                 let mut inv = self.scripts.purge.prepare_invoke();
-                inv.key(&row.key[..]);
+                inv.key(&row.key[..]).key(self.steps_key_of(&row.key));
                 if int(&self.invoke(&inv).await?) == Some(1) {
                     purged += 1;
                 }
@@ -1268,7 +1398,7 @@ impl Store for RedisStore {
         let mut s = Stats::default();
         for (now, row) in self.scan().await? {
             let age = row.age(now);
-            s.count(row.state, age);
+            s.count(row.state, row.released, age);
         }
         Ok(s)
     }
@@ -1312,7 +1442,12 @@ impl Store for RedisStore {
                 age: Duration::from_millis(r.now.saturating_sub(r.num(3).ok_or_else(bad)?)),
             },
             lease_remaining: (state == State::InProgress).then(|| since(r.num(2))),
-            expires_in: (state == State::Completed).then(|| since(r.num(4))),
+            // Of the records in progress, only one released with its steps has `xa`.
+            expires_in: match state {
+                State::Completed => Some(since(r.num(4))),
+                State::InProgress => r.num(4).map(|xa| since(Some(xa))),
+                _ => None,
+            },
             outcome: if state == State::Completed {
                 r.outcome()
             } else {

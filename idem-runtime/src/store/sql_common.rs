@@ -58,6 +58,9 @@ pub(crate) struct SqlOptions {
     /// How keys and scopes are stored (`plain`, or `hmac-sha256:` and a check value of
     /// the secret), recorded in the table at first open and required to match after.
     pub key_mode: String,
+    /// A PEM CA the server's certificate may chain to (PostgreSQL, MySQL).
+    #[cfg_attr(not(feature = "_sql_server"), allow(dead_code))]
+    pub root_cert: Option<Vec<u8>>,
 }
 
 impl Default for SqlOptions {
@@ -68,6 +71,7 @@ impl Default for SqlOptions {
             max_connections: None,
             group_commit: true,
             key_mode: PLAIN_KEYS.to_owned(),
+            root_cert: None,
         }
     }
 }
@@ -211,7 +215,7 @@ impl TableName {
             .replace("{steps}", &self.companion("_steps"))
             .replace("{bookkeeping}", &self.sibling("idem_schema_migrations"))
             // MySQL's claim, a stored procedure named after the table.
-            .replace("{claim_procedure}", &self.companion("_claim"))
+            .replace("{claim_procedure}", &self.companion("_claim_v2"))
             .replace("{now}", now)
     }
 }
@@ -301,7 +305,14 @@ pub(crate) fn record_detail(
             age: duration_ms(age_ms),
         },
         lease_remaining: (state == State::InProgress).then(|| duration_ms(lease_ms.unwrap_or(0))),
-        expires_in: completed.then(|| expires_ms.map_or(Duration::MAX, duration_ms)),
+        // An IN_PROGRESS record has an expiry only once released with its steps.
+        expires_in: if completed {
+            Some(expires_ms.map_or(Duration::MAX, duration_ms))
+        } else {
+            expires_ms
+                .filter(|_| state == State::InProgress)
+                .map(duration_ms)
+        },
         outcome: if completed {
             Some(outcome_from_sql(outcome, outcome_is_err, outcome_version)?)
         } else {

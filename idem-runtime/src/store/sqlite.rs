@@ -812,7 +812,7 @@ mod tests {
             let step = outcome("1");
             let fence = store.record_step(&id, epoch, "charge", &step).await;
             assert_eq!(fence.unwrap(), Fence::Held);
-            assert_eq!(store.release(&id, epoch).await.unwrap(), Fence::Held);
+            assert_eq!(store.release(&id, epoch, DAY).await.unwrap(), Fence::Held);
             match claim(&store, &id, FP, LEASE).await {
                 Claim::Acquired { resume: true, .. } => {}
                 other => panic!("a released record with steps resumes, got {other:?}"),
