@@ -59,7 +59,9 @@ struct Cli {
     /// The store: `sqlite://PATH`, `postgres://USER@HOST[:PORT]/DB`,
     /// `mysql://USER@HOST[:PORT]/DB`, `redis://HOST[:PORT]` (`rediss://` with TLS), or a
     /// Redis Cluster as its nodes separated by commas. Without it, `IDEM_URL`, then
-    /// `DATABASE_URL`.
+    /// `DATABASE_URL`. TLS as the URL asks: `?sslmode=verify-full&sslrootcert=CA.pem`
+    /// (PostgreSQL), `?ssl-mode=verify_identity&ssl-ca=CA.pem` (MySQL), `rediss://`
+    /// (Redis, certificates from a public CA).
     // The URL may hold a password: `--help` names the variables, never their values.
     #[arg(long, env = "IDEM_URL", hide_env_values = true, global = true)]
     url: Option<String>,

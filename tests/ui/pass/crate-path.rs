@@ -13,7 +13,7 @@ async fn plain(idem: &Idem, id: u64) -> Result<(), IdemError> {
     Ok(())
 }
 
-#[idempotent(crate = "crate::reexport::idem", store = idem, key = id, retain = "1d")]
+#[idempotent(crate = "self::reexport::idem", store = idem, key = id, retain = "1d")]
 async fn quoted(idem: &Idem, id: u64) -> Result<(), IdemError> {
     Ok(())
 }
