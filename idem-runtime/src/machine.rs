@@ -30,6 +30,25 @@ impl<P, U, FP, R> Operation<P, U, FP, R> {
     ///
     /// The returned future is the same size whatever `body` holds: the body's future is
     /// boxed when the body runs, so a replay never makes room for it.
+    ///
+    /// ```
+    /// use idem_runtime::{Idem, IdemError};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::memory();
+    /// let charge = |cents: u64| {
+    ///     idem.operation("charge", "order-7")
+    ///         .fingerprint(&cents)
+    ///         .retain(Duration::from_secs(3600))
+    ///         .run(move || async move { Ok::<_, IdemError>(format!("charged {cents}")) })
+    /// };
+    /// assert_eq!(charge(500).await?, "charged 500");
+    /// assert_eq!(charge(500).await?, "charged 500"); // replayed: the body did not run
+    /// assert!(matches!(charge(900).await, Err(IdemError::Mismatch { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn run<F, Fut, T, E>(self, body: F) -> impl Future<Output = Result<T, E>>
     where
         F: FnOnce() -> Fut,
