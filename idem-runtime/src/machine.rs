@@ -453,10 +453,13 @@ where
             let id = &self.op.id;
             // Released if the caller goes away before the body starts: nothing ran.
             let unstarted = Unstarted::arm(
-                &self.idem,
-                &self.op.id,
-                (epoch, &self.op.retain),
-                self.write_bound(),
+                Armed {
+                    idem: &self.idem,
+                    id: self.op.id.arc_ref(),
+                    epoch,
+                    retain: &self.op.retain,
+                    bound: self.write_bound(),
+                },
                 at_once,
             );
             // A claim answered late (a stalled process, a starved scheduler) may have lapsed
@@ -873,7 +876,7 @@ impl Drop for ClaimInFlight {
             // The claim's future ends by the deadline, answered or not.
             if let Ok(Claim::Acquired { epoch, .. }) = claim.await {
                 let bound = idem.store_timeout();
-                release_unstarted(&idem, &id, (epoch, retain), bound).await;
+                release_unstarted(&idem, &id, epoch, retain, bound).await;
             }
         });
     }
@@ -884,28 +887,22 @@ struct Unstarted<'a> {
     armed: Option<Armed<'a>>,
 }
 
-/// What an armed [`Unstarted`] releases: the handle, the operation, the claim (its epoch
-/// and the operation's retention, for steps it resumed), and how long the release waits.
-type Armed<'a> = (
-    &'a Idem,
-    &'a Arc<crate::store::OperationId>,
-    (u64, &'a Duration),
-    Duration,
-);
+/// What an armed [`Unstarted`] releases, and how long the release waits for the store.
+struct Armed<'a> {
+    idem: &'a Idem,
+    id: &'a Arc<crate::store::OperationId>,
+    epoch: u64,
+    /// The operation's retention, for steps the claim resumed: they are kept that long.
+    retain: &'a Duration,
+    bound: Duration,
+}
 
 impl<'a> Unstarted<'a> {
     /// Armed only where there is a window to cancel in: a claim made at once (the memory
-    /// store's) goes straight to its body. `claim` is its epoch and the operation's
-    /// retention (for steps it resumed); the release waits at most `bound`.
-    fn arm(
-        idem: &'a Idem,
-        id: &'a crate::op::Id,
-        claim: (u64, &'a Duration),
-        bound: Duration,
-        at_once: bool,
-    ) -> Unstarted<'a> {
+    /// store's) goes straight to its body.
+    fn arm(armed: Armed<'a>, at_once: bool) -> Unstarted<'a> {
         Unstarted {
-            armed: (!at_once).then(|| (idem, id.arc_ref(), claim, bound)),
+            armed: (!at_once).then_some(armed),
         }
     }
 
@@ -916,9 +913,10 @@ impl<'a> Unstarted<'a> {
 
 impl Drop for Unstarted<'_> {
     fn drop(&mut self) {
-        if let Some((idem, id, (epoch, retain), bound)) = self.armed.take() {
-            let (idem, id, claim) = (idem.clone(), id.clone(), (epoch, *retain));
-            spawn_cleanup(async move { release_unstarted(&idem, &id, claim, bound).await });
+        if let Some(a) = self.armed.take() {
+            let (idem, id, epoch, retain, bound) =
+                (a.idem.clone(), a.id.clone(), a.epoch, *a.retain, a.bound);
+            spawn_cleanup(async move { release_unstarted(&idem, &id, epoch, retain, bound).await });
         }
     }
 }
@@ -937,12 +935,13 @@ fn spawn_cleanup(cleanup: impl Future<Output = ()> + Send + 'static) {
     }
 }
 
-/// Releases the claim `(epoch, retain)` whose body never ran, waiting at most `bound`
-/// for the store. Steps it resumed are kept for `retain`, the operation's retention.
+/// Releases the claim at `epoch` whose body never ran, waiting at most `bound` for the
+/// store. Steps it resumed are kept for `retain`, the operation's retention.
 async fn release_unstarted(
     idem: &Idem,
     id: &crate::store::OperationId,
-    (epoch, retain): (u64, Duration),
+    epoch: u64,
+    retain: Duration,
     bound: Duration,
 ) {
     let release = metrics::store_call(&id.name, "release", idem.store().release(id, epoch, retain));

@@ -12,7 +12,7 @@ use http::{HeaderValue, Request};
 use tower::{Layer, Service};
 
 use super::estimate::{Durations, Route};
-use super::key::IDEMPOTENT_REPLAYED;
+use super::key::{IDEMPOTENT_REPLAYED, ReplayHeaderSet};
 use super::problem::InFlightFor;
 use crate::context::observe;
 
@@ -142,33 +142,6 @@ where
             }
             Ok(res)
         })
-    }
-}
-
-/// Put in a request's extensions by the layers that set `Idempotent-Replayed`
-/// ([`IdempotentHandlerLayer`] and [`IdempotencyLayer`](super::IdempotencyLayer)), so
-/// the [`IdempotencyKey`](super::IdempotencyKey) extractor can tell a route that has
-/// neither.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ReplayHeaderSet;
-
-/// Warns, once per process, when a request carrying an `Idempotency-Key` reaches its
-/// handler through neither layer. Such a route compiles and runs, and its calls are
-/// idempotent, but nothing observes them, so a replay goes out without
-/// `Idempotent-Replayed` and its client cannot tell it from a first execution. Once:
-/// a missing layer is a setup mistake, and one line says so without flooding the log.
-pub(crate) fn check_layer(extensions: &http::Extensions) {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    if extensions.get::<ReplayHeaderSet>().is_none() {
-        WARNED.call_once(|| {
-            tracing::warn!(
-                "an `IdempotencyKey` was extracted on a route without \
-                 `IdempotentHandlerLayer`: replayed responses will not carry \
-                 `Idempotent-Replayed: true`, and a client's disconnect cancels the handler \
-                 mid-effect; add `.layer(IdempotentHandlerLayer::new())` to the router \
-                 (warned once per process)"
-            );
-        });
     }
 }
 

@@ -1,10 +1,10 @@
-//! The `Idempotency-Key` request header: parsing, the extractor, and the key's identity.
+//! The `Idempotency-Key` request header: parsing, the extractor (which warns once on a
+//! route with no layer that sets `Idempotent-Replayed`), and the key's identity.
 
 use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 
-use super::handler::check_layer;
 use super::problem::Problem;
 use super::rejection::{KeyRejection, MAX_KEY_LEN};
 use crate::key::KeyPart;
@@ -172,6 +172,33 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
             check_layer(&parts.extensions);
         }
         Ok(key)
+    }
+}
+
+/// Put in a request's extensions by the layers that set `Idempotent-Replayed`
+/// ([`IdempotentHandlerLayer`](super::IdempotentHandlerLayer) and
+/// [`IdempotencyLayer`](super::IdempotencyLayer)), so the [`IdempotencyKey`] extractor
+/// can tell a route that has neither.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReplayHeaderSet;
+
+/// Warns, once per process, when a request carrying an `Idempotency-Key` reaches its
+/// handler through neither layer. Such a route compiles and runs, and its calls are
+/// idempotent, but nothing observes them, so a replay goes out without
+/// `Idempotent-Replayed` and its client cannot tell it from a first execution. Once:
+/// a missing layer is a setup mistake, and one line says so without flooding the log.
+fn check_layer(extensions: &http::Extensions) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if extensions.get::<ReplayHeaderSet>().is_none() {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "an `IdempotencyKey` was extracted on a route without \
+                 `IdempotentHandlerLayer`: replayed responses will not carry \
+                 `Idempotent-Replayed: true`, and a client's disconnect cancels the handler \
+                 mid-effect; add `.layer(IdempotentHandlerLayer::new())` to the router \
+                 (warned once per process)"
+            );
+        });
     }
 }
 

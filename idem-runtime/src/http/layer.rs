@@ -548,7 +548,7 @@ where
         let mut req = req.map(Body::new);
         // This layer sets `Idempotent-Replayed` itself: a handler below that extracts
         // the key needs no `IdempotentHandlerLayer`.
-        req.extensions_mut().insert(super::handler::ReplayHeaderSet);
+        req.extensions_mut().insert(super::key::ReplayHeaderSet);
         Box::pin(async move { Ok(handle(cfg, inner, req).await) })
     }
 }

@@ -599,6 +599,7 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<MySqlStore, Ide
                 .is_some_and(|n| matches!(n, ER_CON_COUNT_ERROR | ER_TOO_MANY_USER_CONNECTIONS))
         },
         footprint: format!("idem holds a pool of up to {size} connections to this server"),
+        tls_params: ("ssl-mode", "ssl-ca"),
     };
     let first = first_connection(&server, &connect).await?;
     let _ = sqlx::Connection::close(first).await;

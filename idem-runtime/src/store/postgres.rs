@@ -730,6 +730,7 @@ pub(crate) async fn open(url: &str, opts: &SqlOptions) -> Result<PgStore, IdemEr
         map_err,
         is_full: |e| matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(TOO_MANY_CONNECTIONS)),
         footprint: footprint(hot),
+        tls_params: ("sslmode", "sslrootcert"),
     };
     let first = first_connection(&server, &connect).await?;
     let _ = sqlx::Connection::close(first).await;

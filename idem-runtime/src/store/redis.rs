@@ -262,7 +262,6 @@ struct Healing {
 /// while the client writes the other's.
 const CONNECTIONS: usize = 2;
 
-/// Opens [`CONNECTIONS`] connections.
 /// A client for `info`; a `rediss://` server's certificate may also chain to
 /// `root_cert` (a PEM CA) when one is given.
 fn open_client(
@@ -289,6 +288,7 @@ fn open_client(
     ::redis::Client::open(info)
 }
 
+/// Opens [`CONNECTIONS`] connections.
 async fn connections(
     client: &::redis::Client,
     config: &ConnectionManagerConfig,
@@ -967,10 +967,6 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-/// Connection-level failures are unreachable (and retryable); cluster redirections, a
-/// server still loading, and a replica refusing writes (`READONLY`: a failover in
-/// progress, or a URL naming a replica) are retryable but answered, so `fail_open`
-/// does not run a body on them; anything else is a refusal.
 /// A failed first connection; a refused TLS handshake says what to change.
 fn connect_error(e: RedisError) -> IdemError {
     let text = e.to_string();
@@ -985,6 +981,10 @@ fn connect_error(e: RedisError) -> IdemError {
     IdemError::store("connect", StoreError::new(false, hint))
 }
 
+/// Connection-level failures are unreachable (and retryable); cluster redirections, a
+/// server still loading, and a replica refusing writes (`READONLY`: a failover in
+/// progress, or a URL naming a replica) are retryable but answered, so `fail_open`
+/// does not run a body on them; anything else is a refusal.
 fn store_error(e: RedisError) -> StoreError {
     use ::redis::{ErrorKind, ServerErrorKind};
     if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_timeout() {

@@ -627,6 +627,9 @@ pub(crate) struct Server<'a> {
     pub(crate) is_full: fn(&sqlx::Error) -> bool,
     /// The connections idem holds to the server, at most, for messages.
     pub(crate) footprint: String,
+    /// The URL parameters that ask for TLS and name the server's CA (`sslmode` and
+    /// `sslrootcert` on PostgreSQL), for messages.
+    pub(crate) tls_params: (&'static str, &'static str),
 }
 
 /// Opens one connection to the server, once, and says why it failed. A sqlx pool
@@ -648,6 +651,7 @@ where
         map_err,
         is_full,
         footprint,
+        tls_params,
     } = server;
     let (cause, retryable, unreachable) =
         match tokio::time::timeout(FIRST_CONNECTION_TIMEOUT, options.connect()).await {
@@ -660,13 +664,13 @@ where
                 true,
                 true,
             ),
-            Ok(Err(sqlx::Error::Tls(e))) => (tls_failure(db, &*e), false, false),
+            Ok(Err(sqlx::Error::Tls(e))) => (tls_failure(*tls_params, &*e), false, false),
             // A handshake the TLS library refused (an untrusted certificate, another
             // host's name) reaches sqlx as an I/O error carrying the TLS error.
             Ok(Err(sqlx::Error::Io(e)))
                 if e.kind() == std::io::ErrorKind::InvalidData && e.get_ref().is_some() =>
             {
-                (tls_failure(db, &e), false, false)
+                (tls_failure(*tls_params, &e), false, false)
             }
             Ok(Err(e)) if is_full(&e) => {
                 let e = map_err(e);
@@ -705,14 +709,9 @@ where
 }
 
 /// Why a TLS handshake failed, and what to change: the feature that brings TLS, or the
-/// URL parameter that names the server's CA.
+/// URL parameter (`ca` of the server's `(mode, ca)`) that names the server's CA.
 #[cfg(feature = "_sql_server")]
-fn tls_failure(db: &str, e: &(dyn std::error::Error + Send + Sync)) -> String {
-    let (mode, ca) = if db == "PostgreSQL" {
-        ("sslmode", "sslrootcert")
-    } else {
-        ("ssl-mode", "ssl-ca")
-    };
+fn tls_failure((mode, ca): (&str, &str), e: &(dyn std::error::Error + Send + Sync)) -> String {
     let text = e.to_string();
     if text.contains("without TLS support") {
         return format!(
@@ -871,10 +870,10 @@ mod tests {
             "TLS upgrade required by connect options but SQLx was built without TLS support \
              enabled",
         );
-        let message = tls_failure("PostgreSQL", &unbuilt);
+        let message = tls_failure(("sslmode", "sslrootcert"), &unbuilt);
         assert!(message.contains("enable its `tls-rustls`"), "{message}");
         let untrusted = std::io::Error::other("invalid peer certificate: UnknownIssuer");
-        let message = tls_failure("MySQL", &untrusted);
+        let message = tls_failure(("ssl-mode", "ssl-ca"), &untrusted);
         assert!(
             message.contains("UnknownIssuer") && message.contains("`ssl-ca=`"),
             "{message}"
