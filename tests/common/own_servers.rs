@@ -19,7 +19,7 @@ pub fn spare_port() -> u16 {
         .port()
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -28,7 +28,7 @@ fn is_root() -> bool {
 
 /// `None` after a skip line when `program` is missing, or a panic under
 /// `IDEM_REQUIRE_DB=1`.
-fn need(test: &str, found: bool, what: &str) -> Option<()> {
+pub fn need(test: &str, found: bool, what: &str) -> Option<()> {
     if found {
         return Some(());
     }
@@ -53,7 +53,7 @@ fn wait_listening(port: u16, what: &str) {
 }
 
 /// Hands `path` to `user`, for servers that refuse to run as root.
-fn chown(user: &str, path: &Path) {
+pub fn chown(user: &str, path: &Path) {
     let ok = Command::new("chown")
         .args(["-R", &format!("{user}:{user}")])
         .arg(path)

@@ -2,7 +2,6 @@
 //! connections, each with a certificate made here by `openssl`: a verified connection
 //! works, and a server whose certificate the client cannot verify (signed by another CA,
 //! or naming another host) is refused with a message that says what went wrong.
-use crate::common;
 use crate::own_servers;
 
 use std::path::{Path, PathBuf};
@@ -22,14 +21,7 @@ impl Certs {
     /// otherwise (`DNS:db.idem.test`, for a host the client does not ask for).
     fn make(test: &str, names: &str) -> Option<Certs> {
         let found = Command::new("openssl").arg("version").output().is_ok();
-        if !found {
-            assert!(
-                !common::db_required(),
-                "IDEM_REQUIRE_DB=1 but openssl is not installed"
-            );
-            common::skip(test, "openssl is not installed");
-            return None;
-        }
+        own_servers::need(test, found, "openssl")?;
         let dir = tempfile::tempdir().unwrap();
         let openssl = |args: &[&str]| {
             let out = Command::new("openssl")
@@ -95,23 +87,9 @@ impl Certs {
     /// Hands the folder to `user` (a server that runs as that user reads its key), and
     /// makes the key private, as PostgreSQL requires.
     fn give_to(&self, user: &str) {
-        let is_root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-        if is_root {
-            let ok = Command::new("chown")
-                .args(["-R", &format!("{user}:{user}")])
-                .arg(self.dir.path())
-                .status()
-                .unwrap();
-            assert!(ok.success());
-            let ok = Command::new("chmod")
-                .args(["755"])
-                .arg(self.dir.path())
-                .status()
-                .unwrap();
-            assert!(ok.success());
+        if own_servers::is_root() {
+            own_servers::chown(user, self.dir.path());
+            set_mode(self.dir.path(), 0o755);
         }
         set_mode(&self.path("server.key"), 0o600);
     }
@@ -250,17 +228,21 @@ async fn mysql_over_verified_tls() {
     );
 }
 
-#[tokio::test]
-async fn redis_over_verified_tls() {
-    let test = "redis_over_verified_tls";
-    let Some(certs) = Certs::make(test, "IP:127.0.0.1,DNS:localhost") else {
-        return;
-    };
-    let Some(server) = own_servers::OwnRedis::start_tls(
+/// A Redis of the test's own that speaks only TLS, with a certificate for `names`.
+fn tls_redis(test: &str, names: &str) -> Option<(Certs, own_servers::OwnRedis)> {
+    let certs = Certs::make(test, names)?;
+    let server = own_servers::OwnRedis::start_tls(
         test,
         &certs.path("server.pem"),
         &certs.path("server.key"),
-    ) else {
+    )?;
+    Some((certs, server))
+}
+
+#[tokio::test]
+async fn redis_over_verified_tls() {
+    let test = "redis_over_verified_tls";
+    let Some((certs, server)) = tls_redis(test, "IP:127.0.0.1,DNS:localhost") else {
         return;
     };
     let url = format!("rediss://127.0.0.1:{}", server.port());
@@ -302,14 +284,7 @@ async fn redis_over_verified_tls() {
 #[tokio::test]
 async fn redis_refuses_a_certificate_for_another_host() {
     let test = "redis_refuses_a_certificate_for_another_host";
-    let Some(certs) = Certs::make(test, "DNS:db.idem.test") else {
-        return;
-    };
-    let Some(server) = own_servers::OwnRedis::start_tls(
-        test,
-        &certs.path("server.pem"),
-        &certs.path("server.key"),
-    ) else {
+    let Some((certs, server)) = tls_redis(test, "DNS:db.idem.test") else {
         return;
     };
     let ca = std::fs::read(certs.path("ca.pem")).unwrap();
