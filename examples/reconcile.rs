@@ -29,7 +29,8 @@ use serde::{Deserialize, Serialize};
 /// Reconcile UNKNOWN charges (with `--url`), or run the demo.
 #[derive(Parser, Debug)]
 struct Args {
-    /// The idem store to reconcile (`sqlite://…` or `postgres://…`); none runs the demo.
+    /// The idem store to reconcile, any URL `Idem::connect` takes (`sqlite://…`,
+    /// `postgres://…`, `redis://…`, ...); none runs the demo.
     #[arg(long)]
     url: Option<String>,
     /// The idem table.
@@ -203,12 +204,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .provider
         .as_deref()
         .ok_or("--provider URL is required with --url")?;
-    let builder = Idem::builder().table(args.table.clone()).migrate(false);
-    let idem = if url.starts_with("sqlite:") {
-        builder.sqlite(url).await?
-    } else {
-        builder.postgres(url).await?
-    };
+    let idem = Idem::builder()
+        .table(args.table.clone())
+        .migrate(false)
+        .connect(url)
+        .await?;
     loop {
         let pass = reconcile(&idem, &http, provider).await?;
         println!(

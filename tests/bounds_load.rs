@@ -19,6 +19,10 @@ struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
+#[allow(
+    unsafe_code,
+    reason = "a global allocator is unsafe to implement; this one forwards to `System`"
+)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is.

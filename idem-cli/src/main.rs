@@ -9,6 +9,7 @@
 //! idem --url mysql://app@db/app stats
 //! idem --url redis://cache:6379 --key-prefix billing list --state unknown
 //! idem --node redis://node-1:6379 --node redis://node-2:6379 stats
+//! idem --url redis+cluster://node-1:6379,node-2:6379 --key-prefix billing stats
 //! idem --url postgres://app@db/app forget acme charge order-42
 //! idem schema postgres --table payments_idem
 //! idem completions bash > /etc/bash_completion.d/idem
@@ -34,7 +35,6 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 use display::{duration, unquoted};
 use idem_runtime::store::StoredOutcome;
-use idem_runtime::store::redis::RedisStore;
 use idem_runtime::{
     DisplayKey, Idem, IdemError, ListFilter, OperationId, RecordDetail, RecordInfo, Resolution,
     State,
@@ -56,10 +56,11 @@ Exit codes:
 #[derive(Parser, Debug)]
 #[command(name = "idem", version, after_help = EXIT_CODES)]
 struct Cli {
-    /// The store: `sqlite://PATH`, `postgres://USER@HOST[:PORT]/DB`,
-    /// `mysql://USER@HOST[:PORT]/DB`, `redis://HOST[:PORT]` (`rediss://` with TLS), or a
-    /// Redis Cluster as its nodes separated by commas. Without it, `IDEM_URL`, then
-    /// `DATABASE_URL`. TLS as the URL asks: `?sslmode=verify-full&sslrootcert=CA.pem`
+    /// The store, any URL `IdemBuilder::connect` takes: `sqlite://PATH`,
+    /// `postgres://USER@HOST[:PORT]/DB`, `mysql://USER@HOST[:PORT]/DB` (or `mariadb://`),
+    /// `redis://HOST[:PORT]` (`rediss://` with TLS), or a Redis Cluster as
+    /// `redis+cluster://HOST:PORT,HOST:PORT` or its nodes' URLs separated by commas.
+    /// Without it, `IDEM_URL`, then `DATABASE_URL`. TLS as the URL asks: `?sslmode=verify-full&sslrootcert=CA.pem`
     /// (PostgreSQL), `?ssl-mode=verify_identity&ssl-ca=CA.pem` (MySQL), `rediss://`
     /// (Redis, certificates from a public CA).
     // The URL may hold a password: `--help` names the variables, never their values.
@@ -357,10 +358,11 @@ fn store_url(cli: &Cli) -> Option<String> {
     })
 }
 
-fn is_redis(url: &str) -> bool {
-    url.starts_with("redis://") || url.starts_with("rediss://")
-}
-
+/// Opens the store `--url` names, by [`IdemBuilder::connect`](idem_runtime::IdemBuilder::connect)
+/// (any scheme it takes), or the Redis Cluster of the `--node`s, with the application's
+/// table, key prefix and secret. It never creates or migrates anything
+/// (`migrate(false)`, and a SQLite file must exist), so a wrong URL, table or key prefix
+/// is an error, not a fresh empty store.
 async fn open(cli: &Cli) -> Result<Idem, Failure> {
     let url = store_url(cli);
     if url.is_none() && cli.nodes.is_empty() {
@@ -372,117 +374,62 @@ async fn open(cli: &Cli) -> Result<Idem, Failure> {
                 .into(),
         });
     }
-    let secret = match &cli.secret_env {
-        None => None,
-        Some(var) => Some(std::env::var(var).map_err(|_| Failure {
+    let mut builder = Idem::builder()
+        .table(&cli.table)
+        .key_prefix(&cli.key_prefix)
+        .migrate(false);
+    if let Some(var) = &cli.secret_env {
+        let secret = std::env::var(var).map_err(|_| Failure {
             code: 2,
             message: format!("--secret-env {var}: the environment variable `{var}` is not set"),
-        })?),
-    };
-    let url = url.unwrap_or_default();
-    if !cli.nodes.is_empty() || is_redis(&url) {
-        return open_redis(cli, &url, secret).await;
-    }
-    // Never create or migrate from here: an operator pointing at the wrong database
-    // must get an error, not a fresh empty table.
-    let mut builder = Idem::builder().table(&cli.table).migrate(false);
-    if let Some(secret) = secret {
+        })?;
         builder = builder.hash_keys(secret);
     }
-    let opened = if let Some(path) = url.strip_prefix("sqlite://") {
-        if !path.starts_with(':') && !std::path::Path::new(path).exists() {
+    let opened = if cli.nodes.is_empty() {
+        let url = url.unwrap_or_default();
+        if url.trim().to_ascii_lowercase().starts_with("memory:") {
+            return Err(Failure {
+                code: 2,
+                message: "`memory:` is a store inside the application's own process, gone \
+                          with it; point --url at the application's SQLite, PostgreSQL, \
+                          MySQL or Redis store"
+                    .into(),
+            });
+        }
+        if let Some(path) = sqlite_file(&url)
+            && !std::path::Path::new(path).exists()
+        {
             return Err(Failure::store(format!(
                 "no SQLite database at `{path}`; check the path in --url"
             )));
         }
-        builder.sqlite(&url).await
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        builder.postgres(&url).await
-    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-        builder.mysql(&url).await
+        builder.connect(&url).await
     } else {
-        return Err(unsupported(&url));
+        // A cluster however many nodes are given; a --url beside them names more of them.
+        let mut nodes: Vec<&str> = cli.nodes.iter().map(String::as_str).collect();
+        if let Some(url) = &url {
+            nodes.extend(url.split(',').map(str::trim).filter(|n| !n.is_empty()));
+        }
+        builder.redis_cluster(&nodes).await.map_err(|e| match e {
+            IdemError::Config { message } if message.starts_with("invalid Redis") => {
+                IdemError::Config {
+                    message: format!(
+                        "unsupported store URL: {message}\nhint: --node names a node of a \
+                         Redis Cluster (redis://HOST:PORT), and --url (or IDEM_URL) beside it \
+                         more of its nodes"
+                    ),
+                }
+            }
+            e => e,
+        })
     };
     opened.map_err(|e| match e {
-        IdemError::Config { message } if message.contains("missing") => Failure::store(format!(
-            "{message}\nhint: pass the application's table with --table, or print its DDL \
-                 with `idem schema`"
-        )),
-        e => e.into(),
-    })
-}
-
-/// The refusal of a URL no store takes, naming only its scheme: the rest may hold a
-/// password.
-fn unsupported(url: &str) -> Failure {
-    let scheme = match url.split_once("://") {
-        Some((scheme, _))
-            if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-                && scheme
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        IdemError::Config { message }
+            if message.starts_with("unsupported store URL")
+                || message.starts_with("invalid store URL") =>
         {
-            format!("with the scheme `{scheme}://`")
+            Failure { code: 2, message }
         }
-        _ => "without a `scheme://`".to_owned(),
-    };
-    Failure {
-        code: 2,
-        message: format!(
-            "unsupported store URL ({scheme}); expected sqlite://PATH, \
-             postgres://USER@HOST[:PORT]/DB, mysql://USER@HOST[:PORT]/DB or \
-             redis://HOST[:PORT]"
-        ),
-    }
-}
-
-/// `url` without its user, password and query, which may hold secrets.
-fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "(a URL without a scheme)".to_owned();
-    };
-    let rest = rest.split(['?', '#']).next().unwrap_or_default();
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let host = match rest[..authority_end].rfind('@') {
-        Some(at) => &rest[at + 1..],
-        None => rest,
-    };
-    format!("{scheme}://{host}")
-}
-
-/// The Redis store at `url` (standalone, or a cluster's nodes separated by commas) or at
-/// the `--node`s, under `--key-prefix`. Like the SQL stores it creates nothing: a prefix
-/// no application opened is an error, not an empty store.
-async fn open_redis(cli: &Cli, url: &str, secret: Option<String>) -> Result<Idem, Failure> {
-    let mut nodes: Vec<&str> = cli.nodes.iter().map(String::as_str).collect();
-    if !url.is_empty() {
-        if !is_redis(url) {
-            return Err(Failure {
-                code: 2,
-                message: "--node names the nodes of a Redis Cluster, but --url (or IDEM_URL) \
-                          names another store; pass one of them"
-                    .into(),
-            });
-        }
-        nodes.extend(url.split(',').map(str::trim).filter(|n| !n.is_empty()));
-    }
-    if let Some(bad) = nodes.iter().find(|n| !is_redis(n)) {
-        return Err(unsupported(bad));
-    }
-    let cluster = !cli.nodes.is_empty() || nodes.len() > 1;
-    let prefix = cli.key_prefix.as_str();
-    let store = if cluster {
-        RedisStore::connect_cluster(&nodes, prefix).await
-    } else {
-        RedisStore::connect(nodes[0], prefix).await
-    };
-    let store = store.map_err(|e| {
-        let at: Vec<String> = nodes.iter().map(|n| redacted(n)).collect();
-        let mut failure = Failure::from(e);
-        failure.message = format!("Redis at {}: {}", at.join(", "), failure.message);
-        failure
-    })?;
-    let hint = |e: IdemError| match e {
         IdemError::Config { message } if message.contains("no idem store") => {
             Failure::store(format!(
                 "{message}\nhint: pass the application's prefix with --key-prefix (default `idem`)"
@@ -495,17 +442,22 @@ async fn open_redis(cli: &Cli, url: &str, secret: Option<String>) -> Result<Idem
                  application's `hash_keys` secret, or leave it out if it sets none"
             ),
         },
+        IdemError::Config { message } if message.contains("missing") => Failure::store(format!(
+            "{message}\nhint: pass the application's table with --table, or print its DDL \
+             with `idem schema`"
+        )),
         e => e.into(),
-    };
-    store
-        .check_existing(secret.as_deref().map(str::as_bytes))
-        .await
-        .map_err(hint)?;
-    let mut builder = Idem::builder();
-    if let Some(secret) = secret {
-        builder = builder.hash_keys(secret);
-    }
-    Ok(builder.store(store))
+    })
+}
+
+/// The file a `sqlite:` URL names (none for an in-memory database), checked before
+/// opening: the store would create a missing one.
+fn sqlite_file(url: &str) -> Option<&str> {
+    let rest = url.trim().strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let file = !path.is_empty() && !path.starts_with(':') && !query.contains("mode=memory");
+    file.then_some(path)
 }
 
 /// A table for people that stays greppable: no borders and no wrapping, so each record

@@ -5,6 +5,10 @@ use std::process::Output;
 use std::time::Duration;
 
 use idem_runtime::{Disposition, Idem, IdemError, InFlight};
+use idem_test_support::{
+    RedisCluster, db_required, delete_redis_prefix, mysql_url, postgres_url, reached_or_skip,
+    redis_url, skip, unique_prefix,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -100,6 +104,32 @@ async fn charge(idem: &Idem, order: &str, unknown: bool) -> Result<Receipt, PayE
             }
         })
         .await
+}
+
+/// A `charge` of `order` under a lease of `lease` whose body never ends: returns once the
+/// body runs, with its task to abort.
+async fn hanging_charge(
+    idem: &Idem,
+    order: &'static str,
+    lease: Duration,
+) -> tokio::task::JoinHandle<Result<Receipt, IdemError>> {
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let idem = idem.clone();
+    let task = tokio::spawn(async move {
+        idem.operation("charge", order)
+            .scope("acme")
+            .lease(lease)
+            .retain(Duration::from_secs(86_400))
+            .fingerprint_none()
+            .run(|| async move {
+                started_tx.send(()).unwrap();
+                std::future::pending::<()>().await;
+                Ok::<_, IdemError>(Receipt { id: 0 })
+            })
+            .await
+    });
+    started.await.unwrap();
+    task
 }
 
 /// Records of `refund` under keys of several types, all in scope `acme`.
@@ -365,24 +395,7 @@ async fn operator_flow(store: &[String], idem: &Idem) {
     assert_eq!(charge(idem, "order-2", false).await, Ok(Receipt { id: 1 }));
 
     // A claim whose lease holds is never forgotten: its body may be running.
-    let (started_tx, started) = tokio::sync::oneshot::channel();
-    let running = {
-        let idem = idem.clone();
-        tokio::spawn(async move {
-            idem.operation("charge", "order-4")
-                .scope("acme")
-                .lease(Duration::from_secs(600))
-                .retain(std::time::Duration::from_secs(86_400))
-                .fingerprint_none()
-                .run(|| async move {
-                    started_tx.send(()).unwrap();
-                    std::future::pending::<()>().await;
-                    Ok::<_, IdemError>(Receipt { id: 4 })
-                })
-                .await
-        })
-    };
-    started.await.unwrap();
+    let running = hanging_charge(idem, "order-4", Duration::from_secs(600)).await;
     let (_, err) = text(&["forget", "acme", "charge", "order-4"], 4);
     assert!(
         err.contains("lease holds") && err.contains("IN_PROGRESS"),
@@ -396,24 +409,7 @@ async fn operator_flow(store: &[String], idem: &Idem) {
 
     // A stuck claim: the operator reads it, a claimant takes it over meanwhile, and the
     // operator's resolve at the epoch read is refused; the new claim stands.
-    let (started_tx, started) = tokio::sync::oneshot::channel();
-    let stuck = {
-        let idem = idem.clone();
-        tokio::spawn(async move {
-            idem.operation("charge", "order-3")
-                .scope("acme")
-                .lease(Duration::from_millis(300))
-                .retain(std::time::Duration::from_secs(86_400))
-                .fingerprint_none()
-                .run(|| async move {
-                    started_tx.send(()).unwrap();
-                    std::future::pending::<()>().await;
-                    Ok::<_, IdemError>(Receipt { id: 3 })
-                })
-                .await
-        })
-    };
-    started.await.unwrap();
+    let stuck = hanging_charge(idem, "order-3", Duration::from_millis(300)).await;
     stuck.abort();
     let read = json(&["show", "acme", "charge", "order-3"], 0);
     assert_eq!(read["state"], "in_progress");
@@ -484,18 +480,12 @@ async fn every_subcommand_on_a_sqlite_file() {
 
 #[tokio::test]
 async fn every_subcommand_on_postgres() {
-    let url = std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let url = postgres_url();
     let table = format!("cli_{}", std::process::id());
-    let idem = match Idem::builder().table(&table).postgres(&url).await {
-        Ok(idem) => idem,
-        Err(e) if std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1") => {
-            panic!("PostgreSQL is required (IDEM_REQUIRE_DB=1) but not reachable: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: PostgreSQL not reachable at {url} ({e})");
-            return;
-        }
+    let opened = Idem::builder().table(&table).postgres(&url).await;
+    let Some(idem) = reached_or_skip("every_subcommand_on_postgres", "PostgreSQL", &url, opened)
+    else {
+        return;
     };
     operator_flow(&sql_store(&url, &table), &idem).await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
@@ -513,18 +503,11 @@ async fn every_subcommand_on_postgres() {
 
 #[tokio::test]
 async fn every_subcommand_on_mysql() {
-    let url = std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let url = mysql_url();
     let table = format!("cli_{}", std::process::id());
-    let idem = match Idem::builder().table(&table).mysql(&url).await {
-        Ok(idem) => idem,
-        Err(e) if std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1") => {
-            panic!("MySQL is required (IDEM_REQUIRE_DB=1) but not reachable: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: MySQL not reachable at {url} ({e})");
-            return;
-        }
+    let opened = Idem::builder().table(&table).mysql(&url).await;
+    let Some(idem) = reached_or_skip("every_subcommand_on_mysql", "MySQL", &url, opened) else {
+        return;
     };
     operator_flow(&sql_store(&url, &table), &idem).await;
     let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
@@ -656,9 +639,9 @@ fn schema_prints_the_ddl_for_a_table() {
 /// the claim's procedure, and the store then opens on them without migrating.
 #[tokio::test]
 async fn the_mysql_schema_runs_in_the_mysql_client() {
-    let url = std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-    let required = std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1");
+    let test = "the_mysql_schema_runs_in_the_mysql_client";
+    let url = mysql_url();
+    let required = db_required();
     // mysql://user[:password]@host[:port]/database
     let rest = url.strip_prefix("mysql://").expect("a mysql:// URL");
     let (user, rest) = rest.split_once('@').expect("a user in the URL");
@@ -681,7 +664,7 @@ async fn the_mysql_schema_runs_in_the_mysql_client() {
         Ok(child) => child,
         Err(e) if required => panic!("the mysql client is required (IDEM_REQUIRE_DB=1): {e}"),
         Err(e) => {
-            eprintln!("skipping: no mysql client ({e})");
+            skip(test, &format!("no mysql client ({e})"));
             return;
         }
     };
@@ -690,7 +673,7 @@ async fn the_mysql_schema_runs_in_the_mysql_client() {
     let done = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&done.stderr);
     if !done.status.success() && !required && err.contains("Can't connect") {
-        eprintln!("skipping: MySQL not reachable at {url} ({err})");
+        skip(test, &format!("MySQL not reachable at {url} ({err})"));
         return;
     }
     assert!(done.status.success(), "{err}");
@@ -933,55 +916,6 @@ async fn list_and_show_escape_control_characters() {
     assert_eq!(rows[0]["key"], format!("\"{key}\""));
 }
 
-fn redis_url() -> String {
-    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// A key prefix of this test's own.
-fn unique_prefix(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("idem-cli-{test}-{}-{nanos}", std::process::id())
-}
-
-/// Deletes every key under `prefix` on the server at `url`.
-async fn delete_prefix(url: &str, prefix: &str) {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    for key in keys {
-        let _: i64 = redis::cmd("DEL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
-}
-
-/// Whether a Redis test should run: skipped (with a line) when no server answers, unless
-/// `IDEM_REQUIRE_DB=1`.
-fn redis_or_skip(test: &str, opened: &Result<Idem, IdemError>) -> bool {
-    match opened {
-        Ok(_) => true,
-        Err(e) if std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1") => {
-            panic!("Redis is required (IDEM_REQUIRE_DB=1) but not reachable: {e}")
-        }
-        Err(e) => {
-            eprintln!(
-                "skipping {test}: Redis not reachable at {} ({e})",
-                redis_url()
-            );
-            false
-        }
-    }
-}
-
 /// The operator flow on Redis, by `redis://` URL and key prefix; a prefix no application
 /// opened is an error (and is left unwritten), and keys stored hashed need the secret.
 #[tokio::test]
@@ -989,15 +923,14 @@ async fn every_subcommand_on_redis() {
     let url = redis_url();
     let prefix = unique_prefix("flow");
     let opened = Idem::builder().key_prefix(&prefix).redis(&url).await;
-    if !redis_or_skip("every_subcommand_on_redis", &opened) {
+    let Some(idem) = reached_or_skip("every_subcommand_on_redis", "Redis", &url, opened) else {
         return;
-    }
-    let idem = opened.unwrap();
+    };
     let store: Vec<String> = ["--url", &url, "--key-prefix", &prefix]
         .map(String::from)
         .to_vec();
     operator_flow(&store, &idem).await;
-    delete_prefix(&url, &prefix).await;
+    delete_redis_prefix(&url, &prefix).await;
 
     let nobody = unique_prefix("nobody");
     let (_, err) = text_on(
@@ -1058,129 +991,14 @@ async fn every_subcommand_on_redis() {
     let out = run(true, &["list"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(" h:") && !text.contains("order-1"), "{text}");
-    delete_prefix(&url, &hashed).await;
-}
-
-/// Three `redis-server --cluster-enabled yes` processes, killed on drop.
-struct Cluster {
-    children: Vec<std::process::Child>,
-    ports: Vec<u16>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Cluster {
-    /// Starts the cluster, or `None` when the Redis binaries are missing outside CI.
-    async fn start() -> Option<Cluster> {
-        let have = |bin: &str| {
-            std::process::Command::new(bin)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
-        if !(have("redis-server") && have("redis-cli")) {
-            assert!(
-                std::env::var("IDEM_REQUIRE_DB").is_err(),
-                "redis-server and redis-cli are needed"
-            );
-            eprintln!("skipping: redis-server or redis-cli not installed");
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let mut cluster = Cluster {
-            children: Vec::new(),
-            ports: Vec::new(),
-            _dir: dir,
-        };
-        while cluster.ports.len() < 3 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let bus_free = std::net::TcpListener::bind(("127.0.0.1", port.wrapping_add(10_000)));
-            if port > 55_000 || cluster.ports.contains(&port) || bus_free.is_err() {
-                continue;
-            }
-            drop(bus_free);
-            let conf = cluster._dir.path().join(format!("nodes-{port}.conf"));
-            let child = std::process::Command::new("redis-server")
-                .args(["--cluster-enabled", "yes", "--port", &port.to_string()])
-                .arg("--cluster-config-file")
-                .arg(&conf)
-                .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
-                .current_dir(cluster._dir.path())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
-            cluster.children.push(child);
-            cluster.ports.push(port);
-        }
-        for port in &cluster.ports {
-            cluster.wait_for(*port, |_| true).await;
-        }
-        let mut create = std::process::Command::new("redis-cli");
-        create.args(["--cluster", "create"]);
-        for port in &cluster.ports {
-            create.arg(format!("127.0.0.1:{port}"));
-        }
-        let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        for port in &cluster.ports {
-            cluster
-                .wait_for(*port, |info| info.contains("cluster_state:ok"))
-                .await;
-        }
-        Some(cluster)
-    }
-
-    /// Waits until the node at `port` answers `CLUSTER INFO` with what `ok` wants.
-    async fn wait_for(&self, port: u16, ok: impl Fn(&str) -> bool) {
-        for _ in 0..600 {
-            if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-                && let Ok(mut c) = client.get_multiplexed_async_connection().await
-                && let Ok(info) = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query_async::<String>(&mut c)
-                    .await
-                && ok(&info)
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the cluster node on port {port} never got ready");
-    }
-
-    fn urls(&self) -> Vec<String> {
-        self.ports
-            .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
-            .collect()
-    }
+    delete_redis_prefix(&url, &hashed).await;
 }
 
 /// The operator flow on a Redis Cluster reached by repeated `--node`; a comma-separated
 /// `--url` of the nodes reaches the same records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_subcommand_on_a_redis_cluster() {
-    let Some(cluster) = Cluster::start().await else {
+    let Some(cluster) = RedisCluster::start("every_subcommand_on_a_redis_cluster").await else {
         return;
     };
     let urls = cluster.urls();

@@ -9,6 +9,8 @@ use crate::idem::{Config, Idem, Secret};
 use crate::store::Store;
 #[cfg(feature = "_sql")]
 use crate::store::engine::{Dialect, SqlDb, SqlStore};
+#[cfg(feature = "_sql")]
+use crate::store::sql_handle::{Handled, SqlHandle};
 
 /// Default cap on a recorded outcome's JSON, in bytes.
 pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 64 * 1024;
@@ -258,6 +260,9 @@ impl IdemBuilder {
 
     /// Whether to create or migrate the schema on open (default `true`). Teams that
     /// run their own DDL set `false` and apply the SQL in `idem_runtime::schema` themselves.
+    /// On Redis, which has no schema, `false` writes nothing on open: an application must
+    /// have opened a store under the key prefix already, with the same
+    /// [`hash_keys`](Self::hash_keys), or the open is an [`IdemError::Config`].
     ///
     /// ```no_run
     /// # use idem_runtime::{Idem, IdemError};
@@ -629,7 +634,11 @@ impl IdemBuilder {
     pub fn memory(mut self) -> Idem {
         self.replay_cache_bytes = 0;
         let store = Arc::new(crate::store::MemoryStore::default());
-        self.finish_with(store, None)
+        self.finish_with(
+            store,
+            #[cfg(feature = "_sql")]
+            None,
+        )
     }
 
     /// An `Idem` over a store of your own.
@@ -648,7 +657,11 @@ impl IdemBuilder {
     /// # Ok(()) }
     /// ```
     pub fn store(self, store: impl Store) -> Idem {
-        self.finish_with(Arc::new(store), None)
+        self.finish_with(
+            Arc::new(store),
+            #[cfg(feature = "_sql")]
+            None,
+        )
     }
 
     /// The `Idem` over `store`, wrapped in the layer if one was set. `sql` is the same
@@ -657,7 +670,7 @@ impl IdemBuilder {
     fn finish_with(
         self,
         store: Arc<dyn Store>,
-        sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
+        #[cfg(feature = "_sql")] sql: Option<SqlHandle>,
     ) -> Idem {
         // The openers that return a `Result` refused a bad secret before opening;
         // `memory` and `store` have no other way to.
@@ -679,12 +692,18 @@ impl IdemBuilder {
                 .map(|secret| crate::fingerprint::FingerprintKey::new(&secret.0)),
             log_keys_hashed: self.log_keys_hashed,
         };
-        Idem::new(store, sql, cfg, self.replay_cache_bytes)
+        Idem::new(
+            store,
+            #[cfg(feature = "_sql")]
+            sql,
+            cfg,
+            self.replay_cache_bytes,
+        )
     }
 
     /// The `hash_keys` secret held to the one rule every store applies
     /// ([`Secret::check`]), before anything is opened.
-    fn check_secret(&self) -> Result<(), IdemError> {
+    pub(crate) fn check_secret(&self) -> Result<(), IdemError> {
         self.hash_keys.as_ref().map_or(Ok(()), Secret::check)
     }
 
@@ -698,7 +717,7 @@ impl IdemBuilder {
         opts.max_connections = self.max_connections;
         opts.group_commit = self.group_commit;
         self.check_secret()?;
-        opts.key_mode = crate::idem::key_mode(self.hash_keys.as_ref());
+        opts.key_mode = crate::secret::key_mode(self.hash_keys.as_ref());
         opts.root_cert = self.root_cert.clone();
         Ok(opts)
     }
@@ -787,10 +806,9 @@ impl IdemBuilder {
             self.store_timeout,
             self.root_cert.as_deref(),
         )
-        .await?;
-        store
-            .check_key_mode(&crate::idem::key_mode(self.hash_keys.as_ref()))
-            .await?;
+        .await
+        .map_err(|e| crate::connect::redis_located(e, &[url]))?;
+        self.redis_key_mode(&store).await?;
         Ok(self.store(store))
     }
 
@@ -818,11 +836,26 @@ impl IdemBuilder {
             self.store_timeout,
             self.root_cert.as_deref(),
         )
-        .await?;
-        store
-            .check_key_mode(&crate::idem::key_mode(self.hash_keys.as_ref()))
-            .await?;
+        .await
+        .map_err(|e| crate::connect::redis_located(e, nodes))?;
+        self.redis_key_mode(&store).await?;
         Ok(self.store(store))
+    }
+
+    /// Records the key mode under the prefix (or finds the same one there); with
+    /// `migrate(false)`, writes nothing and requires a store already opened there.
+    #[cfg(feature = "redis")]
+    async fn redis_key_mode(
+        &self,
+        store: &crate::store::redis::RedisStore,
+    ) -> Result<(), IdemError> {
+        if self.migrate {
+            let mode = crate::secret::key_mode(self.hash_keys.as_ref());
+            store.check_key_mode(&mode).await
+        } else {
+            let secret = self.hash_keys.as_ref().map(|s| &*s.0);
+            store.check_existing(secret).await
+        }
     }
 
     #[cfg(feature = "redis")]
@@ -852,9 +885,9 @@ impl IdemBuilder {
 
     /// An `Idem` over a SQL store, reachable by transactional mode too.
     #[cfg(feature = "_sql")]
-    fn sql_store<D: Dialect>(self, store: SqlStore<D>) -> Idem {
+    fn sql_store<D: Handled>(self, store: SqlStore<D>) -> Idem {
         let store = Arc::new(store);
-        self.finish_with(store.clone(), Some(store))
+        self.finish_with(store.clone(), Some(D::handle(store)))
     }
 }
 
@@ -864,7 +897,7 @@ impl IdemBuilder {
 pub trait IntoStore: sealed::Sealed {
     /// The pool's database. Not a stable API.
     #[doc(hidden)]
-    type Db: SqlDb;
+    type Db: SqlDb<Dialect: Handled>;
 
     /// The pool. Not a stable API.
     #[doc(hidden)]
@@ -886,7 +919,7 @@ impl<DB: SqlDb> sealed::Sealed for sqlx::Pool<DB> {}
 /// The pool of each database whose feature is enabled: `PgPool` (`postgres`),
 /// `MySqlPool` (`mysql`), `SqlitePool` (`sqlite`).
 #[cfg(feature = "_sql")]
-impl<DB: SqlDb> IntoStore for sqlx::Pool<DB> {
+impl<DB: SqlDb<Dialect: Handled>> IntoStore for sqlx::Pool<DB> {
     type Db = DB;
 
     fn into_pool(self) -> sqlx::Pool<DB> {

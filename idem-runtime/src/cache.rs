@@ -114,7 +114,7 @@ fn key_bytes(id: &OperationId) -> usize {
 
 /// The heap an outcome holds: its `Arc` and its body.
 fn outcome_bytes(outcome: &StoredOutcome) -> usize {
-    arc_block::<StoredOutcome>() + block(outcome.body.capacity())
+    arc_block::<StoredOutcome>() + block(outcome.body.len())
 }
 
 /// The heap of std's `HashMap` table (hashbrown's layout) of `capacity`: a power of two
@@ -249,7 +249,7 @@ impl ReplayCache {
         &self,
         id: &OperationId,
         fingerprint: [u8; 32],
-        mut outcome: StoredOutcome,
+        outcome: StoredOutcome,
         sent_at: Instant,
         retain: Duration,
     ) {
@@ -261,8 +261,6 @@ impl ReplayCache {
         if expires <= now {
             return;
         }
-        // Serializers leave spare capacity that the budget would count.
-        outcome.body.shrink_to_fit();
         if key_bytes(id) + outcome_bytes(&outcome) > self.budget {
             return;
         }
@@ -322,7 +320,7 @@ mod tests {
         StoredOutcome {
             is_err: false,
             version: 1,
-            body: vec![b'x'; n],
+            body: vec![b'x'; n].into(),
         }
     }
 

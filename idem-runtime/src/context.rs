@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::step::{StepsMode, StepsRun};
+use crate::step_state::{StepsMode, StepsRun};
 use crate::store::OperationId;
 
 tokio::task_local! {

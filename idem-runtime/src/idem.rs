@@ -9,6 +9,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::cache::ReplayCache;
+pub(crate) use crate::secret::Secret;
+use crate::secret::{hex, keyed_hex};
 use crate::error::IdemError;
 use crate::store::wake::{Waiter, WakeHub};
 use crate::store::{ListFilter, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome};
@@ -38,9 +40,10 @@ pub struct Idem {
 
 struct Inner {
     store: Arc<dyn Store>,
-    /// The same store when it is a SQL store, unwrapped (a `SqlStore` of its dialect):
-    /// transactional mode runs its statements on the caller's connection instead.
-    sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// The same store when it is a SQL store, unwrapped: transactional mode runs its
+    /// statements on the caller's connection instead.
+    #[cfg(feature = "_sql")]
+    sql: Option<crate::store::sql_handle::SqlHandle>,
     hub: Arc<WakeHub>,
     cache: ReplayCache,
     cfg: Config,
@@ -60,85 +63,6 @@ pub(crate) struct Config {
     /// Under `hash_keys`, what request fingerprints are keyed with before they are stored.
     pub(crate) fingerprint_key: Option<crate::fingerprint::FingerprintKey>,
     pub(crate) log_keys_hashed: bool,
-}
-
-/// The `hash_keys` secret; never printed.
-#[derive(Clone)]
-pub(crate) struct Secret(pub(crate) Arc<[u8]>);
-
-impl Secret {
-    /// The shortest secret any store takes: a shorter one can be guessed, and with it
-    /// every hashed key tried against a dictionary.
-    pub(crate) const MIN_LEN: usize = 16;
-
-    /// The one rule every store applies to the secret.
-    pub(crate) fn check(&self) -> Result<(), IdemError> {
-        if self.0.len() < Self::MIN_LEN {
-            return Err(IdemError::Config {
-                message: format!(
-                    "the `hash_keys` secret is {} bytes, shorter than {}; use at least 32 \
-                     random bytes kept with your other secrets",
-                    self.0.len(),
-                    Self::MIN_LEN
-                ),
-            });
-        }
-        Ok(())
-    }
-}
-
-/// The key mode of a store whose keys and scopes are stored as given.
-#[cfg_attr(not(any(feature = "_sql", feature = "redis")), allow(dead_code))]
-pub(crate) const PLAIN_KEYS: &str = "plain";
-
-/// How a store records the way its keys and scopes are stored, at its first open:
-/// [`PLAIN_KEYS`], or `hmac-sha256:` and a check value of the secret, so that opening
-/// it later without the secret, or with another one, is refused rather than giving every
-/// operation a new identity (and running every body again).
-#[cfg_attr(not(any(feature = "_sql", feature = "redis")), allow(dead_code))]
-pub(crate) fn key_mode(secret: Option<&Secret>) -> String {
-    match secret {
-        None => PLAIN_KEYS.to_owned(),
-        Some(Secret(secret)) => format!(
-            "hmac-sha256:{}",
-            &keyed_hex(secret, b"idem key-mode check")[..16]
-        ),
-    }
-}
-
-/// Fails unless the key mode `where_` recorded (if any) is `wanted`. `where_` names the
-/// records ("the idem table `t`"), `other` the way out ("another table").
-#[cfg_attr(not(any(feature = "_sql", feature = "redis")), allow(dead_code))]
-pub(crate) fn check_key_mode(
-    where_: &str,
-    other: &str,
-    recorded: Option<&str>,
-    wanted: &str,
-) -> Result<(), IdemError> {
-    let describe = |mode: &str| {
-        if mode == PLAIN_KEYS {
-            "as given (no `hash_keys`)".to_owned()
-        } else {
-            format!("keyed-hashed with the secret whose check value is `{mode}`")
-        }
-    };
-    match recorded {
-        Some(found) if found != wanted => Err(IdemError::Config {
-            message: format!(
-                "{where_} stores keys and scopes {}, but this store was opened with keys {}; \
-                 open it with the same `hash_keys` setting and secret, or use {other}",
-                describe(found),
-                describe(wanted)
-            ),
-        }),
-        _ => Ok(()),
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
 }
 
 impl std::fmt::Debug for Idem {
@@ -370,11 +294,8 @@ impl Idem {
                         in_doubt: false,
                     });
                 }
-                let stored = StoredOutcome {
-                    is_err: matches!(resolution, Resolution::Rejected { .. }),
-                    version: *version,
-                    body,
-                };
+                let is_err = matches!(resolution, Resolution::Rejected { .. });
+                let stored = StoredOutcome::new(body, is_err, *version);
                 Some((stored, *retain))
             }
         };
@@ -446,7 +367,7 @@ impl Idem {
 
     pub(crate) fn new(
         store: Arc<dyn Store>,
-        sql: Option<Arc<dyn std::any::Any + Send + Sync>>,
+        #[cfg(feature = "_sql")] sql: Option<crate::store::sql_handle::SqlHandle>,
         cfg: Config,
         replay_cache_bytes: usize,
     ) -> Idem {
@@ -455,6 +376,7 @@ impl Idem {
         Idem {
             inner: Arc::new(Inner {
                 store,
+                #[cfg(feature = "_sql")]
                 sql,
                 hub,
                 cache: ReplayCache::new(replay_cache_bytes),
@@ -468,37 +390,18 @@ impl Idem {
         self.inner.cfg.renew_leases
     }
 
-    /// Whether claims in the local memory store are pinned rather than renewed (see
-    /// `AtOnce::claim_at_once`): the claim and the lease that unpins it must agree.
-    pub(crate) fn pins_claims(&self) -> bool {
-        self.renews_leases()
-    }
-
-    pub(crate) fn store(&self) -> &dyn Store {
-        &*self.inner.store
-    }
-
-    /// The store's claims and records taken at once, where it answers in this process.
-    pub(crate) fn at_once(&self) -> Option<&dyn crate::store::AtOnce> {
-        self.inner.store.at_once()
-    }
-
-    pub(crate) fn store_shared(&self) -> &Arc<dyn Store> {
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
-    }
-
-    pub(crate) fn store_arc(&self) -> Arc<dyn Store> {
-        self.inner.store.clone()
     }
 
     pub(crate) fn renewer(&self) -> &Arc<crate::lease::Renewer> {
         &self.inner.renewer
     }
 
-    /// The SQL store this `Idem` was opened on, for transactional mode to downcast.
-    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
-    pub(crate) fn sql_store(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
-        self.inner.sql.as_deref()
+    /// The SQL store this `Idem` was opened on, for transactional mode.
+    #[cfg(feature = "_sql")]
+    pub(crate) fn sql_store(&self) -> Option<&crate::store::sql_handle::SqlHandle> {
+        self.inner.sql.as_ref()
     }
 
     pub(crate) fn cache(&self) -> &ReplayCache {
@@ -568,31 +471,6 @@ impl Idem {
 
 fn hex_sha256(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
-}
-
-/// HMAC-SHA256 of `bytes` under `secret`, in hex.
-pub(crate) fn keyed_hex(secret: &[u8], bytes: &[u8]) -> String {
-    use hmac::Mac;
-    let mut mac =
-        hmac::Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
-    mac.update(bytes);
-    hex(&mac.finalize().into_bytes())
-}
-
-/// `bytes` in lowercase hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    push_hex(&mut out, bytes);
-    out
-}
-
-/// Appends `bytes` to `out` in lowercase hex.
-pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
 }
 
 /// The background purge started by [`Idem::spawn_reaper`]; dropping it stops the task.

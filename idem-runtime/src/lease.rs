@@ -3,8 +3,8 @@
 //! One task per [`Idem`](crate::Idem) renews every live claim from a schedule ordered by due time, so
 //! a call pays for a map entry rather than a spawned task. A call on another runtime than
 //! the one that task runs on gets a renewal task of its own, so its renewals never wait
-//! on a runtime that is not being driven. A claim in [`Idem::memory`](crate::Idem::memory)'s own store is
-//! not renewed at all: it is pinned there while its call lives.
+//! on a runtime that is not being driven. A claim is filed for renewal when its body
+//! first waits: a body that ends on its first poll costs no entry.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -30,122 +30,118 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A claim's lease as this process knows it: renewed in the background (when renewal is
-/// on), or pinned in the process's own memory store, until dropped.
-pub(crate) enum Lease<'a> {
-    Renewed {
-        held_until: Held,
-        renewal: Renewal,
-    },
-    /// Claimed pinned (`AtOnce::claim_at_once`) in `store`: held while this lives,
-    /// with nothing to renew; dropped unsettled, it lets the lease run from then. The
-    /// store is taken out once the claim is settled. (Small, a thin reference: every
-    /// call's future holds it.)
-    Pinned {
-        store: Option<&'a Arc<dyn Store>>,
-        id: &'a OperationId,
-        epoch: u64,
-    },
+/// on) from the moment its body first waits, until dropped.
+pub(crate) struct Lease<'a> {
+    held_until: Held,
+    renewal: Renewal<'a>,
 }
 
-pub(crate) enum Renewal {
+pub(crate) enum Renewal<'a> {
     None,
+    /// To be filed with the renewer when the body first waits: a body that ends on its
+    /// first poll never needed a renewal, and costs no entry in the schedule.
+    Due(Due<'a>),
     /// An entry in the `Idem`'s schedule.
     Shared(Arc<Renewer>, u64),
     /// A task of this call's own, on its own runtime.
     Own(JoinHandle<()>),
 }
 
+/// What filing a claim for renewal takes, borrowed from the call until it is filed.
+pub(crate) struct Due<'a> {
+    renewer: &'a Arc<Renewer>,
+    store: &'a Arc<dyn Store>,
+    id: &'a Arc<OperationId>,
+    epoch: u64,
+    lease: Duration,
+    store_timeout: Duration,
+    claimed_at: Instant,
+}
+
 impl<'a> Lease<'a> {
-    /// When the claim of `lease` lapses unless renewed again (the last confirmed
-    /// renewal, or the claim, plus the lease), or `None` when the store said it is no
-    /// longer held. A pinned claim holds a whole lease from any moment.
-    pub(crate) fn held_until(&self, lease: Duration) -> Option<Instant> {
-        match self {
-            Lease::Renewed { held_until, .. } => *lock(held_until),
-            Lease::Pinned { .. } => Some(Instant::now() + lease),
-        }
+    /// When the claim lapses unless renewed again (the last confirmed renewal, or the
+    /// claim, plus the lease), or `None` when the store said it is no longer held.
+    pub(crate) fn held_until(&self) -> Option<Instant> {
+        *lock(&self.held_until)
     }
 
     /// What the renewals learn of the claim, for a body to check: `None` where nothing
-    /// renews it (pinned, or renewal off), so nothing can learn it was lost.
+    /// renews it (renewal off), so nothing can learn it was lost.
     pub(crate) fn watch(&self) -> Option<Held> {
-        match self {
-            Lease::Renewed {
-                held_until,
-                renewal: Renewal::Shared(..) | Renewal::Own(_),
-            } => Some(held_until.clone()),
-            _ => None,
+        match self.renewal {
+            Renewal::None => None,
+            _ => Some(self.held_until.clone()),
         }
     }
 
-    /// The claim `epoch` of `id`, made pinned in `store`.
-    pub(crate) fn pinned(store: &'a Arc<dyn Store>, id: &'a OperationId, epoch: u64) -> Lease<'a> {
-        Lease::Pinned {
-            store: Some(store),
-            id,
-            epoch,
-        }
-    }
-
-    /// The claim was recorded: a pinned one has nothing left to undo.
-    pub(crate) fn settled(mut self) {
-        if let Lease::Pinned { store, .. } = &mut self {
-            *store = None;
-        }
-    }
-
-    /// Holds the claim `epoch` of `id` for `lease` from `claimed_at`, renewing it in the
-    /// background through `renewer` (when there is one: renewal is on) until dropped.
-    /// A renewal waits at most `store_timeout` (and a third of the lease) for its
-    /// answer. `store` is called only where a renewal task starts.
+    /// Holds the claim `epoch` of `id` for `lease` from `claimed_at`, to be renewed in
+    /// the background through `renewer` (when there is one: renewal is on) once
+    /// [`renewed_while`](Self::renewed_while) finds the body waiting, until dropped. A
+    /// renewal waits at most `store_timeout` (and a third of the lease) for its answer.
     pub(crate) fn hold(
-        renewer: Option<&Arc<Renewer>>,
-        store: impl Fn() -> Arc<dyn Store>,
-        id: &Arc<OperationId>,
+        renewer: Option<&'a Arc<Renewer>>,
+        store: &'a Arc<dyn Store>,
+        id: &'a Arc<OperationId>,
         epoch: u64,
         lease: Duration,
         store_timeout: Duration,
         claimed_at: Instant,
     ) -> Lease<'a> {
-        let held_until = Arc::new(Mutex::new(Some(claimed_at + lease)));
-        let renewal = if let Some(renewer) = renewer {
-            let claim = Claim {
-                id: id.clone(),
+        let renewal = match renewer {
+            Some(renewer) => Renewal::Due(Due {
+                renewer,
+                store,
+                id,
                 epoch,
                 lease,
                 store_timeout,
-                held: held_until.clone(),
-                span: tracing::Span::current(),
-            };
-            renewer.add(store, claim, claimed_at)
-        } else {
-            Renewal::None
+                claimed_at,
+            }),
+            None => Renewal::None,
         };
-        Lease::Renewed {
-            held_until,
+        Lease {
+            held_until: Arc::new(Mutex::new(Some(claimed_at + lease))),
             renewal,
         }
+    }
+
+    /// Runs `body`, filing the claim for renewal the first time it waits.
+    pub(crate) async fn renewed_while<F: std::future::Future>(&mut self, body: F) -> F::Output {
+        let mut body = std::pin::pin!(body);
+        std::future::poll_fn(|cx| {
+            let out = body.as_mut().poll(cx);
+            if out.is_pending() {
+                self.file();
+            }
+            out
+        })
+        .await
+    }
+
+    /// Files a claim still due for renewal with the renewer.
+    fn file(&mut self) {
+        let Renewal::Due(due) = &self.renewal else {
+            return;
+        };
+        let claim = Claim {
+            id: due.id.clone(),
+            epoch: due.epoch,
+            lease: due.lease,
+            store_timeout: due.store_timeout,
+            held: self.held_until.clone(),
+            span: tracing::Span::current(),
+        };
+        let store = due.store;
+        self.renewal = due.renewer.add(|| store.clone(), claim, due.claimed_at);
     }
 }
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        match self {
-            Lease::Renewed { renewal, .. } => match renewal {
-                Renewal::None => {}
-                Renewal::Shared(renewer, slot) => renewer.remove(*slot),
-                Renewal::Own(task) => task.abort(),
-            },
-            Lease::Pinned {
-                store: Some(store),
-                id,
-                epoch,
-            } => {
-                if let Some(store) = store.at_once() {
-                    store.unpin(id, *epoch);
-                }
-            }
-            Lease::Pinned { store: None, .. } => {}
+        match &self.renewal {
+            Renewal::None | Renewal::Due(_) => {}
+            Renewal::Shared(renewer, slot) => renewer.remove(*slot),
+            Renewal::Own(task) => task.abort(),
         }
     }
 }
@@ -248,7 +244,7 @@ impl Renewer {
         store: impl Fn() -> Arc<dyn Store>,
         claim: Claim,
         from: Instant,
-    ) -> Renewal {
+    ) -> Renewal<'static> {
         let Ok(runtime) = Handle::try_current() else {
             // Leases are held inside a call, which runs on a runtime; without one there is
             // nothing to renew on.

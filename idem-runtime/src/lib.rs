@@ -106,8 +106,10 @@
 #![cfg_attr(docsrs, doc(auto_cfg(hide(feature = "_sql", feature = "_sql_server"))))]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
+mod bounded;
 mod builder;
 mod cache;
+mod connect;
 mod context;
 mod error;
 mod fingerprint;
@@ -126,8 +128,10 @@ pub mod mcp;
 pub mod metrics;
 mod names;
 mod op;
+mod secret;
 pub mod queue;
 mod step;
+mod step_state;
 pub mod store;
 mod tx;
 

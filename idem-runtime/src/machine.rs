@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::bounded::{bounded, no_answer};
 use crate::cache::Cached;
 use crate::context;
 use crate::error::{IdemError, StoreError};
@@ -16,8 +17,8 @@ use crate::idem::Idem;
 use crate::lease::Lease;
 use crate::metrics;
 use crate::op::{Encoded, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
-use crate::step::StepsMode;
-use crate::store::{Claim, ClaimRequest, Claimed, Fence, Kept, OutcomeRef, StoredOutcome};
+use crate::step_state::StepsMode;
+use crate::store::{Claim, ClaimRequest, Fence, OutcomeRef, StoredOutcome};
 
 impl<P, U, FP, R> Operation<P, U, FP, R> {
     /// Claims the operation, runs `body` if this call owns it, and records the outcome.
@@ -83,15 +84,9 @@ struct Run<'a, P, U, T> {
     _t: PhantomData<fn() -> T>,
 }
 
-/// One claim's answer, or on the memory store a replay decided at once.
-enum Attempt {
-    Replay(Replayed),
-    Answered(Result<Claim, StoreError>, At),
-}
-
-/// When a claim was sent (or, on the memory store, made), whether it was made on
-/// this thread just now, so it needs no confirming before the body runs, and whether
-/// it resumes recorded steps.
+/// When a claim was sent (or, by a store that answers at once, made), whether it was
+/// made on this thread just now, so it needs no confirming before the body runs, and
+/// whether it resumes recorded steps.
 #[derive(Clone, Copy)]
 struct At {
     sent: Instant,
@@ -113,11 +108,10 @@ enum Decided {
     Unprotected,
 }
 
-/// A recorded outcome to replay: one this process holds (its cache's, the memory
-/// store's), or one the store returned.
+/// A recorded outcome to replay: one this process's cache holds, or one the store
+/// returned (shared with it, where the store is in this process).
 enum Replayed {
     Cached(Arc<StoredOutcome>),
-    Kept(Kept),
     Read(StoredOutcome),
 }
 
@@ -125,7 +119,6 @@ impl Replayed {
     fn view(&self) -> OutcomeRef<'_> {
         match self {
             Replayed::Cached(outcome) => outcome.view(),
-            Replayed::Kept(outcome) => outcome.view(),
             Replayed::Read(outcome) => outcome.view(),
         }
     }
@@ -218,15 +211,22 @@ where
             Some(Cached::Mismatch) => return Err(self.mismatch()),
             None => {}
         }
-        if store.peeks() {
-            let read = store.peek_completed(id, &self.fingerprint);
-            let read = metrics::store_call(self.name(), "peek_completed", read);
-            match Box::pin(bounded(self.idem.store_timeout(), "replay read", read)).await {
-                Ok(Some(Ok(outcome))) => return Ok(Decided::Replay(Replayed::Read(outcome))),
-                Ok(Some(Err(_))) => return Err(self.mismatch()),
-                Ok(None) => {}
-                Err(e) => return self.store_down(e),
+        // A store that answers at once is not timed: no timer, no box. Only the box is
+        // held across the wait, not the answer's room.
+        let sent = match store.peek_completed(id, &self.fingerprint).now() {
+            Ok(answer) => match self.peeked(answer) {
+                Some(decided) => return decided,
+                None => None,
+            },
+            Err(read) => {
+                let read = metrics::store_call(self.name(), "peek_completed", read);
+                Some(Box::pin(bounded(self.idem.store_timeout(), "replay read", read)))
             }
+        };
+        if let Some(read) = sent
+            && let Some(decided) = self.peeked(read.await)
+        {
+            return decided;
         }
         let req = ClaimRequest {
             id,
@@ -235,9 +235,8 @@ where
             on_takeover: self.op.on_takeover,
         };
         let (retry_after, sent) = match self.claim(&req).await {
-            Attempt::Replay(outcome) => return Ok(Decided::Replay(outcome)),
-            Attempt::Answered(Err(e), _) => return self.store_down(e),
-            Attempt::Answered(Ok(claim), at) => match self.settle(claim, at)? {
+            (Err(e), _) => return self.store_down(e),
+            (Ok(claim), at) => match self.settle(claim, at)? {
                 Settled::Decided(decided) => return Ok(decided),
                 Settled::InFlight(retry_after) => (retry_after, at.sent),
             },
@@ -250,38 +249,44 @@ where
         }
     }
 
-    /// One claim: at once where the store answers in this process, else sent.
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Attempt {
-        match self.idem.at_once() {
-            Some(store) => match store.claim_at_once(req, self.idem.pins_claims()) {
-                (Claimed::Completed(outcome), _) => Attempt::Replay(Replayed::Kept(outcome)),
-                (Claimed::Decided(claim), made) => Attempt::Answered(
-                    Ok(claim),
-                    At {
-                        sent: Instant::from_std(made),
-                        at_once: true,
-                        resume: false,
-                    },
-                ),
-            },
-            None => {
-                let sent = Instant::now();
-                // Bounded by the store timeout within. Boxed with its timer: the memory
-                // store's calls should not carry them, and a round trip dwarfs the
-                // allocation.
-                let claim =
-                    ClaimInFlight::send(&self.idem, self.op.id.shared(), req, self.op.retain, sent);
-                let answer = Box::pin(claim).await;
-                Attempt::Answered(
-                    answer,
-                    At {
-                        sent,
-                        at_once: false,
-                        resume: false,
-                    },
-                )
-            }
+    /// What a replay read decides, if anything: `None` sends the claim.
+    #[allow(clippy::type_complexity, reason = "the store's answer as it comes")]
+    fn peeked(
+        &self,
+        read: Result<Option<Result<StoredOutcome, crate::store::Mismatched>>, StoreError>,
+    ) -> Option<Result<Decided, IdemError>> {
+        match read {
+            Ok(Some(Ok(outcome))) => Some(Ok(Decided::Replay(Replayed::Read(outcome)))),
+            Ok(Some(Err(_))) => Some(Err(self.mismatch())),
+            Ok(None) => None,
+            Err(e) => Some(self.store_down(e)),
         }
+    }
+
+    /// One claim: taken at once where the store answers in this process, else sent.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> (Result<Claim, StoreError>, At) {
+        let sent = Instant::now();
+        // A store that answers at once has made the claim already; a future that would
+        // make a round trip is dropped unpolled (so it has done nothing) and sent again,
+        // owned, where it can outlive a cancelled caller.
+        if let Ok(answer) = self.idem.store().claim(req).now() {
+            let at = At {
+                sent,
+                at_once: true,
+                resume: false,
+            };
+            return (answer, at);
+        }
+        // Bounded by the store timeout within. Boxed with its timer: a round trip dwarfs
+        // the allocation.
+        let claim = ClaimInFlight::send(&self.idem, self.op.id.shared(), req, self.op.retain, sent);
+        let answer = Box::pin(claim).await;
+        let at = At {
+            sent,
+            at_once: false,
+            resume: false,
+        };
+        (answer, at)
     }
 
     /// What a claim's answer decides, or how long the call in flight has left.
@@ -367,12 +372,11 @@ where
             // not lost.
             notified.as_mut().enable();
             let (claim, at) = match self.claim(req).await {
-                Attempt::Replay(outcome) => return Ok(Decided::Replay(outcome)),
-                Attempt::Answered(Ok(claim), at) => (claim, at),
+                (Ok(claim), at) => (claim, at),
                 // Another caller is known to be running it: running it here too, even
                 // with `fail_open`, would be the duplicate idem exists to prevent. A
                 // transient error is waited out like the in-flight call, to the deadline.
-                Attempt::Answered(Err(e), _) => {
+                (Err(e), _) => {
                     let now = Instant::now();
                     if e.retryable && now < deadline {
                         tracing::debug!(error = %e, "claim failed while waiting; retrying");
@@ -491,21 +495,15 @@ where
             // The operation's own identity, shared with the body's context and the lease's
             // renewals: no copy of its strings.
             let shared = self.op.id.shared();
-            let lease = match self.idem.at_once() {
-                // Claimed pinned (`claim`): held while `lease` lives, nothing to renew.
-                Some(_) if self.idem.pins_claims() => {
-                    Lease::pinned(self.idem.store_shared(), id, epoch)
-                }
-                _ => Lease::hold(
-                    self.idem.renews_leases().then(|| self.idem.renewer()),
-                    || self.idem.store_arc(),
-                    &shared,
-                    epoch,
-                    self.op.lease,
-                    self.idem.store_timeout(),
-                    claimed_at,
-                ),
-            };
+            let mut lease = Lease::hold(
+                self.idem.renews_leases().then(|| self.idem.renewer()),
+                self.idem.store(),
+                self.op.id.arc_ref(),
+                epoch,
+                self.op.lease,
+                self.idem.store_timeout(),
+                claimed_at,
+            );
             // Timed only where the histogram exists: two clock reads per call otherwise.
             #[cfg(feature = "metrics")]
             let started = Instant::now();
@@ -514,7 +512,10 @@ where
             } else {
                 StepsMode::Leased(self.idem.clone(), lease.watch())
             };
-            let (out, unrecorded_step) = context::scope_body(shared, epoch, steps, body()).await;
+            // Renewals start once the body waits: one that ends on its first poll never
+            // needed one, and costs no entry in the renewal schedule.
+            let run = context::scope_body(shared, epoch, steps, body());
+            let (out, unrecorded_step) = lease.renewed_while(run).await;
             #[cfg(feature = "metrics")]
             metrics::body_time(self.name(), started.elapsed());
             let lease_end = &lease;
@@ -560,7 +561,6 @@ where
                 }
             };
             self.record(epoch, outcome, lease_end, span).await?;
-            lease.settled();
             context::report_run(epoch, true);
             result
         }
@@ -583,14 +583,22 @@ where
         span: &tracing::Span,
     ) -> Result<(), IdemError> {
         let id = &self.op.id;
-        if let Some(store) = self.idem.at_once() {
-            // Answered at once and never fails: no retries, no cache to fill.
-            let fence = store.record_at_once(id, epoch, Kept::from(&outcome), self.op.retain);
-            return self.recorded(epoch, fence, span);
+        let at_once = match self
+            .idem
+            .store()
+            .record(id, epoch, &outcome, self.op.retain)
+            .now()
+        {
+            Ok(Ok(fence)) => Some(fence),
+            _ => None,
+        };
+        match at_once {
+            // Answered in this process: no retries, and no cache to fill beside the store.
+            Some(fence) => self.recorded(epoch, fence, span),
+            // Boxed: its retries hold timers a store that answers at once should not
+            // carry in every call's future, and a round trip dwarfs the allocation.
+            None => Box::pin(self.record_in_store(epoch, outcome, lease, span)).await,
         }
-        // Boxed: its retries hold timers the memory store's calls should not carry in
-        // their futures, and a round trip dwarfs the allocation.
-        Box::pin(self.record_in_store(epoch, outcome, lease, span)).await
     }
 
     async fn record_in_store(
@@ -612,10 +620,8 @@ where
         loop {
             // Each attempt gets `each`, cut to what is left of the window below; the first
             // gets it whole, so a late record after a partition still learns `Fenced`.
-            let window = lease
-                .held_until(self.op.lease)
-                .map_or(started, |held| started.min(held))
-                + self.op.lease;
+            let window =
+                lease.held_until().map_or(started, |held| started.min(held)) + self.op.lease;
             let now = Instant::now();
             let attempt = if first {
                 now + each
@@ -647,7 +653,7 @@ where
                 }
                 Err(e) => {
                     let now = Instant::now();
-                    let Some(held_until) = lease.held_until(self.op.lease) else {
+                    let Some(held_until) = lease.held_until() else {
                         // A renewal found the claim gone: taken over, resolved, or
                         // completed by this very record whose reply was lost. Records are
                         // fenced and idempotent per epoch, so one more attempt tells which.
@@ -707,7 +713,7 @@ where
     /// governs. Returns what became of the operation, for the caller's error message.
     async fn settle_unknown(&self, epoch: u64, lease: &Lease<'_>) -> &'static str {
         let id = &self.op.id;
-        let until = lease.held_until(self.op.lease);
+        let until = lease.held_until();
         let mut bound = self.write_bound();
         loop {
             let mark = self.idem.store().mark_unknown(id, epoch);
@@ -753,32 +759,6 @@ where
 /// The pause between attempts to move a claim to UNKNOWN.
 const UNKNOWN_RETRY_EVERY: Duration = Duration::from_millis(50);
 
-/// `answer`, or a retryable store error once `timeout` passes without it. Dropping a
-/// statement's future closes its connection (the stores never reuse one mid-protocol),
-/// so a black-holed connection is not handed to the next call.
-pub(crate) async fn bounded<T>(
-    timeout: Duration,
-    what: &'static str,
-    answer: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(timeout, answer)
-        .await
-        .unwrap_or_else(|_| Err(no_answer(what, timeout)))
-}
-
-/// Retryable, but not "unreachable": silence cannot be told from a statement waiting on
-/// a lock another call holds, so `fail_open` does not run a body on it.
-fn no_answer(what: &str, after: Duration) -> StoreError {
-    StoreError::new(
-        true,
-        format!(
-            "the store did not answer the {what} within {after:?} (a network partition, a \
-         stalled server, or more calls than its connections serve); retry later, and see \
-         `IdemBuilder::store_timeout`"
-        ),
-    )
-}
-
 /// A claim sent to the store, bounded by the store timeout from when it was sent, and
 /// owned so that it can outlive the call.
 ///
@@ -814,7 +794,7 @@ impl ClaimInFlight {
         sent: Instant,
     ) -> Self {
         let (store, owned, fingerprint, lease, on_takeover) = (
-            idem.store_arc(),
+            idem.store().clone(),
             id.clone(),
             req.fingerprint,
             req.lease,
@@ -980,7 +960,7 @@ mod tests {
             .retain(std::time::Duration::from_secs(86_400))
             .run(|| async { Ok::<_, crate::IdemError>(5u64) });
         let size = std::mem::size_of_val(&call);
-        assert!(size <= 680, "a call's future grew to {size} bytes");
+        assert!(size <= 688, "a call's future grew to {size} bytes");
     }
 
     /// The body runs in a future of its own: a body that holds 4 KiB across an await

@@ -1171,11 +1171,7 @@ impl<P, U> Operation<P, U> {
         if body.len() > max {
             return Encoded::Unrecordable(Unrecordable::TooLarge(body.len()));
         }
-        let outcome = StoredOutcome {
-            is_err,
-            version: self.version,
-            body,
-        };
+        let outcome = StoredOutcome::new(body, is_err, self.version);
         Encoded::Record(outcome, result)
     }
 }

@@ -1,6 +1,6 @@
 //! Steps: several effects in one operation, each run once and recorded before the next.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -8,11 +8,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::bounded::bounded;
 use crate::context::{self, Body};
 use crate::error::{IdemError, StoreError};
 use crate::idem::Idem;
-use crate::lease::{Held, known_lost};
-use crate::machine::bounded;
+use crate::lease::known_lost;
+use crate::step_state::StepsMode;
 use crate::store::{Fence, StepRecord, StoredOutcome};
 
 /// The longest label a step may have, in bytes: labels are stored beside the operation.
@@ -21,36 +22,6 @@ pub const MAX_STEP_LABEL: usize = 255;
 /// Version of a step's encoded value. Steps are replayed only into the body that
 /// recorded them, so their values carry no schema version of the operation's.
 const STEP_VERSION: u32 = 1;
-
-/// How a body's steps are kept.
-pub(crate) enum StepsMode {
-    /// Under a leased claim: recorded in the store, fenced by the body's epoch; with
-    /// what the claim's renewals learn of it, where it is renewed.
-    Leased(Idem, Option<Held>),
-    /// The same, for a claim that found recorded steps: read at the first step.
-    Resumed(Idem, Option<Held>),
-    /// Run unprotected (`fail_open` with the store down): nothing can be recorded.
-    Unprotected,
-    /// Inside the caller's transaction, which is already one unit.
-    Transactional,
-}
-
-/// What one run of a body has done with its steps.
-#[derive(Default)]
-pub(crate) struct StepsRun {
-    /// The recorded steps by label, once read (resumed runs only).
-    recorded: Option<HashMap<String, StoredOutcome>>,
-    /// The labels this run has used.
-    labels: Option<HashSet<Box<str>>>,
-    /// A step ran and its value was not recorded.
-    unrecorded: bool,
-}
-
-impl StepsRun {
-    pub(crate) fn unrecorded(&self) -> bool {
-        self.unrecorded
-    }
-}
 
 /// Inside an idempotent body: runs `f` once per operation and records its `Ok` value
 /// under the operation before returning it; on a later run of the body (a retry after a
@@ -339,11 +310,7 @@ fn encode<T: Serialize>(
             in_doubt: true,
         });
     }
-    Ok(StoredOutcome {
-        is_err: false,
-        version: STEP_VERSION,
-        body,
-    })
+    Ok(StoredOutcome::new(body, false, STEP_VERSION))
 }
 
 /// Writes the step, retrying a retryable store error with backoff for at most the

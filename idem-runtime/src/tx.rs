@@ -18,9 +18,11 @@ use crate::error::StoreError;
 #[cfg(feature = "_sql")]
 use crate::op::Encoded;
 #[cfg(feature = "_sql")]
-use crate::store::engine::{Dialect, SqlDb, SqlStore};
+use crate::store::engine::{SqlDb, SqlStore};
 #[cfg(feature = "_sql")]
 use crate::store::sql_common::TxClaim;
+#[cfg(feature = "_sql")]
+use crate::store::sql_handle::Handled;
 #[cfg(feature = "_sql")]
 use crate::store::{Fence, OperationId, StoredOutcome};
 
@@ -89,7 +91,7 @@ pub trait TxConnection: sealed::Sealed + Send {
     /// The transaction's database. Not a stable API.
     #[doc(hidden)]
     #[cfg(feature = "_sql")]
-    type Db: SqlDb;
+    type Db: SqlDb<Dialect: Handled>;
 
     /// The connection under the transaction. Not a stable API.
     #[doc(hidden)]
@@ -107,7 +109,7 @@ impl<DB: SqlDb> sealed::Sealed for sqlx::Transaction<'_, DB> {}
 /// A transaction on each database whose feature is enabled: `Postgres` (`postgres`),
 /// `MySql` (`mysql`), `Sqlite` (`sqlite`).
 #[cfg(feature = "_sql")]
-impl<DB: SqlDb> TxConnection for sqlx::Transaction<'_, DB> {
+impl<DB: SqlDb<Dialect: Handled>> TxConnection for sqlx::Transaction<'_, DB> {
     type Db = DB;
 
     fn idem_conn(&mut self) -> &mut DB::Connection {
@@ -122,18 +124,18 @@ type DialectOf<C> = <<C as TxConnection>::Db as SqlDb>::Dialect;
 /// Transactional mode on one connection: idem's store on its database, and the
 /// connection.
 #[cfg(feature = "_sql")]
-struct InTx<'a, D: Dialect> {
+struct InTx<'a, D: Handled> {
     store: &'a SqlStore<D>,
     conn: &'a mut D::Conn,
 }
 
 #[cfg(feature = "_sql")]
-impl<'a, D: Dialect> InTx<'a, D> {
+impl<'a, D: Handled> InTx<'a, D> {
     /// Fails unless `idem`'s store is on this connection's kind of database.
     fn new(idem: &'a crate::Idem, conn: &'a mut D::Conn) -> Result<Self, IdemError> {
         let store = idem
             .sql_store()
-            .and_then(|store| store.downcast_ref::<SqlStore<D>>())
+            .and_then(D::store)
             .ok_or_else(wrong_store)?;
         Ok(InTx { store, conn })
     }
@@ -298,7 +300,7 @@ impl<P, U> TxGuard<P, U> {
     /// Runs the body with [`current`](crate::current) set to this operation, as a leased
     /// body has it.
     pub async fn body<F: std::future::Future>(&self, body: F) -> F::Output {
-        let steps = crate::step::StepsMode::Transactional;
+        let steps = crate::step_state::StepsMode::Transactional;
         crate::context::scope_body(self.op.id.shared(), self.epoch, steps, body)
             .await
             .0

@@ -3,9 +3,15 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_runtime::{Idem, IdemBuilder, IdemError};
+// The scaffolding idem-cli's tests use too (not every test binary uses all of it).
+#[allow(unused_imports)]
+pub use idem_test_support::{
+    db_required, delete_redis_prefix, have, listens, mysql_url, need, postgres_url,
+    reached_or_skip, redis_url, scan_keys, skip, spare_port, unique_prefix, unique_table,
+};
 
 /// One store under test, able to open more handles on the same records.
 pub struct Ctx {
@@ -30,10 +36,6 @@ enum Target {
     Postgres { url: String, table: String },
     Redis { url: String, prefix: String },
     MySql { url: String, table: String },
-}
-
-pub fn redis_url() -> String {
-    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
 /// Whether anything listens at the Redis URL's host and port, asked once per test
@@ -75,21 +77,6 @@ pub fn redis_skip(test: &str) -> Option<()> {
     Some(())
 }
 
-/// A key prefix of its own for each test, so counts are exact and tests run in parallel.
-/// Whether `binary --version` runs, for tests that start servers of their own.
-pub fn have(binary: &str) -> bool {
-    std::process::Command::new(binary)
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-pub fn unique_prefix(test: &str) -> String {
-    format!("idem-test:{}", unique_table(test))
-}
-
 /// The calls of each command the Redis server at `url` ran since the last reset, as
 /// `(name, calls)` (`eval`, `evalsha`, `hmget`, ...); resets the counters.
 pub async fn redis_command_calls(url: &str) -> Vec<(String, u64)> {
@@ -120,79 +107,15 @@ pub async fn redis_command_calls(url: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Deletes every key under `prefix` (records and steps) on the server at `url`.
-pub async fn delete_redis_prefix(url: &str, prefix: &str) {
-    let Ok(client) = redis::Client::open(url) else {
-        return;
-    };
-    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-        return;
-    };
-    let mut cursor: u64 = 0;
-    loop {
-        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}:*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-        else {
-            return;
-        };
-        for k in keys {
-            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(k).query_async(&mut conn).await;
-        }
-        cursor = next;
-        if cursor == 0 {
-            return;
-        }
-    }
-}
-
 /// A connection to the test Redis and the keys of every record under `prefix`, the
 /// whole keyspace scanned.
 pub async fn redis_record_keys(prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {
     let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut found = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}:r:*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        found.extend(keys);
-        cursor = next;
-        if cursor == 0 {
-            return (conn, found);
-        }
-    }
-}
-
-pub fn postgres_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// Whether anything accepts a TCP connection at `host:port` within two seconds.
-pub fn listens(host: &str, port: u16) -> bool {
-    use std::net::ToSocketAddrs;
-    (host, port).to_socket_addrs().is_ok_and(|mut addrs| {
-        addrs.any(|a| {
-            std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok()
-        })
-    })
-}
-
-pub fn db_required() -> bool {
-    std::env::var("IDEM_REQUIRE_DB").is_ok_and(|v| v == "1")
+    let found = scan_keys(&mut conn, &format!("{prefix}:r:*"))
+        .await
+        .unwrap();
+    (conn, found)
 }
 
 /// Whether anything listens at the PostgreSQL URL's host and port, asked once per test
@@ -213,10 +136,6 @@ pub fn postgres_reachable() -> bool {
         #[cfg(not(feature = "postgres"))]
         false
     })
-}
-
-pub fn mysql_url() -> String {
-    std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
 /// Whether anything listens at the MySQL URL's host and port, asked once per test binary
@@ -282,12 +201,6 @@ pub async fn drop_mysql_table(url: &str, table: &str) {
     pool.close().await;
 }
 
-/// Says, in one line that the test harness does not capture, that `test` is skipped.
-pub fn skip(test: &str, why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipping {test}: {why}");
-}
-
 /// The skip for PostgreSQL tests outside CI; `None` when they should run.
 pub fn postgres_skip(test: &str) -> Option<()> {
     if db_required() || postgres_reachable() {
@@ -301,19 +214,6 @@ pub fn postgres_skip(test: &str) -> Option<()> {
         ),
     );
     Some(())
-}
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// A table name of its own for each test, so counts are exact and tests run in parallel.
-pub fn unique_table(test: &str) -> String {
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let mut t: String = test
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
-        .collect();
-    t.truncate(30);
-    format!("idem_t_{t}_{}_{n}", std::process::id())
 }
 
 impl Ctx {
@@ -372,37 +272,19 @@ impl Ctx {
             target,
             _dir: dir,
         };
-        match ctx.handle(f).await {
-            Ok(idem) => {
-                ctx.idem = idem;
-                Some(ctx)
-            }
-            Err(e) if backend == Backend::Postgres && !db_required() => {
-                skip(
-                    test,
-                    &format!(
-                        "PostgreSQL at {} refused the connection ({e})",
-                        postgres_url()
-                    ),
-                );
-                None
-            }
-            Err(e) if backend == Backend::Redis && !db_required() => {
-                skip(
-                    test,
-                    &format!("Redis at {} refused the connection ({e})", redis_url()),
-                );
-                None
-            }
-            Err(e) if backend == Backend::MySql && !db_required() => {
-                skip(
-                    test,
-                    &format!("MySQL at {} refused the connection ({e})", mysql_url()),
-                );
-                None
-            }
-            Err(e) => panic!("cannot open {backend:?} store for {test}: {e}"),
-        }
+        // A server that refuses the connection skips the test outside CI.
+        let server = match backend {
+            Backend::Postgres => Some(("PostgreSQL", postgres_url())),
+            Backend::Redis => Some(("Redis", redis_url())),
+            Backend::MySql => Some(("MySQL", mysql_url())),
+            Backend::Memory | Backend::Sqlite => None,
+        };
+        ctx.idem = match (ctx.handle(f).await, server) {
+            (Ok(idem), _) => idem,
+            (Err(e), Some((what, url))) => reached_or_skip(test, what, &url, Err::<Idem, _>(e))?,
+            (Err(e), None) => panic!("cannot open {backend:?} store for {test}: {e}"),
+        };
+        Some(ctx)
     }
 
     /// Another handle on the same records (another "process" for the memory store is
@@ -784,4 +666,26 @@ impl<S: idem_runtime::store::Store> idem_runtime::store::Delegate for ThroughTra
 /// The memory store behind [`ThroughTrait`], for `IdemBuilder::store`.
 pub fn memory_through_trait() -> Arc<dyn idem_runtime::store::Delegate> {
     Arc::new(ThroughTrait(idem_runtime::store::MemoryStore::default()))
+}
+
+/// Opens an `Idem` with `open`, given `b` with a layer hook added, and returns it with
+/// the store it runs on as the hook saw it: a check of the store then runs on exactly
+/// what the builder opened.
+pub async fn open_with_store(
+    b: IdemBuilder,
+    open: impl AsyncFnOnce(IdemBuilder) -> Idem,
+) -> (Idem, Arc<dyn idem_runtime::store::Store>) {
+    let slot = Arc::new(std::sync::Mutex::new(None));
+    let s = slot.clone();
+    let idem = open(b.layer(move |store| {
+        *s.lock().unwrap() = Some(store.clone());
+        store
+    }))
+    .await;
+    let store = slot
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the layer saw the store");
+    (idem, store)
 }

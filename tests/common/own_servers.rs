@@ -8,36 +8,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{db_required, listens, skip};
-
-/// A port nothing listens on now.
-pub fn spare_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::common::{have, listens};
+// A port nothing listens on now, and the skip (or failure) when a binary is missing.
+pub use crate::common::{need, spare_port};
 
 pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-/// `None` after a skip line when `program` is missing, or a panic under
-/// `IDEM_REQUIRE_DB=1`.
-pub fn need(test: &str, found: bool, what: &str) -> Option<()> {
-    if found {
-        return Some(());
-    }
-    assert!(
-        !db_required(),
-        "IDEM_REQUIRE_DB=1 but {what} is not installed"
-    );
-    skip(test, &format!("{what} is not installed"));
-    None
 }
 
 /// Waits until `port` accepts connections, up to 60 seconds.
@@ -256,6 +235,21 @@ impl OwnMariaDb {
     pub fn url(&self, user: &str, database: &str) -> String {
         format!("mysql://{user}@127.0.0.1:{}/{database}", self.port)
     }
+
+    /// Creates, through `root`, the database `idem` and the user `idem` with every
+    /// privilege on it but none beyond (no SUPER, so `read_only` and the connection
+    /// limit bind it), and returns the URL of the one as the other.
+    #[cfg(feature = "mysql")]
+    pub async fn idem_user(&self, root: &mut sqlx::MySqlConnection) -> String {
+        for sql in [
+            "CREATE DATABASE idem",
+            "CREATE USER 'idem'@'%'",
+            "GRANT ALL ON idem.* TO 'idem'@'%'",
+        ] {
+            sqlx::raw_sql(sql).execute(&mut *root).await.unwrap();
+        }
+        self.url("idem", "idem")
+    }
 }
 
 impl Drop for OwnMariaDb {
@@ -304,12 +298,7 @@ impl OwnRedis {
 
     /// Starts a server listening on `port` (unless `args` move it), with `args`.
     fn start_on(test: &str, port: u16, args: &[&str]) -> Option<OwnRedis> {
-        let found = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        need(test, found, "redis-server")?;
+        need(test, have("redis-server"), "redis-server")?;
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

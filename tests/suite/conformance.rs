@@ -9,35 +9,33 @@ async fn memory_store_conforms() {
     conformance::run_all(&MemoryStore::default()).await;
 }
 
-/// The SQL stores are reached through an `Idem`'s layer hook, which hands over the
-/// opened store: the suite then runs on exactly what `Idem::sqlite` and
-/// `Idem::postgres` use.
+/// The other stores are reached through an `Idem`'s layer hook, which hands over the
+/// opened store: the suite then runs on exactly what `Idem::sqlite`, `Idem::postgres`
+/// and the rest use.
 async fn conform(open: impl AsyncFnOnce(idem_runtime::IdemBuilder) -> idem_runtime::Idem) {
-    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let s = slot.clone();
-    let idem = open(idem_runtime::Idem::builder().layer(move |store| {
-        *s.lock().unwrap() = Some(store.clone());
-        store
-    }))
-    .await;
-    let store = slot
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the layer saw the store");
+    let (idem, store) = common::open_with_store(idem_runtime::Idem::builder(), open).await;
     conformance::run_all(&*store).await;
     drop(idem);
 }
 
-#[tokio::test]
+// The SQL stores' tests run on two worker threads, so the steps the suite records at once
+// reach the database in parallel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_file_store_conforms() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
     conform(async |b| b.sqlite(&url).await.unwrap()).await;
 }
 
+/// `sqlite::memory:`: the database lives in the store's one connection, where a file
+/// is reached through a pool of several.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_in_memory_store_conforms() {
+    conform(async |b| b.sqlite("sqlite::memory:").await.unwrap()).await;
+}
+
 #[cfg(feature = "postgres")]
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_conforms() {
     if common::postgres_skip("postgres_store_conforms").is_some() {
         return;
@@ -71,7 +69,7 @@ async fn redis_store_conforms() {
 }
 
 #[cfg(feature = "mysql")]
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_store_conforms() {
     if common::mysql_skip("mysql_store_conforms").is_some() {
         return;

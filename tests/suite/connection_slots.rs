@@ -145,14 +145,7 @@ async fn a_full_mariadb_refuses_at_once_and_says_why() {
     let mut root = sqlx::MySqlConnection::connect(&server.url("root", "mysql"))
         .await
         .unwrap();
-    for sql in [
-        "CREATE DATABASE idem",
-        "CREATE USER 'idem'@'%'",
-        "GRANT ALL ON idem.* TO 'idem'@'%'",
-    ] {
-        sqlx::raw_sql(sql).execute(&mut root).await.unwrap();
-    }
-    let url = server.url("idem", "idem");
+    let url = server.idem_user(&mut root).await;
     let mut held = Vec::new();
     loop {
         match sqlx::MySqlConnection::connect(&url).await {

@@ -24,6 +24,7 @@ mod checkout_example;
 mod claim;
 mod concurrent;
 mod conformance;
+mod connect;
 mod connection_slots;
 mod errors;
 mod faults;

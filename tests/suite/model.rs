@@ -317,8 +317,15 @@ impl Delegate for Faulty {
         &*self.inner
     }
     // No read-only replay path: every call claims, and meets the claim's faults.
-    fn peeks(&self) -> bool {
-        false
+    async fn peek_completed(
+        &self,
+        _: &idem_runtime::OperationId,
+        _: &[u8; 32],
+    ) -> Result<
+        Option<Result<idem_runtime::store::StoredOutcome, idem_runtime::store::Mismatched>>,
+        StoreError,
+    > {
+        Ok(None)
     }
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         if self.roll(0.04) {

@@ -12,17 +12,8 @@ use std::str::FromStr;
 /// why) when MySQL is unreachable outside CI.
 async fn database(test: &str) -> Option<(String, String, sqlx::MySqlPool)> {
     mysql_skip(test).is_none().then_some(())?;
-    let admin = match sqlx::MySqlPool::connect(&mysql_url()).await {
-        Ok(p) => p,
-        Err(e) if !db_required() => {
-            skip(
-                test,
-                &format!("MySQL at {} refused the connection ({e})", mysql_url()),
-            );
-            return None;
-        }
-        Err(e) => panic!("MySQL required: {e}"),
-    };
+    let admin = sqlx::MySqlPool::connect(&mysql_url()).await;
+    let admin = reached_or_skip(test, "MySQL", &mysql_url(), admin)?;
     let db = unique_table(test);
     sqlx::query(&format!("CREATE DATABASE {db}"))
         .execute(&admin)

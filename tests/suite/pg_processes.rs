@@ -8,25 +8,12 @@ use std::time::Duration;
 
 async fn pool(test: &str, max: u32) -> Option<sqlx::PgPool> {
     postgres_skip(test).is_none().then_some(())?;
-    match sqlx::postgres::PgPoolOptions::new()
+    let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(60))
         .connect(&postgres_url())
-        .await
-    {
-        Ok(p) => Some(p),
-        Err(e) if !db_required() => {
-            skip(
-                test,
-                &format!(
-                    "PostgreSQL at {} refused the connection ({e})",
-                    postgres_url()
-                ),
-            );
-            None
-        }
-        Err(e) => panic!("PostgreSQL required: {e}"),
-    }
+        .await;
+    reached_or_skip(test, "PostgreSQL", &postgres_url(), pool)
 }
 
 async fn schema(pool: &sqlx::PgPool, test: &str) -> String {

@@ -136,14 +136,7 @@ async fn mariadb_read_only_is_retryable_and_never_fails_open() {
         .await
         .unwrap();
     // `read_only` does not bind users with SUPER, so idem connects as one without it.
-    for sql in [
-        "CREATE DATABASE idem",
-        "CREATE USER 'idem'@'%'",
-        "GRANT ALL ON idem.* TO 'idem'@'%'",
-    ] {
-        sqlx::raw_sql(sql).execute(&mut root).await.unwrap();
-    }
-    let url = server.url("idem", "idem");
+    let url = server.idem_user(&mut root).await;
     let idem = Idem::builder()
         .replay_cache_bytes(0)
         .mysql(&url)

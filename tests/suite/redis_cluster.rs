@@ -3,126 +3,22 @@
 //! slot range, and replays read without a script.
 use crate::common;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use idem_runtime::Idem;
 use idem_runtime::store::conformance;
+use idem_test_support::RedisCluster;
 
-/// Three `redis-server --cluster-enabled yes` processes, killed on drop.
-struct Cluster {
-    children: Vec<Child>,
-    ports: Vec<u16>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// A port free now, whose cluster bus port (+10000) is free too.
-fn spare_port(taken: &[u16]) -> u16 {
-    loop {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = l.local_addr().unwrap().port();
-        if port > 55_000 || taken.contains(&port) {
-            continue;
-        }
-        if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
-}
+/// The shared throwaway cluster, with what these tests ask of it.
+struct Cluster(RedisCluster);
 
 impl Cluster {
-    /// Starts the cluster, or `None` (with one line) when the Redis binaries are missing
-    /// outside CI.
     async fn start(test: &str) -> Option<Cluster> {
-        if !(common::have("redis-server") && common::have("redis-cli")) {
-            assert!(
-                !common::db_required(),
-                "redis-server and redis-cli are needed for {test}"
-            );
-            common::skip(test, "redis-server or redis-cli not installed");
-            return None;
-        }
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut cluster = Cluster {
-            children: Vec::new(),
-            ports: Vec::new(),
-            _dir: dir,
-        };
-        for _ in 0..3 {
-            let port = spare_port(&cluster.ports);
-            let conf = cluster._dir.path().join(format!("nodes-{port}.conf"));
-            let child = Command::new("redis-server")
-                .args(["--cluster-enabled", "yes", "--port", &port.to_string()])
-                .arg("--cluster-config-file")
-                .arg(&conf)
-                .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
-                .args(["--daemonize", "no"])
-                .current_dir(cluster._dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start redis-server");
-            cluster.children.push(child);
-            cluster.ports.push(port);
-        }
-        for port in &cluster.ports {
-            cluster.wait_for(*port, |_| true).await;
-        }
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for port in &cluster.ports {
-            create.arg(format!("127.0.0.1:{port}"));
-        }
-        let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("run redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        for port in &cluster.ports {
-            cluster
-                .wait_for(*port, |info| info.contains("cluster_state:ok"))
-                .await;
-        }
-        Some(cluster)
-    }
-
-    /// Waits until the node at `port` answers `CLUSTER INFO` with what `ok` wants.
-    async fn wait_for(&self, port: u16, ok: impl Fn(&str) -> bool) {
-        for _ in 0..600 {
-            if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-                && let Ok(mut c) = client.get_multiplexed_async_connection().await
-                && let Ok(info) = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query_async::<String>(&mut c)
-                    .await
-                && ok(&info)
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the cluster node on port {port} never got ready");
+        RedisCluster::start(test).await.map(Cluster)
     }
 
     fn urls(&self) -> Vec<String> {
-        self.ports
-            .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
-            .collect()
+        self.0.urls()
     }
 
     async fn open(&self, b: idem_runtime::IdemBuilder) -> Idem {
@@ -173,25 +69,10 @@ async fn redis_cluster_conforms_and_runs_each_body_once() {
         return;
     };
 
-    // Conformance, on the store `redis_cluster` opens.
-    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let s = slot.clone();
-    let idem = cluster
-        // Thousands of calls at once below: queueing is not what this measures.
-        .open(
-            Idem::builder()
-                .store_timeout(Duration::from_secs(120))
-                .layer(move |store| {
-                    *s.lock().unwrap() = Some(store.clone());
-                    store
-                }),
-        )
-        .await;
-    let store = slot
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the layer saw the store");
+    // Conformance, on the store `redis_cluster` opens. Thousands of calls at once below:
+    // queueing is not what this measures.
+    let b = Idem::builder().store_timeout(Duration::from_secs(120));
+    let (idem, store) = common::open_with_store(b, async |b| cluster.open(b).await).await;
     conformance::run_all(&*store).await;
 
     // 64 callers on one key, 20 rounds: one body per round, every caller its outcome.

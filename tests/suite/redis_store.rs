@@ -1,6 +1,7 @@
 //! What only the Redis store does: wake-ups across handles through pub/sub, and a lost
 //! server reported as unreachable.
 use crate::common;
+use crate::own_servers::OwnRedis;
 
 use std::time::Duration;
 
@@ -92,33 +93,10 @@ async fn lost_server_is_unreachable() {
     }
 
     // A server that goes away after the open: a throwaway redis-server.
-    if std::process::Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        assert!(!common::db_required(), "redis-server is needed for {test}");
-        common::skip(test, "redis-server not installed");
+    let Some(server) = OwnRedis::start(test, &[]) else {
         return;
-    }
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
     };
-    let mut server = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .args(["--bind", "127.0.0.1", "--daemonize", "no"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("start redis-server");
-    let url = format!("redis://127.0.0.1:{port}");
+    let url = server.url();
     let mut idem = None;
     for _ in 0..200 {
         if let Ok(i) = Idem::builder().replay_cache_bytes(0).redis(&url).await {
@@ -137,8 +115,8 @@ async fn lost_server_is_unreachable() {
             .unwrap(),
         1
     );
-    server.kill().unwrap();
-    server.wait().unwrap();
+    // Killed, and waited for.
+    drop(server);
 
     let closed = idem
         .operation("send", "u-2")
@@ -187,17 +165,12 @@ async fn records_expire_by_themselves_and_leave_nothing_behind() {
     let keys = || {
         let (prefix, mut c) = (prefix.clone(), c.clone());
         async move {
-            let (_, mut keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(0)
-                .arg("MATCH")
-                .arg(format!("{prefix}:*"))
-                .arg("COUNT")
-                .arg(10_000)
-                .query_async(&mut c)
+            let mut keys = common::scan_keys(&mut c, &format!("{prefix}:*"))
                 .await
                 .unwrap();
             keys.retain(|k| !k.starts_with(&format!("{prefix}:m:")));
             keys.sort();
+            keys.dedup();
             keys
         }
     };
@@ -276,49 +249,17 @@ async fn records_expire_by_themselves_and_leave_nothing_behind() {
 /// A `redis-server` of this test's own on a spare port (its command counters are this
 /// test's alone), killed on drop.
 struct OwnServer {
-    child: std::process::Child,
+    _server: OwnRedis,
     url: String,
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl OwnServer {
     async fn start(test: &str) -> Option<OwnServer> {
-        if !common::have("redis-server") {
-            assert!(!common::db_required(), "redis-server is needed for {test}");
-            common::skip(test, "redis-server not installed");
-            return None;
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        let server = OwnServer {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-        };
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Some(server);
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("redis-server did not listen on port {port}");
+        let server = OwnRedis::start(test, &[])?;
+        Some(OwnServer {
+            url: server.url(),
+            _server: server,
+        })
     }
 
     /// The commands the server ran since the last call, by name (and resets the
@@ -558,7 +499,7 @@ async fn a_prefix_keeps_its_key_mode() {
 #[tokio::test]
 async fn the_steps_key_lives_and_goes_with_its_record() {
     use idem_runtime::store::redis::RedisStore;
-    use idem_runtime::store::{Claim, ClaimRequest, Fence, Store, StoredOutcome};
+    use idem_runtime::store::{Admin, Claim, ClaimRequest, Fence, Store, StoredOutcome};
     use idem_runtime::{OperationId, Takeover};
 
     let test = "the_steps_key_lives_and_goes_with_its_record";
@@ -616,16 +557,10 @@ async fn the_steps_key_lives_and_goes_with_its_record() {
             == 1
     };
     let all_steps_keys = async || {
-        let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(0)
-            .arg("MATCH")
-            .arg(format!("{prefix}:s:*"))
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(&mut conn.clone())
+        let pattern = format!("{prefix}:s:*");
+        common::scan_keys(&mut conn.clone(), &pattern)
             .await
-            .unwrap();
-        keys
+            .unwrap()
     };
     let hour = Duration::from_secs(3600);
 

@@ -418,7 +418,7 @@ async fn unknown_lists_its_steps_and_a_retry_resumes(ctx: Ctx) {
     let labels: Vec<_> = detail.steps.iter().map(|s| s.label.as_str()).collect();
     assert_eq!(labels, ["reserve"], "UNKNOWN lists its completed steps");
     assert_eq!(detail.steps[0].epoch, epoch);
-    assert_eq!(detail.steps[0].outcome.body, b"7");
+    assert_eq!(&detail.steps[0].outcome.body[..], b"7");
     ctx.idem
         .resolve(&id, epoch, Resolution::Retry)
         .await

@@ -95,24 +95,11 @@ tx_conformance!(sqlite, super::open_sqlite, []);
 #[cfg(feature = "postgres")]
 async fn open_pg(test: &str) -> Option<Db<sqlx::Postgres>> {
     postgres_skip(test).is_none().then_some(())?;
-    let pool = match sqlx::postgres::PgPoolOptions::new()
+    let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(20)
         .connect(&postgres_url())
-        .await
-    {
-        Ok(p) => p,
-        Err(e) if !db_required() => {
-            skip(
-                test,
-                &format!(
-                    "PostgreSQL at {} refused the connection ({e})",
-                    postgres_url()
-                ),
-            );
-            return None;
-        }
-        Err(e) => panic!("PostgreSQL required: {e}"),
-    };
+        .await;
+    let pool = reached_or_skip(test, "PostgreSQL", &postgres_url(), pool)?;
     let schema = unique_table(test);
     for stmt in [
         format!("CREATE SCHEMA {schema}"),
@@ -152,17 +139,8 @@ tx_conformance!(postgres, super::open_pg, []);
 async fn open_mysql(test: &str) -> Option<Db<sqlx::MySql>> {
     use std::str::FromStr;
     mysql_skip(test).is_none().then_some(())?;
-    let admin = match sqlx::MySqlPool::connect(&mysql_url()).await {
-        Ok(p) => p,
-        Err(e) if !db_required() => {
-            skip(
-                test,
-                &format!("MySQL at {} refused the connection ({e})", mysql_url()),
-            );
-            return None;
-        }
-        Err(e) => panic!("MySQL required: {e}"),
-    };
+    let admin = sqlx::MySqlPool::connect(&mysql_url()).await;
+    let admin = reached_or_skip(test, "MySQL", &mysql_url(), admin)?;
     let db = unique_table(test);
     for stmt in [
         format!("CREATE DATABASE {db}"),

@@ -51,7 +51,7 @@ fn outcome(body: &str) -> StoredOutcome {
     StoredOutcome {
         is_err: false,
         version: 1,
-        body: body.as_bytes().to_vec(),
+        body: body.as_bytes().to_vec().into(),
     }
 }
 
@@ -109,6 +109,8 @@ pub async fn run_all(store: &dyn Store) {
     unknown_keeps_steps_and_retry_resumes(store).await;
     a_new_life_starts_without_steps(store).await;
     steps_go_with_their_operation(store).await;
+    earlier_lives_leave_no_steps(store).await;
+    steps_of_one_operation_record_at_once(store).await;
 }
 
 /// The labels of `id`'s recorded steps, oldest first, with their epochs and values.
@@ -124,7 +126,7 @@ async fn step_list(store: &dyn Store, id: &OperationId) -> Vec<(String, u64, Str
                 "a step's age is by the store's clock: {:?}",
                 s.age
             );
-            let body = String::from_utf8(s.outcome.body).expect("utf-8 value");
+            let body = String::from_utf8(s.outcome.body.to_vec()).expect("utf-8 value");
             (s.label, s.epoch, body)
         })
         .collect()
@@ -509,6 +511,150 @@ pub async fn steps_go_with_their_operation(store: &dyn Store) {
     );
 }
 
+/// Claims `id` afresh, by the same request, after a life with two steps (`a`, `b`) that
+/// completed and expired, and returns the new life's epoch; it lists no steps.
+async fn a_second_life(store: &dyn Store, id: &OperationId) -> u64 {
+    let first = acquire(store, id, FP, LEASE).await;
+    for label in ["a", "b"] {
+        assert_eq!(put_step(store, id, first, label, "1").await, Fence::Held);
+    }
+    assert_eq!(
+        store.record(id, first, &outcome("2"), TINY).await.unwrap(),
+        Fence::Held
+    );
+    tokio::time::sleep(PAST_TINY).await;
+    // Panics unless the claim is fresh: no takeover, nothing to resume.
+    let epoch = acquire(store, id, FP, LEASE).await;
+    assert!(
+        step_list(store, id).await.is_empty(),
+        "{id}: a record claimed afresh after it expired lists its earlier life's steps"
+    );
+    epoch
+}
+
+/// After `id`'s record went (by `how`), the next life is claimed afresh by another
+/// request and lists only the step it records: nothing of an earlier life comes back.
+async fn the_next_life_starts_clean(store: &dyn Store, id: &OperationId, how: &str) {
+    let epoch = match claim(store, id, OTHER_FP, LEASE).await {
+        Claim::Acquired {
+            epoch,
+            takeover: false,
+            resume: false,
+        } => epoch,
+        other => {
+            panic!("{id}: after {how}, a fresh claim by another request expected, got {other:?}")
+        }
+    };
+    assert!(
+        step_list(store, id).await.is_empty(),
+        "{id}: after {how}, a new life lists an earlier life's steps"
+    );
+    assert_eq!(put_step(store, id, epoch, "c", "9").await, Fence::Held);
+    assert_eq!(
+        step_list(store, id).await,
+        [step("c", epoch, "9")],
+        "{id}: after {how}, the first step of a new life brought an earlier life's steps back"
+    );
+}
+
+/// The steps of an earlier life never come back (the first step of a new life starts a
+/// list of its own: `a_new_life_starts_without_steps`). A record that completed with
+/// steps and expired is claimed afresh with none listed; however its new life ends
+/// without steps of its own (a release, an operator's retry, a completion purged) the
+/// record goes, earlier steps and all, and the next life lists only its own steps. A
+/// record released with its steps that expired is purged with them, or claimed afresh
+/// without them.
+pub async fn earlier_lives_leave_no_steps(store: &dyn Store) {
+    // However a new life without steps of its own ends, its record goes, the earlier
+    // life's steps with it.
+    for how in ["a release", "an operator's retry", "a purge"] {
+        let id = fresh_id("steps-earlier-life");
+        let epoch = a_second_life(store, &id).await;
+        let fence = match how {
+            "a release" => store.release(&id, epoch, LEASE).await,
+            "an operator's retry" => store.resolve(&id, epoch, None).await,
+            _ => store.record(&id, epoch, &outcome("4"), TINY).await,
+        };
+        assert_eq!(fence.unwrap(), Fence::Held, "{id}: {how} of a new life");
+        if how == "a purge" {
+            tokio::time::sleep(PAST_TINY).await;
+            assert!(
+                store.purge_expired().await.unwrap() >= 1,
+                "purge removes an expired completion"
+            );
+        }
+        if let Ok(found) = store.get(&id).await {
+            assert_eq!(
+                found, None,
+                "{id}: {how} of a life without steps of its own kept the record for an \
+                 earlier life's steps"
+            );
+        }
+        the_next_life_starts_clean(store, &id, how).await;
+    }
+
+    // Released with its steps and expired: purged with them, or claimed afresh and rid
+    // of them by the first step of its new life.
+    let expired = fresh_id("steps-expired-release");
+    let reborn = fresh_id("steps-expired-release");
+    for op in [&expired, &reborn] {
+        let epoch = acquire(store, op, FP, LEASE).await;
+        assert_eq!(put_step(store, op, epoch, "a", "5").await, Fence::Held);
+        assert_eq!(store.release(op, epoch, TINY).await.unwrap(), Fence::Held);
+    }
+    tokio::time::sleep(PAST_TINY).await;
+    let epoch = acquire(store, &reborn, OTHER_FP, LEASE).await;
+    assert!(
+        step_list(store, &reborn).await.is_empty(),
+        "an expired release claimed afresh lists its steps"
+    );
+    assert_eq!(put_step(store, &reborn, epoch, "b", "6").await, Fence::Held);
+    assert_eq!(
+        step_list(store, &reborn).await,
+        [step("b", epoch, "6")],
+        "the first step after an expired release kept the released steps"
+    );
+    assert!(
+        store.purge_expired().await.unwrap() >= 1,
+        "purge removes an expired release"
+    );
+    if let Ok(found) = store.get(&expired).await {
+        assert_eq!(found, None, "an expired release is purged");
+    }
+    the_next_life_starts_clean(store, &expired, "a purge of an expired release").await;
+}
+
+/// Steps of one operation recorded at once (a body that joins them) all hold and are
+/// all listed: their writes queue on the record rather than deadlock or overwrite one
+/// another.
+pub async fn steps_of_one_operation_record_at_once(store: &dyn Store) {
+    for _ in 0..10 {
+        let id = fresh_id("steps-at-once");
+        let epoch = acquire(store, &id, FP, LEASE).await;
+        let value = outcome("1");
+        let write = |label| store.record_step(&id, epoch, label, &value);
+        let fences = tokio::join!(write("a"), write("b"), write("c"), write("d"));
+        for fence in [fences.0, fences.1, fences.2, fences.3] {
+            assert_eq!(
+                fence.expect("a step recorded beside others"),
+                Fence::Held,
+                "{id}: a step recorded beside others was fenced"
+            );
+        }
+        let mut labels: Vec<String> = step_list(store, &id)
+            .await
+            .into_iter()
+            .map(|(label, _, _)| label)
+            .collect();
+        labels.sort();
+        assert_eq!(
+            labels,
+            ["a", "b", "c", "d"],
+            "{id}: steps recorded at once are listed once each"
+        );
+    }
+}
+
 /// ABSENT → IN_PROGRESS → COMPLETED; duplicates see in-flight, then the outcome; a
 /// record retried after its reply was lost holds, another outcome does not.
 pub async fn fresh_claim_in_flight_then_replay(store: &dyn Store) {
@@ -533,7 +679,7 @@ pub async fn fresh_claim_in_flight_then_replay(store: &dyn Store) {
     let done = StoredOutcome {
         is_err: true,
         version: 3,
-        body: b"{\"declined\":true}".to_vec(),
+        body: b"{\"declined\":true}".as_slice().into(),
     };
     assert_eq!(
         store.record(&id, epoch, &done, DAY).await.unwrap(),

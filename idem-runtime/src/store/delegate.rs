@@ -4,17 +4,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    Stats, StepRecord, Store, StoreError, StoredOutcome, WakeHub,
+    Admin, Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail,
+    RecordInfo, Stats, StepRecord, Store, StoreError, StoreFuture, StoredOutcome, WakeHub,
 };
 
 /// A wrapper around another [`Store`] (metrics, tracing, fault injection) that
-/// overrides only the methods it changes: every method has the signature of the
-/// [`Store`] method of the same name and by default forwards to that method of
-/// [`inner`](Delegate::inner), defaults included (`peeks`, `get`, `forget`,
-/// `attach_wakers`, ...), so the wrapper keeps whatever the inner store can do. The
-/// one thing not forwarded is the memory store's in-process shortcut: through a
-/// wrapper, every claim and record goes through the wrapper's methods.
+/// overrides only the methods it changes: every method is the [`Store`] or [`Admin`]
+/// method of the same name, written as an `async fn`, and by default forwards to that
+/// method of [`inner`](Delegate::inner), defaults included (`get`, `forget`,
+/// `attach_wakers`, ...), so the wrapper keeps whatever the inner store can do. Through
+/// a wrapper every call is a boxed future, so the wrapper sees each one.
 ///
 /// A `dyn Delegate` is a [`Store`]: pass an `Arc<dyn Delegate>` or `Box<dyn Delegate>`
 /// to [`IdemBuilder::store`](crate::IdemBuilder::store), or return one, in an `Arc`,
@@ -73,11 +72,6 @@ pub trait Delegate: Send + Sync + 'static {
         self.inner().claim(req).await
     }
 
-    /// [`Store::peeks`], forwarded by default.
-    fn peeks(&self) -> bool {
-        self.inner().peeks()
-    }
-
     /// [`Store::peek_completed`], forwarded by default.
     async fn peek_completed(
         &self,
@@ -123,7 +117,7 @@ pub trait Delegate: Send + Sync + 'static {
         self.inner().renew(id, epoch, lease).await
     }
 
-    /// [`Store::resolve`], forwarded by default.
+    /// [`Admin::resolve`], forwarded by default.
     async fn resolve(
         &self,
         id: &OperationId,
@@ -149,27 +143,27 @@ pub trait Delegate: Send + Sync + 'static {
         self.inner().steps(id).await
     }
 
-    /// [`Store::forget`], forwarded by default.
+    /// [`Admin::forget`], forwarded by default.
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         self.inner().forget(id, epoch).await
     }
 
-    /// [`Store::purge_expired`], forwarded by default.
+    /// [`Admin::purge_expired`], forwarded by default.
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         self.inner().purge_expired().await
     }
 
-    /// [`Store::stats`], forwarded by default.
+    /// [`Admin::stats`], forwarded by default.
     async fn stats(&self) -> Result<Stats, StoreError> {
         self.inner().stats().await
     }
 
-    /// [`Store::list`], forwarded by default.
+    /// [`Admin::list`], forwarded by default.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
         self.inner().list(filter).await
     }
 
-    /// [`Store::get`], forwarded by default.
+    /// [`Admin::get`], forwarded by default.
     async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
         self.inner().get(id).await
     }
@@ -188,56 +182,86 @@ pub trait Delegate: Send + Sync + 'static {
 // On `dyn Delegate` rather than every `T: Delegate`: that blanket impl would overlap
 // the one for `Box<S>`, since `Box` is fundamental and other crates may implement
 // `Delegate` for `Box<TheirType>`.
-#[async_trait::async_trait]
 impl Store for dyn Delegate {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        Delegate::claim(self, req).await
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest<'a>,
+    ) -> StoreFuture<'a, Result<Claim, StoreError>> {
+        Delegate::claim(self, req).into()
     }
 
-    fn peeks(&self) -> bool {
-        Delegate::peeks(self)
+    fn peek_completed<'a>(
+        &'a self,
+        id: &'a OperationId,
+        fingerprint: &'a [u8; 32],
+    ) -> StoreFuture<'a, Result<Option<Result<StoredOutcome, Mismatched>>, StoreError>> {
+        Delegate::peek_completed(self, id, fingerprint).into()
     }
 
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-        Delegate::peek_completed(self, id, fingerprint).await
-    }
-
-    async fn record(
-        &self,
-        id: &OperationId,
+    fn record<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
-        outcome: &StoredOutcome,
+        outcome: &'a StoredOutcome,
         retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        Delegate::record(self, id, epoch, outcome, retain).await
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        Delegate::record(self, id, epoch, outcome, retain).into()
     }
 
-    async fn release(
-        &self,
-        id: &OperationId,
+    fn release<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
         retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        Delegate::release(self, id, epoch, retain).await
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        Delegate::release(self, id, epoch, retain).into()
     }
 
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        Delegate::mark_unknown(self, id, epoch).await
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        Delegate::mark_unknown(self, id, epoch).into()
     }
 
-    async fn renew(
-        &self,
-        id: &OperationId,
+    fn renew<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
         lease: Duration,
-    ) -> Result<Fence, StoreError> {
-        Delegate::renew(self, id, epoch, lease).await
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        Delegate::renew(self, id, epoch, lease).into()
     }
 
+    fn record_step<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        label: &'a str,
+        outcome: &'a StoredOutcome,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        Delegate::record_step(self, id, epoch, label, outcome).into()
+    }
+
+    fn steps<'a>(
+        &'a self,
+        id: &'a OperationId,
+    ) -> StoreFuture<'a, Result<Vec<StepRecord>, StoreError>> {
+        Delegate::steps(self, id).into()
+    }
+
+    fn announce_wait<'a>(&'a self, id: &'a OperationId) -> StoreFuture<'a, Result<(), StoreError>> {
+        Delegate::announce_wait(self, id).into()
+    }
+
+    fn attach_wakers(&self, hub: Arc<WakeHub>) {
+        Delegate::attach_wakers(self, hub)
+    }
+}
+
+#[async_trait::async_trait]
+impl Admin for dyn Delegate {
     async fn resolve(
         &self,
         id: &OperationId,
@@ -245,20 +269,6 @@ impl Store for dyn Delegate {
         completed: Option<(&StoredOutcome, Duration)>,
     ) -> Result<Fence, StoreError> {
         Delegate::resolve(self, id, epoch, completed).await
-    }
-
-    async fn record_step(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        label: &str,
-        outcome: &StoredOutcome,
-    ) -> Result<Fence, StoreError> {
-        Delegate::record_step(self, id, epoch, label, outcome).await
-    }
-
-    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
-        Delegate::steps(self, id).await
     }
 
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
@@ -279,13 +289,5 @@ impl Store for dyn Delegate {
 
     async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
         Delegate::get(self, id).await
-    }
-
-    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
-        Delegate::announce_wait(self, id).await
-    }
-
-    fn attach_wakers(&self, hub: Arc<WakeHub>) {
-        Delegate::attach_wakers(self, hub)
     }
 }

@@ -16,8 +16,8 @@ use super::sql_common::{
     epoch_from_sql, lease_millis, millis, outcome_from_sql, sql_epoch,
 };
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    ReplayGate, State, Stats, StepRecord, Store, StoredOutcome, Takeover,
+    Admin, Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail,
+    RecordInfo, ReplayGate, State, Stats, StepRecord, Store, StoreFuture, StoredOutcome, Takeover,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -978,113 +978,188 @@ fn record_info(row: &Row) -> Result<RecordInfo, StoreError> {
     })
 }
 
-#[async_trait::async_trait]
 impl<D: Dialect> Store for SqlStore<D> {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let to_unknown = req.on_takeover == Takeover::Unknown;
-        let named = claim_args(
-            req.id,
-            &req.fingerprint,
-            lease_millis(req.lease),
-            to_unknown,
-        );
-        let claim = match self.claim_fresh(req, &named).await? {
-            Some(epoch) => Claim::Acquired {
-                epoch,
-                takeover: false,
-                resume: false,
-            },
-            None => self.claim_full(req, named).await?,
-        };
-        if D::PEEK_WHILE_REPLAYING {
-            self.gate
-                .saw(matches!(claim, Claim::Completed(_) | Claim::Mismatch));
-        }
-        Ok(claim)
-    }
-
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-        let Some(peek) = &self.sql.peek else {
-            return Ok(None);
-        };
-        if D::PEEK_WHILE_REPLAYING && !self.gate.open() {
-            return Ok(None);
-        }
-        let mut named = id_args(id).to_vec();
-        named.push(("fp", Arg::Bytes(fingerprint)));
-        let on = if D::PEEK_ON_HOT { On::Hot } else { On::Pool };
-        let rows = self.rows(on, peek, &named).await?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        if D::PEEK_WHILE_REPLAYING {
-            self.gate.saw(true);
-        }
-        if !row.flag("same_fingerprint")? {
-            return Ok(Some(Err(Mismatched)));
-        }
-        let outcome = outcome_from_sql(
-            row.opt_bytes("outcome")?,
-            row.flag("outcome_is_err")?,
-            row.int("outcome_version")?,
-        )?;
-        Ok(Some(Ok(outcome)))
-    }
-
-    async fn record(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        outcome: &StoredOutcome,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        if let (true, Some(sql_epoch)) = (self.dialect.gathers(), sql_epoch(epoch)) {
-            let op = Gathered::Record {
-                id: id.clone(),
-                epoch: sql_epoch,
-                outcome: outcome.clone(),
-                retain,
-                payload: wake_payload(id)?,
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest<'a>,
+    ) -> StoreFuture<'a, Result<Claim, StoreError>> {
+        StoreFuture::new(async move {
+            let to_unknown = req.on_takeover == Takeover::Unknown;
+            let named = claim_args(
+                req.id,
+                &req.fingerprint,
+                lease_millis(req.lease),
+                to_unknown,
+            );
+            let claim = match self.claim_fresh(req, &named).await? {
+                Some(epoch) => Claim::Acquired {
+                    epoch,
+                    takeover: false,
+                    resume: false,
+                },
+                None => self.claim_full(req, named).await?,
             };
-            if let Some(rows) = self.dialect.gathered(op).await {
-                // A batch's own statement wakes its waiters; one issued alone does not.
-                let rows = rows.map_err(D::map_err)?;
-                self.wake_waiters(&rows, id).await;
-                return fence(&rows);
+            if D::PEEK_WHILE_REPLAYING {
+                self.gate
+                    .saw(matches!(claim, Claim::Completed(_) | Claim::Mismatch));
             }
-        }
-        self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
-            .await
+            Ok(claim)
+        })
     }
 
-    async fn release(
-        &self,
-        id: &OperationId,
+    fn peek_completed<'a>(
+        &'a self,
+        id: &'a OperationId,
+        fingerprint: &'a [u8; 32],
+    ) -> StoreFuture<'a, Result<Option<Result<StoredOutcome, Mismatched>>, StoreError>> {
+        StoreFuture::new(async move {
+            let Some(peek) = &self.sql.peek else {
+                return Ok(None);
+            };
+            if D::PEEK_WHILE_REPLAYING && !self.gate.open() {
+                return Ok(None);
+            }
+            let mut named = id_args(id).to_vec();
+            named.push(("fp", Arg::Bytes(fingerprint)));
+            let on = if D::PEEK_ON_HOT { On::Hot } else { On::Pool };
+            let rows = self.rows(on, peek, &named).await?;
+            let Some(row) = rows.first() else {
+                return Ok(None);
+            };
+            if D::PEEK_WHILE_REPLAYING {
+                self.gate.saw(true);
+            }
+            if !row.flag("same_fingerprint")? {
+                return Ok(Some(Err(Mismatched)));
+            }
+            let outcome = outcome_from_sql(
+                row.opt_bytes("outcome")?,
+                row.flag("outcome_is_err")?,
+                row.int("outcome_version")?,
+            )?;
+            Ok(Some(Ok(outcome)))
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        outcome: &'a StoredOutcome,
+        retain: Duration,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            if let (true, Some(sql_epoch)) = (self.dialect.gathers(), sql_epoch(epoch)) {
+                let op = Gathered::Record {
+                    id: id.clone(),
+                    epoch: sql_epoch,
+                    outcome: outcome.clone(),
+                    retain,
+                    payload: wake_payload(id)?,
+                };
+                if let Some(rows) = self.dialect.gathered(op).await {
+                    // A batch's own statement wakes its waiters; one issued alone does not.
+                    let rows = rows.map_err(D::map_err)?;
+                    self.wake_waiters(&rows, id).await;
+                    return fence(&rows);
+                }
+            }
+            self.write_outcome(&self.sql.record, id, epoch, outcome, retain)
+                .await
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
         retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        let retain = [("retain_ms", Arg::Int(millis(retain)))];
-        self.fenced(&self.sql.release, id, epoch, &retain).await
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            let retain = [("retain_ms", Arg::Int(millis(retain)))];
+            self.fenced(&self.sql.release, id, epoch, &retain).await
+        })
     }
 
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        self.fenced(&self.sql.mark_unknown, id, epoch, &[]).await
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move { self.fenced(&self.sql.mark_unknown, id, epoch, &[]).await })
     }
 
-    async fn renew(
-        &self,
-        id: &OperationId,
+    fn renew<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
         lease: Duration,
-    ) -> Result<Fence, StoreError> {
-        let lease = [("lease_ms", Arg::Int(lease_millis(lease)))];
-        self.fenced(&self.sql.renew, id, epoch, &lease).await
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            let lease = [("lease_ms", Arg::Int(lease_millis(lease)))];
+            self.fenced(&self.sql.renew, id, epoch, &lease).await
+        })
     }
 
+    fn record_step<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        label: &'a str,
+        outcome: &'a StoredOutcome,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            let step = [
+                ("label", Arg::Text(label)),
+                ("outcome", Arg::Bytes(&outcome.body)),
+                ("is_err", Arg::Bool(outcome.is_err)),
+                ("version", Arg::Int(i64::from(outcome.version))),
+            ];
+            self.fenced(&self.sql.record_step, id, epoch, &step).await
+        })
+    }
+
+    fn steps<'a>(
+        &'a self,
+        id: &'a OperationId,
+    ) -> StoreFuture<'a, Result<Vec<StepRecord>, StoreError>> {
+        StoreFuture::new(async move {
+            // Read once by a claim that resumes, on the way to its body, like the replay read.
+            let on = if D::PEEK_ON_HOT { On::Hot } else { On::Pool };
+            let rows = self.rows(on, &self.sql.steps, &id_args(id)).await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(StepRecord {
+                        label: row.text("label")?,
+                        epoch: epoch_from_sql(row.int("epoch")?)?,
+                        age: duration_ms(row.int("age_ms")?),
+                        outcome: outcome_from_sql(
+                            row.opt_bytes("outcome")?,
+                            row.flag("outcome_is_err")?,
+                            row.int("outcome_version")?,
+                        )?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn announce_wait<'a>(&'a self, id: &'a OperationId) -> StoreFuture<'a, Result<(), StoreError>> {
+        StoreFuture::new(async move {
+            if let Some(stmt) = &self.sql.announce_wait {
+                self.rows(On::Pool, stmt, &id_args(id)).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn attach_wakers(&self, hub: std::sync::Arc<crate::store::WakeHub>) {
+        self.dialect.attach_wakers(hub);
+    }
+}
+
+#[async_trait::async_trait]
+impl<D: Dialect> Admin for SqlStore<D> {
     async fn resolve(
         &self,
         id: &OperationId,
@@ -1106,42 +1181,6 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         self.fenced(&self.sql.forget, id, epoch, &[]).await
-    }
-
-    async fn record_step(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        label: &str,
-        outcome: &StoredOutcome,
-    ) -> Result<Fence, StoreError> {
-        let step = [
-            ("label", Arg::Text(label)),
-            ("outcome", Arg::Bytes(&outcome.body)),
-            ("is_err", Arg::Bool(outcome.is_err)),
-            ("version", Arg::Int(i64::from(outcome.version))),
-        ];
-        self.fenced(&self.sql.record_step, id, epoch, &step).await
-    }
-
-    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
-        // Read once by a claim that resumes, on the way to its body, like the replay read.
-        let on = if D::PEEK_ON_HOT { On::Hot } else { On::Pool };
-        let rows = self.rows(on, &self.sql.steps, &id_args(id)).await?;
-        rows.iter()
-            .map(|row| {
-                Ok(StepRecord {
-                    label: row.text("label")?,
-                    epoch: epoch_from_sql(row.int("epoch")?)?,
-                    age: duration_ms(row.int("age_ms")?),
-                    outcome: outcome_from_sql(
-                        row.opt_bytes("outcome")?,
-                        row.flag("outcome_is_err")?,
-                        row.int("outcome_version")?,
-                    )?,
-                })
-            })
-            .collect()
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
@@ -1233,17 +1272,6 @@ impl<D: Dialect> Store for SqlStore<D> {
             row.int("outcome_version")?,
         )
         .map(Some)
-    }
-
-    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
-        if let Some(stmt) = &self.sql.announce_wait {
-            self.rows(On::Pool, stmt, &id_args(id)).await?;
-        }
-        Ok(())
-    }
-
-    fn attach_wakers(&self, hub: std::sync::Arc<crate::store::WakeHub>) {
-        self.dialect.attach_wakers(hub);
     }
 }
 
@@ -1360,187 +1388,5 @@ impl<D: Dialect> SqlStore<D> {
         // Held only when the update changed a row: PostgreSQL and SQLite return one row
         // per changed record, MySQL one row with the count of rows the update matched.
         fence(&rows)
-    }
-}
-
-/// Checks of the engine's steps on a dialect's store, which each dialect's tests run.
-#[cfg(test)]
-pub(crate) mod tests {
-    use std::time::Duration;
-
-    use super::{Arg, Dialect, On, SqlStore, Stmt, TableName};
-    use crate::store::{Claim, ClaimRequest, Fence, OperationId, Store, StoredOutcome, Takeover};
-
-    const FP: [u8; 32] = [1; 32];
-    const LEASE: Duration = Duration::from_secs(60);
-    const TINY: Duration = Duration::from_millis(5);
-    const PAST_TINY: Duration = Duration::from_millis(60);
-
-    fn outcome(body: &str) -> StoredOutcome {
-        StoredOutcome {
-            is_err: false,
-            version: 1,
-            body: body.as_bytes().to_vec(),
-        }
-    }
-
-    /// The step rows `name` has in the steps table, whatever their record shows.
-    async fn step_rows<D: Dialect>(store: &SqlStore<D>, table: &TableName, name: &str) -> i64 {
-        let count = Stmt::render::<D>(
-            "SELECT COUNT(*) AS n FROM {steps} WHERE scope = :scope AND name = :name",
-            table,
-        );
-        let args = count
-            .args(&[("scope", Arg::Text("leftovers")), ("name", Arg::Text(name))])
-            .unwrap();
-        let rows = store.dialect.fetch(On::Pool, &count, args).await.unwrap();
-        rows[0].int("n").unwrap()
-    }
-
-    fn id(name: &str) -> OperationId {
-        OperationId {
-            scope: "leftovers".into(),
-            name: name.into(),
-            key: format!("{}-{:?}", std::process::id(), std::time::SystemTime::now()),
-        }
-    }
-
-    /// Claims `id` afresh after its record with steps completed and expired: the new
-    /// life starts with the earlier one's step rows left, unseen.
-    async fn a_second_life<D: Dialect>(store: &SqlStore<D>, id: &OperationId) -> u64 {
-        let claim = |lease| {
-            let req = ClaimRequest {
-                id,
-                fingerprint: FP,
-                lease,
-                on_takeover: Takeover::Rerun,
-            };
-            async move { store.claim(&req).await.unwrap() }
-        };
-        let Claim::Acquired { epoch: first, .. } = claim(LEASE).await else {
-            panic!("a fresh key is claimed");
-        };
-        for label in ["a", "b"] {
-            let fence = store.record_step(id, first, label, &outcome("1")).await;
-            assert_eq!(fence.unwrap(), Fence::Held);
-        }
-        let fence = store.record(id, first, &outcome("2"), TINY).await;
-        assert_eq!(fence.unwrap(), Fence::Held);
-        tokio::time::sleep(PAST_TINY).await;
-        match claim(LEASE).await {
-            Claim::Acquired {
-                epoch,
-                takeover: false,
-                resume: false,
-            } => epoch,
-            other => panic!("an expired record is claimed afresh, got {other:?}"),
-        }
-    }
-
-    /// Step rows an earlier life left are deleted by the first step of the next life
-    /// and with the record however it goes (release, retry, purge): none outlive it.
-    pub(crate) async fn earlier_lives_leave_no_steps<D: Dialect>(
-        store: &SqlStore<D>,
-        table: &TableName,
-    ) {
-        let stepped = id("stepped");
-        let epoch = a_second_life(store, &stepped).await;
-        assert_eq!(step_rows(store, table, "stepped").await, 2);
-        assert!(store.steps(&stepped).await.unwrap().is_empty());
-        let fence = store.record_step(&stepped, epoch, "a", &outcome("3")).await;
-        assert_eq!(fence.unwrap(), Fence::Held);
-        assert_eq!(step_rows(store, table, "stepped").await, 1);
-        let steps = store.steps(&stepped).await.unwrap();
-        assert_eq!((steps.len(), steps[0].epoch), (1, epoch));
-
-        let released = id("released");
-        let epoch = a_second_life(store, &released).await;
-        assert_eq!(
-            store.release(&released, epoch, LEASE).await.unwrap(),
-            Fence::Held
-        );
-        assert!(store.get(&released).await.unwrap().is_none());
-        assert_eq!(step_rows(store, table, "released").await, 0);
-
-        let retried = id("retried");
-        let epoch = a_second_life(store, &retried).await;
-        let fence = store.resolve(&retried, epoch, None).await;
-        assert_eq!(fence.unwrap(), Fence::Held);
-        assert!(store.get(&retried).await.unwrap().is_none());
-        assert_eq!(step_rows(store, table, "retried").await, 0);
-
-        let purged = id("purged");
-        let epoch = a_second_life(store, &purged).await;
-        let fence = store.record(&purged, epoch, &outcome("4"), TINY).await;
-        assert_eq!(fence.unwrap(), Fence::Held);
-        tokio::time::sleep(PAST_TINY).await;
-        assert!(store.purge_expired().await.unwrap() >= 1);
-        assert!(store.get(&purged).await.unwrap().is_none());
-        assert_eq!(step_rows(store, table, "purged").await, 0);
-
-        // Released with its steps and expired: purged with them, or claimed afresh and
-        // rid of them by the first step of its new life.
-        let expired = id("expired-release");
-        let reborn = id("reborn-release");
-        for op in [&expired, &reborn] {
-            let epoch = fresh(store, op, FP).await;
-            let fence = store.record_step(op, epoch, "a", &outcome("5")).await;
-            assert_eq!(fence.unwrap(), Fence::Held);
-            assert_eq!(store.release(op, epoch, TINY).await.unwrap(), Fence::Held);
-        }
-        tokio::time::sleep(PAST_TINY).await;
-        let epoch = fresh(store, &reborn, [2; 32]).await;
-        let fence = store.record_step(&reborn, epoch, "b", &outcome("6")).await;
-        assert_eq!(fence.unwrap(), Fence::Held);
-        assert_eq!(step_rows(store, table, "reborn-release").await, 1);
-        assert!(store.purge_expired().await.unwrap() >= 1);
-        assert!(store.get(&expired).await.unwrap().is_none());
-        assert_eq!(step_rows(store, table, "expired-release").await, 0);
-    }
-
-    /// Claims `id` afresh under `fingerprint`; panics on anything else.
-    async fn fresh<D: Dialect>(
-        store: &SqlStore<D>,
-        id: &OperationId,
-        fingerprint: [u8; 32],
-    ) -> u64 {
-        let req = ClaimRequest {
-            id,
-            fingerprint,
-            lease: LEASE,
-            on_takeover: Takeover::Rerun,
-        };
-        match store.claim(&req).await.unwrap() {
-            Claim::Acquired {
-                epoch,
-                resume: false,
-                ..
-            } => epoch,
-            other => panic!("{id}: a fresh claim expected, got {other:?}"),
-        }
-    }
-
-    /// Steps of one operation recorded at once (a body that joins them) all hold: their
-    /// writes queue on the record's lock rather than deadlock.
-    pub(crate) async fn steps_of_one_operation_record_at_once<D: Dialect>(store: &SqlStore<D>) {
-        for _ in 0..10 {
-            let id = id("at-once");
-            let req = ClaimRequest {
-                id: &id,
-                fingerprint: FP,
-                lease: LEASE,
-                on_takeover: Takeover::Rerun,
-            };
-            let Claim::Acquired { epoch, .. } = store.claim(&req).await.unwrap() else {
-                panic!("a fresh key is claimed");
-            };
-            let value = outcome("1");
-            let write = |label| store.record_step(&id, epoch, label, &value);
-            let fences = tokio::join!(write("a"), write("b"), write("c"), write("d"));
-            for fence in [fences.0, fences.1, fences.2, fences.3] {
-                assert_eq!(fence.expect("a step written beside others"), Fence::Held);
-            }
-            assert_eq!(store.steps(&id).await.unwrap().len(), 4);
-        }
     }
 }

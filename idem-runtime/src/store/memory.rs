@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
 
-use super::at_once::{AtOnce, Claimed, Kept};
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State, Stats,
-    StepRecord, Store, StoredOutcome, Takeover,
+    Admin, Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State,
+    Stats, StepRecord, Store, StoreFuture, StoredOutcome, Takeover,
 };
 use crate::error::StoreError;
 
@@ -179,16 +178,13 @@ struct Record {
     state: State,
     epoch: u64,
     fingerprint: [u8; 32],
-    /// Held by a call alive in this process (see [`MemoryStore::claim_now`]): the lease
-    /// cannot lapse while it is, and `lease_until` keeps the claim's end as first set,
-    /// for the lease's length.
-    pinned: bool,
     lease_until: Tick,
     claimed_at: Tick,
     /// When a completed record, or one released with its steps, expires
     /// ([`Tick::NEVER`] while a claim holds it).
     expires_at: Tick,
-    outcome: Option<Kept>,
+    /// Shared with the replays that read it: a replay copies nothing.
+    outcome: Option<StoredOutcome>,
     /// The steps of this life of the record, boxed: most records have none, and every
     /// record pays for the field.
     steps: Option<Box<Steps>>,
@@ -218,13 +214,10 @@ impl Record {
         (self.state == State::Completed || self.released()) && self.expires_at <= now
     }
 
-    /// How long the lease still runs: a pinned claim's whole lease, since it is held
-    /// as long as its call lives.
+    /// How long the lease still runs.
     fn lease_left(&self, now: Tick) -> Duration {
         if self.released() {
             Duration::ZERO
-        } else if self.pinned {
-            self.lease_until.since(self.claimed_at)
         } else {
             self.lease_until.since(now)
         }
@@ -232,7 +225,7 @@ impl Record {
 
     /// Completes the record with `outcome`, kept until `expires_at`. Its steps go: the
     /// final outcome is what a completed operation replays.
-    fn complete(&mut self, outcome: Kept, expires_at: Tick) {
+    fn complete(&mut self, outcome: StoredOutcome, expires_at: Tick) {
         self.steps = None;
         self.state = State::Completed;
         self.outcome = Some(outcome);
@@ -266,7 +259,6 @@ impl Record {
             Some(steps) if !steps.done.is_empty() => {
                 steps.released = true;
                 self.state = State::InProgress;
-                self.pinned = false;
                 self.expires_at = expires_at;
                 false
             }
@@ -316,32 +308,25 @@ impl MemoryStore {
         self.last_epoch.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Claims at once, on this thread: a completed outcome comes back shared rather than
-    /// copied, with the store's clock reading that the lease runs from. Behind
-    /// `AtOnce::claim_at_once`, in place of the boxed trait method.
-    ///
-    /// With `pin`, a claim acquired is held for as long as its call lives rather than
-    /// renewed: the call and the store share a process, so nothing but the call's end
-    /// can leave the claim orphaned, and a renewal could only lapse it falsely (a stalled
-    /// runtime). The caller must `AtOnce::unpin` it when the call ends unsettled.
-    fn claim_now(&self, req: &ClaimRequest<'_>, pin: bool) -> (Claimed, Instant) {
-        let at = Instant::now();
-        (self.decide(req, self.tick(at), pin), at)
-    }
-
-    /// Records at once, keeping `outcome` itself (the trait method must copy it).
-    fn record_now(&self, id: &OperationId, epoch: u64, outcome: Kept, retain: Duration) -> Fence {
+    /// Records `outcome`, sharing its body with the replays that read it.
+    fn record_now(
+        &self,
+        id: &OperationId,
+        epoch: u64,
+        outcome: &StoredOutcome,
+        retain: Duration,
+    ) -> Fence {
         let mut map = self.lock();
         match map.get_mut(id) {
             Some(r) if r.held_by(epoch) => {
-                r.complete(outcome, self.now().after(retain));
+                r.complete(outcome.clone(), self.now().after(retain));
                 Fence::Held
             }
             // This record again, retried after a reply was lost.
             Some(r)
                 if r.epoch == epoch
                     && r.state == State::Completed
-                    && r.outcome.as_ref() == Some(&outcome) =>
+                    && r.outcome.as_ref() == Some(outcome) =>
             {
                 Fence::Held
             }
@@ -349,13 +334,13 @@ impl MemoryStore {
         }
     }
 
-    fn decide(&self, req: &ClaimRequest<'_>, now: Tick, pin: bool) -> Claimed {
+    fn decide(&self, req: &ClaimRequest<'_>) -> Claim {
+        let now = self.now();
         let mut map = self.lock();
         let fresh = |epoch| Record {
             state: State::InProgress,
             epoch,
             fingerprint: req.fingerprint,
-            pinned: pin,
             lease_until: now.after(req.lease),
             claimed_at: now,
             expires_at: Tick::NEVER,
@@ -364,59 +349,55 @@ impl MemoryStore {
         };
         let (rec, new) = map.get_or_insert(req.id, || fresh(self.next_epoch()));
         if new {
-            return Claimed::Decided(Claim::Acquired {
+            return Claim::Acquired {
                 epoch: rec.epoch,
                 takeover: false,
                 resume: false,
-            });
+            };
         }
         if rec.expired(now) {
             *rec = fresh(self.next_epoch());
-            return Claimed::Decided(Claim::Acquired {
+            return Claim::Acquired {
                 epoch: rec.epoch,
                 takeover: false,
                 resume: false,
-            });
+            };
         }
         if rec.fingerprint != req.fingerprint {
-            return Claimed::Decided(Claim::Mismatch);
+            return Claim::Mismatch;
         }
         // Released with its steps: resumed at once, whatever `on_takeover` says, since
         // its last attempt ended knowing what it had done.
         if rec.state == State::InProgress && rec.released() {
             rec.epoch = self.next_epoch();
-            rec.pinned = pin;
             rec.lease_until = now.after(req.lease);
             rec.claimed_at = now;
             rec.expires_at = Tick::NEVER;
             if let Some(steps) = &mut rec.steps {
                 steps.released = false;
             }
-            return Claimed::Decided(Claim::Acquired {
+            return Claim::Acquired {
                 epoch: rec.epoch,
                 takeover: false,
                 resume: true,
-            });
+            };
         }
-        Claimed::Decided(match rec.state {
-            State::Completed => {
-                return Claimed::Completed(
-                    rec.outcome
-                        .clone()
-                        .expect("completed record has an outcome"),
-                );
-            }
+        match rec.state {
+            State::Completed => Claim::Completed(
+                rec.outcome
+                    .clone()
+                    .expect("completed record has an outcome"),
+            ),
             State::Unknown => Claim::Unknown {
                 epoch: rec.epoch,
                 now: false,
             },
-            State::InProgress if rec.pinned || rec.lease_until > now => Claim::InFlight {
+            State::InProgress if rec.lease_until > now => Claim::InFlight {
                 retry_after: rec.lease_left(now),
             },
             State::InProgress => match req.on_takeover {
                 Takeover::Rerun => {
                     rec.epoch = self.next_epoch();
-                    rec.pinned = pin;
                     rec.lease_until = now.after(req.lease);
                     rec.claimed_at = now;
                     Claim::Acquired {
@@ -433,7 +414,7 @@ impl MemoryStore {
                     }
                 }
             },
-        })
+        }
     }
 
     /// Runs `f` if `holds` says the record of `id` is held at `epoch` (`Record::held_by`
@@ -456,102 +437,113 @@ impl MemoryStore {
     }
 }
 
-impl AtOnce for MemoryStore {
-    fn claim_at_once(&self, req: &ClaimRequest<'_>, pin: bool) -> (Claimed, Instant) {
-        self.claim_now(req, pin)
+// Every answer is made under the lock, on the caller's thread: ready at once, with
+// nothing to box or time. A replay is decided by the claim under the same lock a read
+// would take, so there is no separate read (`peek_completed`'s default).
+impl Store for MemoryStore {
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest<'a>,
+    ) -> StoreFuture<'a, Result<Claim, StoreError>> {
+        StoreFuture::ready(Ok(self.decide(req)))
     }
 
-    fn record_at_once(
-        &self,
-        id: &OperationId,
+    fn record<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
-        outcome: Kept,
+        outcome: &'a StoredOutcome,
         retain: Duration,
-    ) -> Fence {
-        self.record_now(id, epoch, outcome, retain)
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::ready(Ok(self.record_now(id, epoch, outcome, retain)))
     }
 
-    /// A pinned claim's call ended without settling it (cancelled, or its body
-    /// panicked): its lease runs from now, as a renewed one would from its last renewal,
-    /// and a duplicate takes over once it lapses.
-    fn unpin(&self, id: &OperationId, epoch: u64) {
-        let now = self.now();
+    fn release<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        retain: Duration,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        let expires_at = self.now().after(retain);
+        StoreFuture::ready(Ok(self.fenced(id, epoch, Record::held_by, |map| {
+            if map.get_mut(id).expect("checked").release(expires_at) {
+                map.remove(id);
+            }
+        })))
+    }
+
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::ready(Ok(self.fenced(id, epoch, Record::held_by, |map| {
+            map.get_mut(id).expect("checked").state = State::Unknown;
+        })))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        lease: Duration,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::ready(Ok(self.fenced(id, epoch, Record::held_by, |map| {
+            map.get_mut(id).expect("checked").lease_until = self.now().after(lease);
+        })))
+    }
+
+    fn record_step<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        label: &'a str,
+        outcome: &'a StoredOutcome,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        let at = self.now();
         let mut map = self.lock();
-        if let Some(r) = map.get_mut(id)
-            && r.epoch == epoch
-            && r.state == State::InProgress
-            && r.pinned
-        {
-            r.pinned = false;
-            r.lease_until = now.after(r.lease_until.since(r.claimed_at));
+        let rec = match map.get_mut(id) {
+            Some(r) if r.held_by(epoch) => r,
+            _ => return StoreFuture::ready(Ok(Fence::Lost)),
+        };
+        let steps = rec.steps.get_or_insert_with(Box::default);
+        let step = Step {
+            label: label.into(),
+            epoch,
+            at,
+            outcome: outcome.clone(),
+        };
+        match steps.done.iter_mut().find(|s| &*s.label == label) {
+            Some(old) => *old = step,
+            None => steps.done.push(step),
         }
+        StoreFuture::ready(Ok(Fence::Held))
+    }
+
+    fn steps<'a>(
+        &'a self,
+        id: &'a OperationId,
+    ) -> StoreFuture<'a, Result<Vec<StepRecord>, StoreError>> {
+        let now = self.now();
+        let map = self.lock();
+        let Some(steps) = map.get(id).and_then(|r| r.steps.as_ref()) else {
+            return StoreFuture::ready(Ok(Vec::new()));
+        };
+        StoreFuture::ready(Ok(steps
+            .done
+            .iter()
+            .map(|s| StepRecord {
+                label: s.label.to_string(),
+                epoch: s.epoch,
+                age: now.since(s.at),
+                outcome: s.outcome.clone(),
+            })
+            .collect()))
     }
 }
 
 #[async_trait::async_trait]
-impl Store for MemoryStore {
-    // The claim answers a replay under the same lock a read would take.
-    fn peeks(&self) -> bool {
-        false
-    }
-
-    fn at_once(&self) -> Option<&dyn AtOnce> {
-        Some(self)
-    }
-
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        Ok(match self.claim_now(req, false).0 {
-            Claimed::Decided(claim) => claim,
-            Claimed::Completed(outcome) => Claim::Completed(outcome.stored()),
-        })
-    }
-
-    async fn record(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        outcome: &StoredOutcome,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        Ok(self.record_now(id, epoch, Kept::from(outcome), retain))
-    }
-
-    async fn release(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        let expires_at = self.now().after(retain);
-        Ok(self.fenced(id, epoch, Record::held_by, |map| {
-            if map.get_mut(id).expect("checked").release(expires_at) {
-                map.remove(id);
-            }
-        }))
-    }
-
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        Ok(self.fenced(id, epoch, Record::held_by, |map| {
-            map.get_mut(id).expect("checked").state = State::Unknown;
-        }))
-    }
-
-    async fn renew(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        lease: Duration,
-    ) -> Result<Fence, StoreError> {
-        Ok(self.fenced(id, epoch, Record::held_by, |map| {
-            let until = self.now().after(lease);
-            let r = map.get_mut(id).expect("checked");
-            // A pinned claim is held already, and keeps its lease's length.
-            if !r.pinned {
-                r.lease_until = until;
-            }
-        }))
-    }
-
+impl Admin for MemoryStore {
     async fn resolve(
         &self,
         id: &OperationId,
@@ -570,55 +562,10 @@ impl Store for MemoryStore {
                     let expires_at = self.now().after(retain);
                     map.get_mut(id)
                         .expect("checked")
-                        .complete(Kept::from(outcome), expires_at);
+                        .complete(outcome.clone(), expires_at);
                 }
             }),
         )
-    }
-
-    async fn record_step(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        label: &str,
-        outcome: &StoredOutcome,
-    ) -> Result<Fence, StoreError> {
-        let at = self.now();
-        let mut map = self.lock();
-        let rec = match map.get_mut(id) {
-            Some(r) if r.held_by(epoch) => r,
-            _ => return Ok(Fence::Lost),
-        };
-        let steps = rec.steps.get_or_insert_with(Box::default);
-        let step = Step {
-            label: label.into(),
-            epoch,
-            at,
-            outcome: outcome.clone(),
-        };
-        match steps.done.iter_mut().find(|s| &*s.label == label) {
-            Some(old) => *old = step,
-            None => steps.done.push(step),
-        }
-        Ok(Fence::Held)
-    }
-
-    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
-        let now = self.now();
-        let map = self.lock();
-        let Some(steps) = map.get(id).and_then(|r| r.steps.as_ref()) else {
-            return Ok(Vec::new());
-        };
-        Ok(steps
-            .done
-            .iter()
-            .map(|s| StepRecord {
-                label: s.label.to_string(),
-                epoch: s.epoch,
-                age: now.since(s.at),
-                outcome: s.outcome.clone(),
-            })
-            .collect())
     }
 
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
@@ -626,8 +573,7 @@ impl Store for MemoryStore {
         let mut map = self.lock();
         let settled = |r: &Record| match r.state {
             State::Completed | State::Unknown => true,
-            // A pinned claim's call is alive in this process: its lease holds.
-            State::InProgress => r.released() || (!r.pinned && r.lease_until <= now),
+            State::InProgress => r.released() || r.lease_until <= now,
         };
         match map.get(id) {
             Some(r) if r.epoch == epoch && settled(r) => {
@@ -675,7 +621,7 @@ impl Store for MemoryStore {
                     r.expires_at.since(now)
                 }
             }),
-            outcome: r.outcome.as_ref().map(Kept::stored),
+            outcome: r.outcome.clone(),
             steps: Vec::new(),
         }))
     }
@@ -731,7 +677,7 @@ mod tests {
         let outcome = StoredOutcome {
             is_err: false,
             version: 1,
-            body: b"1".to_vec(),
+            body: b"1".to_vec().into(),
         };
         let fence = store.record(&id, epoch, &outcome, Duration::MAX).await;
         assert_eq!(fence.unwrap(), Fence::Held);

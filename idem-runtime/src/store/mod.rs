@@ -17,7 +17,9 @@
 //! A store keeps one record per operation `(scope, name, key)` and moves it through
 //! the states of the contract. Every method that changes a record is one atomic step;
 //! every method after a claim is fenced on the epoch that claimed. [`Store`] is that
-//! contract; [`Idem`](crate::Idem) opens one of these:
+//! contract as the state machine calls it, each answer a [`StoreFuture`] (ready at once
+//! from a store in this process); its supertrait [`Admin`] is the operator's side
+//! (list, get, resolve, forget, purge, stats). [`Idem`](crate::Idem) opens one of these:
 //!
 //! | store | durability | many hosts, cluster | [transactional mode](crate::guide::transactions) | cross-process wake-ups |
 //! |---|---|---|---|---|
@@ -26,6 +28,9 @@
 //! | `Idem::postgres` ([`guide::postgres`](crate::guide::postgres)) | the server's commit | yes | yes | `LISTEN`/`NOTIFY` |
 //! | `Idem::mysql` ([`guide::mysql`](crate::guide::mysql)) | InnoDB's commit | yes | yes | no: waiters poll |
 //! | `Idem::redis` ([`redis`]) | the server's persistence settings | yes, Redis Cluster | no | pub/sub |
+//!
+//! [`Idem::connect`](crate::Idem::connect) opens any of them from one URL, chosen by its
+//! scheme (`sqlite:`, `postgres:`, `mysql:`, `redis:`, `redis+cluster:`, `memory:`).
 //!
 //! Each store proves itself against one conformance suite, and a store of your own can
 //! be passed to [`IdemBuilder::store`](crate::IdemBuilder::store); a wrapper around an
@@ -100,16 +105,16 @@
 //! the database in `store/conformance.rs`, whose checks write that table with
 //! statements of their own).
 
-mod at_once;
 #[doc(hidden)]
 pub mod conformance;
 mod delegate;
+mod future;
 mod memory;
 #[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
 mod test_support;
 pub(crate) mod wake;
-pub(crate) use at_once::{AtOnce, Claimed, Kept};
 pub use delegate::Delegate;
+pub use future::StoreFuture;
 pub use memory::MemoryStore;
 pub use wake::WakeHub;
 #[cfg(any(feature = "_sql", feature = "redis"))]
@@ -157,6 +162,8 @@ pub mod bench {
 }
 #[cfg(feature = "_sql")]
 pub(crate) mod sql_common;
+#[cfg(feature = "_sql")]
+pub(crate) mod sql_handle;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
@@ -317,18 +324,19 @@ pub struct StoredOutcome {
     pub is_err: bool,
     /// The outcome's schema version.
     pub version: u32,
-    /// The outcome, as JSON.
-    pub body: Vec<u8>,
+    /// The outcome, as JSON: shared, so a store in this process and the replays that
+    /// read it hold one copy.
+    pub body: std::sync::Arc<[u8]>,
 }
 
 impl StoredOutcome {
     /// An outcome as a store read it back: its JSON `body`, whether it is a recorded
     /// `Err`, and its schema version.
-    pub fn new(body: Vec<u8>, is_err: bool, version: u32) -> Self {
+    pub fn new(body: impl Into<std::sync::Arc<[u8]>>, is_err: bool, version: u32) -> Self {
         StoredOutcome {
             is_err,
             version,
-            body,
+            body: body.into(),
         }
     }
 
@@ -748,12 +756,18 @@ pub enum Fence {
     Lost,
 }
 
-/// The durable half of idem.
+/// The durable half of idem: the calls the state machine makes on every operation.
 ///
 /// Implementations decide the claim in one atomic step: an insert-or-inspect that
 /// returns the state it found or made. Times (leases, expiry, ages) are the store's
 /// own clock, never the application's. The state machine talks to a store through this
-/// trait only; [`Idem`](crate::Idem) is what applications call.
+/// trait only; [`Idem`](crate::Idem) is what applications call. The operator's side
+/// (listing, reconciling, purging) is the supertrait [`Admin`].
+///
+/// Each method returns a [`StoreFuture`]: [`StoreFuture::ready`] from a store that
+/// answers in this process, so the call allocates nothing; [`StoreFuture::new`] over an
+/// `async` block from one that makes a round trip. The state machine may drop a future
+/// it has not polled, so the work belongs inside the future.
 ///
 /// ```
 /// use idem_runtime::store::{Claim, ClaimRequest, MemoryStore, Store, StoreError, StoredOutcome};
@@ -778,36 +792,31 @@ pub enum Fence {
 /// assert_eq!(store.claim(&other).await?, Claim::Mismatch);
 /// # Ok(()) }
 /// ```
-#[async_trait::async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: Admin {
     /// Claims the operation, or reports why not. One atomic step.
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError>;
-
-    /// Whether [`peek_completed`](Store::peek_completed) can answer: a store whose claim
-    /// answers a replay as cheaply as a read says no, and is not asked.
-    fn peeks(&self) -> bool {
-        true
-    }
+    fn claim<'a>(&'a self, req: &'a ClaimRequest<'a>)
+    -> StoreFuture<'a, Result<Claim, StoreError>>;
 
     /// Reads a COMPLETED, unexpired outcome without writing, for the replay fast path.
-    /// `None` means "not known to be completed": the caller then claims.
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+    /// `None` means "not known to be completed": the caller then claims. A store whose
+    /// claim answers a replay as cheaply as a read answers `None` at once (the default).
+    fn peek_completed<'a>(
+        &'a self,
+        id: &'a OperationId,
+        fingerprint: &'a [u8; 32],
+    ) -> StoreFuture<'a, Result<Option<Result<StoredOutcome, Mismatched>>, StoreError>> {
         let _ = (id, fingerprint);
-        Ok(None)
+        StoreFuture::ready(Ok(None))
     }
 
     /// Records the outcome of `epoch`, keeping it for `retain`.
-    async fn record(
-        &self,
-        id: &OperationId,
+    fn record<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
-        outcome: &StoredOutcome,
+        outcome: &'a StoredOutcome,
         retain: Duration,
-    ) -> Result<Fence, StoreError>;
+    ) -> StoreFuture<'a, Result<Fence, StoreError>>;
 
     /// Releases the claim of `epoch`: the record goes away and a retry runs the body.
     /// An operation with recorded [steps](Store::record_step) keeps its record, its
@@ -815,29 +824,84 @@ pub trait Store: Send + Sync + 'static {
     /// operation's retention): until then the next claim with the same fingerprint
     /// acquires it at once (whatever `on_takeover` says) with `resume` set, and another
     /// fingerprint is a [`Claim::Mismatch`]. From then on it is expired, as a completed
-    /// record past its retention is: [`purge_expired`](Store::purge_expired) deletes it
+    /// record past its retention is: [`purge_expired`](Admin::purge_expired) deletes it
     /// with its steps, and a claim with any fingerprint starts it afresh, without them.
-    async fn release(
-        &self,
-        id: &OperationId,
+    fn release<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
         retain: Duration,
-    ) -> Result<Fence, StoreError>;
+    ) -> StoreFuture<'a, Result<Fence, StoreError>>;
 
     /// Moves the claim of `epoch` to UNKNOWN.
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError>;
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>>;
 
     /// Extends the lease of `epoch` to `lease` from now: to no earlier than the moment
     /// the call was made plus `lease`, which is what the caller counts on (a clock of
     /// whole milliseconds rounds the end up; `conformance` checks it, as it does a
     /// claim's lease).
-    async fn renew(
-        &self,
-        id: &OperationId,
+    fn renew<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
         lease: Duration,
-    ) -> Result<Fence, StoreError>;
+    ) -> StoreFuture<'a, Result<Fence, StoreError>>;
 
+    /// Records the `Ok` outcome of step `label` of the operation, under the claim of
+    /// `epoch`: one atomic step, fenced like [`record`](Store::record), so
+    /// [`Fence::Lost`] unless the record is IN_PROGRESS at `epoch`. Recording a label
+    /// again replaces its outcome (a retry whose reply was lost writes the same one).
+    /// Steps belong to one life of the record: the first step recorded after a claim
+    /// that did not `resume` discards any steps left from an earlier life (a record that
+    /// completed, expired and was claimed afresh). Steps expire and are purged, released,
+    /// resolved and forgotten with their operation. The default says the store keeps no
+    /// steps.
+    fn record_step<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        label: &'a str,
+        outcome: &'a StoredOutcome,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        let _ = (id, epoch, label, outcome);
+        StoreFuture::ready(Err(no_steps()))
+    }
+
+    /// The steps recorded in the operation's current life, oldest first; none for an
+    /// operation that has no record or has not recorded a step since it was claimed
+    /// afresh. The default finds none, as a store that cannot record them has none.
+    fn steps<'a>(
+        &'a self,
+        id: &'a OperationId,
+    ) -> StoreFuture<'a, Result<Vec<StepRecord>, StoreError>> {
+        let _ = id;
+        StoreFuture::ready(Ok(Vec::new()))
+    }
+
+    /// Called once by a caller about to wait on an in-flight operation, so a store
+    /// that can wake waiters in other processes knows to do so. The default does nothing
+    /// (waiters then fall back to polling).
+    fn announce_wait<'a>(&'a self, id: &'a OperationId) -> StoreFuture<'a, Result<(), StoreError>> {
+        let _ = id;
+        StoreFuture::ready(Ok(()))
+    }
+
+    /// Gives the store the hub through which it wakes waiters of this process when it
+    /// learns (from another process) that an operation moved on.
+    fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
+        let _ = hub;
+    }
+}
+
+/// The operator's side of a store: what [`Idem`](crate::Idem)'s operator methods and the
+/// `idem` CLI call (listing, inspecting, reconciling, purging), never a call's hot path.
+/// Every [`Store`] is one. Implemented with [`async_trait`](https://docs.rs/async-trait).
+#[async_trait::async_trait]
+pub trait Admin: Send + Sync + 'static {
     /// Settles an UNKNOWN or IN_PROGRESS record held at `epoch`: `None` removes it (the
     /// next call runs the body), `Some` records that outcome for `retain`. With `None`,
     /// an operation with recorded steps is released as [`release`](Store::release)
@@ -852,43 +916,15 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes the record held at `epoch` for an operator: a COMPLETED or UNKNOWN one, or
     /// an IN_PROGRESS one whose lease has lapsed by the store's clock; never a claim whose
     /// lease holds. The next call then runs the body. One atomic step, fenced like
-    /// [`resolve`](Store::resolve): [`Fence::Lost`] when the record is gone, at another
+    /// [`resolve`](Admin::resolve): [`Fence::Lost`] when the record is gone, at another
     /// epoch, or in progress under a live lease. Epochs still never repeat. The default
     /// says the store cannot forget records.
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         let _ = (id, epoch);
         Err(StoreError::new(
             false,
-            "this store cannot forget a record; implement `Store::forget` for it",
+            "this store cannot forget a record; implement `Admin::forget` for it",
         ))
-    }
-
-    /// Records the `Ok` outcome of step `label` of the operation, under the claim of
-    /// `epoch`: one atomic step, fenced like [`record`](Store::record), so
-    /// [`Fence::Lost`] unless the record is IN_PROGRESS at `epoch`. Recording a label
-    /// again replaces its outcome (a retry whose reply was lost writes the same one).
-    /// Steps belong to one life of the record: the first step recorded after a claim
-    /// that did not `resume` discards any steps left from an earlier life (a record that
-    /// completed, expired and was claimed afresh). Steps expire and are purged, released,
-    /// resolved and forgotten with their operation. The default says the store keeps no
-    /// steps.
-    async fn record_step(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        label: &str,
-        outcome: &StoredOutcome,
-    ) -> Result<Fence, StoreError> {
-        let _ = (id, epoch, label, outcome);
-        Err(no_steps())
-    }
-
-    /// The steps recorded in the operation's current life, oldest first; none for an
-    /// operation that has no record or has not recorded a step since it was claimed
-    /// afresh. The default finds none, as a store that cannot record them has none.
-    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
-        let _ = id;
-        Ok(Vec::new())
     }
 
     /// Deletes COMPLETED records past their retention, and records released with their
@@ -910,28 +946,6 @@ pub trait Store: Send + Sync + 'static {
             "this store cannot show a single record",
         ))
     }
-
-    /// Called once by a caller about to wait on an in-flight operation, so a store
-    /// that can wake waiters in other processes knows to do so. The default does nothing
-    /// (waiters then fall back to polling).
-    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
-        let _ = id;
-        Ok(())
-    }
-
-    /// Gives the store the hub through which it wakes waiters of this process when it
-    /// learns (from another process) that an operation moved on.
-    fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
-        let _ = hub;
-    }
-
-    /// A store that answers in this process without a round trip (the memory store)
-    /// takes claims and records through this at once, on the caller's thread; others
-    /// answer `None`, and a wrapper that wants to see every call must too (the default).
-    #[doc(hidden)]
-    fn at_once(&self) -> Option<&dyn AtOnce> {
-        None
-    }
 }
 
 fn no_steps() -> StoreError {
@@ -948,41 +962,47 @@ pub struct Mismatched;
 
 macro_rules! forward_store {
     ($($ptr:ty),*) => {$(
-        #[async_trait::async_trait]
         impl<S: Store + ?Sized> Store for $ptr {
-            async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-                (**self).claim(req).await
+            fn claim<'a>(&'a self, req: &'a ClaimRequest<'a>) -> StoreFuture<'a, Result<Claim, StoreError>> {
+                (**self).claim(req)
             }
-            fn peeks(&self) -> bool {
-                (**self).peeks()
+            fn peek_completed<'a>(
+                &'a self,
+                id: &'a OperationId,
+                fingerprint: &'a [u8; 32],
+            ) -> StoreFuture<'a, Result<Option<Result<StoredOutcome, Mismatched>>, StoreError>> {
+                (**self).peek_completed(id, fingerprint)
             }
-            async fn peek_completed(
-                &self,
-                id: &OperationId,
-                fingerprint: &[u8; 32],
-            ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-                (**self).peek_completed(id, fingerprint).await
+            fn record<'a>(&'a self, id: &'a OperationId, epoch: u64, outcome: &'a StoredOutcome, retain: Duration) -> StoreFuture<'a, Result<Fence, StoreError>> {
+                (**self).record(id, epoch, outcome, retain)
             }
-            async fn record(&self, id: &OperationId, epoch: u64, outcome: &StoredOutcome, retain: Duration) -> Result<Fence, StoreError> {
-                (**self).record(id, epoch, outcome, retain).await
+            fn release<'a>(&'a self, id: &'a OperationId, epoch: u64, retain: Duration) -> StoreFuture<'a, Result<Fence, StoreError>> {
+                (**self).release(id, epoch, retain)
             }
-            async fn release(&self, id: &OperationId, epoch: u64, retain: Duration) -> Result<Fence, StoreError> {
-                (**self).release(id, epoch, retain).await
+            fn mark_unknown<'a>(&'a self, id: &'a OperationId, epoch: u64) -> StoreFuture<'a, Result<Fence, StoreError>> {
+                (**self).mark_unknown(id, epoch)
             }
-            async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-                (**self).mark_unknown(id, epoch).await
+            fn renew<'a>(&'a self, id: &'a OperationId, epoch: u64, lease: Duration) -> StoreFuture<'a, Result<Fence, StoreError>> {
+                (**self).renew(id, epoch, lease)
             }
-            async fn renew(&self, id: &OperationId, epoch: u64, lease: Duration) -> Result<Fence, StoreError> {
-                (**self).renew(id, epoch, lease).await
+            fn record_step<'a>(&'a self, id: &'a OperationId, epoch: u64, label: &'a str, outcome: &'a StoredOutcome) -> StoreFuture<'a, Result<Fence, StoreError>> {
+                (**self).record_step(id, epoch, label, outcome)
             }
+            fn steps<'a>(&'a self, id: &'a OperationId) -> StoreFuture<'a, Result<Vec<StepRecord>, StoreError>> {
+                (**self).steps(id)
+            }
+            fn announce_wait<'a>(&'a self, id: &'a OperationId) -> StoreFuture<'a, Result<(), StoreError>> {
+                (**self).announce_wait(id)
+            }
+            fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
+                (**self).attach_wakers(hub)
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl<S: Admin + ?Sized> Admin for $ptr {
             async fn resolve(&self, id: &OperationId, epoch: u64, completed: Option<(&StoredOutcome, Duration)>) -> Result<Fence, StoreError> {
                 (**self).resolve(id, epoch, completed).await
-            }
-            async fn record_step(&self, id: &OperationId, epoch: u64, label: &str, outcome: &StoredOutcome) -> Result<Fence, StoreError> {
-                (**self).record_step(id, epoch, label, outcome).await
-            }
-            async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
-                (**self).steps(id).await
             }
             async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
                 (**self).forget(id, epoch).await
@@ -999,16 +1019,6 @@ macro_rules! forward_store {
             async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
                 (**self).get(id).await
             }
-            async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
-                (**self).announce_wait(id).await
-            }
-            fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
-                (**self).attach_wakers(hub)
-            }
-            fn at_once(&self) -> Option<&dyn AtOnce> {
-                (**self).at_once()
-            }
-
         }
     )*};
 }

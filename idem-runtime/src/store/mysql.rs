@@ -809,19 +809,6 @@ mod tests {
         }
     }
 
-    /// The engine's checks of steps, on the server at `IDEM_MYSQL_URL` (a local one by
-    /// default); skipped when it cannot be reached, unless `IDEM_REQUIRE_DB=1`.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn engine_steps() {
-        let Some((store, table)) = open_test_store("leftovers", None).await else {
-            return;
-        };
-        let name = TableName::parse(&table, false).unwrap().backticked();
-        crate::store::engine::tests::earlier_lives_leave_no_steps(&store, &name).await;
-        crate::store::engine::tests::steps_of_one_operation_record_at_once(&store).await;
-        drop_test_tables(&store, &table).await;
-    }
-
     /// The server at `IDEM_MYSQL_URL`, opened on a table of its own with `size`
     /// connections; `None` (skip) when it cannot be reached, unless `IDEM_REQUIRE_DB=1`.
     async fn open_test_store(label: &str, size: Option<u32>) -> Option<(MySqlStore, String)> {
@@ -965,7 +952,7 @@ mod tests {
                 let outcome = StoredOutcome {
                     is_err: false,
                     version: 1,
-                    body: b"1".to_vec(),
+                    body: b"1".to_vec().into(),
                 };
                 let retain = std::time::Duration::from_secs(60);
                 let fence = store.record(&id, epoch, &outcome, retain).await.unwrap();

@@ -1018,26 +1018,6 @@ mod tests {
             .expect("forget test bookkeeping");
     }
 
-    #[tokio::test]
-    async fn conformance() {
-        let Some(db) = TestDb::new("conformance").await else {
-            return;
-        };
-        crate::store::conformance::run_all(&db.store).await;
-        db.cleanup().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn engine_steps() {
-        let Some(db) = TestDb::new("leftovers").await else {
-            return;
-        };
-        let table = TableName::parse(&db.table, true).unwrap();
-        crate::store::engine::tests::earlier_lives_leave_no_steps(&db.store, &table).await;
-        crate::store::engine::tests::steps_of_one_operation_record_at_once(&db.store).await;
-        db.cleanup().await;
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_claims_on_a_fresh_key_acquire_once() {
         let Some(db) = TestDb::new("concurrent").await else {

@@ -157,8 +157,9 @@ use ::redis::{RedisError, Script, ScriptInvocation, Value};
 use std::sync::Arc;
 
 use super::{
-    Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail, RecordInfo,
-    ReplayGate, State, Stats, StepRecord, Store, StoredOutcome, Takeover, WakeHub,
+    Admin, Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail,
+    RecordInfo, ReplayGate, State, Stats, StepRecord, Store, StoreFuture, StoredOutcome, Takeover,
+    WakeHub,
 };
 use crate::error::{IdemError, StoreError};
 
@@ -601,7 +602,7 @@ impl RedisStore {
                 }
             }
         };
-        crate::idem::check_key_mode(
+        crate::secret::check_key_mode(
             &format!("the Redis key prefix `{}`", self.prefix),
             "another prefix (`IdemBuilder::key_prefix`)",
             recorded.as_deref(),
@@ -619,7 +620,7 @@ impl RedisStore {
     /// command: a wrong URL or prefix is then an error rather than an empty store, and a
     /// missing or wrong secret an error rather than "no such record".
     pub async fn check_existing(&self, hash_keys: Option<&[u8]>) -> Result<(), IdemError> {
-        let secret = hash_keys.map(|s| crate::idem::Secret(Arc::from(s)));
+        let secret = hash_keys.map(|s| crate::secret::Secret(Arc::from(s)));
         if let Some(secret) = &secret {
             secret.check()?;
         }
@@ -646,11 +647,11 @@ impl RedisStore {
                 ),
             });
         };
-        crate::idem::check_key_mode(
+        crate::secret::check_key_mode(
             &format!("the Redis key prefix `{}`", self.prefix),
             "another prefix",
             Some(&recorded),
-            &crate::idem::key_mode(secret.as_ref()),
+            &crate::secret::key_mode(secret.as_ref()),
         )
     }
 
@@ -665,7 +666,7 @@ impl RedisStore {
         let mut rec = String::with_capacity(self.prefix.len() + 37);
         rec.push_str(&self.prefix);
         rec.push_str(":r:{");
-        crate::idem::push_hex(&mut rec, &h.finalize()[..16]);
+        crate::secret::push_hex(&mut rec, &h.finalize()[..16]);
         rec.push('}');
         // The steps key differs from the record key in the kind's letter alone.
         let kind = self.prefix.len() + 1;
@@ -1057,7 +1058,7 @@ fn unpack(b: &[u8]) -> Option<StoredOutcome> {
     Some(StoredOutcome {
         is_err,
         version: std::str::from_utf8(version).ok()?.parse().ok()?,
-        body: body.to_vec(),
+        body: body.to_vec().into(),
     })
 }
 
@@ -1117,7 +1118,6 @@ impl RedisStore {
     }
 }
 
-#[async_trait::async_trait]
 impl Store for RedisStore {
     /// While replays come in, a pipeline of plain commands instead of the claim's script:
     /// far less work for the server. It answers only for a COMPLETED record it knows was
@@ -1132,170 +1132,257 @@ impl Store for RedisStore {
     ///   millisecond's rounding) means the retention had not ended; the two reads agreeing
     ///   on state, epoch and deadline mean the TTL was that record's (a new claim always
     ///   takes a new epoch).
-    async fn peek_completed(
-        &self,
-        id: &OperationId,
-        fingerprint: &[u8; 32],
-    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
-        if !self.gate.open() {
-            return Ok(None);
-        }
-        let (rec, ..) = self.keys(id);
-        let read = ["s", "xa", "e", "fp", "o"];
-        let (fields, alive) = match &self.conn {
-            Conn::Single(conn) => {
-                let mut pipe = ::redis::pipe();
-                pipe.cmd("HMGET").arg(&rec).arg(&read).cmd("TIME");
-                let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = conn
-                    .run(Lane::Light, async |c| pipe.query_async(c).await)
-                    .await
-                    .map_err(store_error)?;
-                let now = secs * 1000 + micros / 1000;
-                let alive = fields.get(1).and_then(int).is_some_and(|xa| xa > now);
-                (fields, alive)
+    fn peek_completed<'a>(
+        &'a self,
+        id: &'a OperationId,
+        fingerprint: &'a [u8; 32],
+    ) -> StoreFuture<'a, Result<Option<Result<StoredOutcome, Mismatched>>, StoreError>> {
+        StoreFuture::new(async move {
+            if !self.gate.open() {
+                return Ok(None);
             }
-            Conn::Cluster { conn, .. } => {
-                let (fields, ttl, again): (Vec<Value>, i64, Vec<Value>) = ::redis::pipe()
-                    .cmd("HMGET")
-                    .arg(&rec)
-                    .arg(&read)
-                    .cmd("PTTL")
-                    .arg(&rec)
-                    .cmd("HMGET")
-                    .arg(&rec)
-                    .arg(&read[..3])
-                    .query_async(&mut conn.clone())
-                    .await
-                    .map_err(store_error)?;
-                let alive = fields.get(..3) == Some(&again[..]) && ttl > GRACE_MS + 1;
-                (fields, alive)
+            let (rec, ..) = self.keys(id);
+            let read = ["s", "xa", "e", "fp", "o"];
+            let (fields, alive) = match &self.conn {
+                Conn::Single(conn) => {
+                    let mut pipe = ::redis::pipe();
+                    pipe.cmd("HMGET").arg(&rec).arg(&read).cmd("TIME");
+                    let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = conn
+                        .run(Lane::Light, async |c| pipe.query_async(c).await)
+                        .await
+                        .map_err(store_error)?;
+                    let now = secs * 1000 + micros / 1000;
+                    let alive = fields.get(1).and_then(int).is_some_and(|xa| xa > now);
+                    (fields, alive)
+                }
+                Conn::Cluster { conn, .. } => {
+                    let (fields, ttl, again): (Vec<Value>, i64, Vec<Value>) = ::redis::pipe()
+                        .cmd("HMGET")
+                        .arg(&rec)
+                        .arg(&read)
+                        .cmd("PTTL")
+                        .arg(&rec)
+                        .cmd("HMGET")
+                        .arg(&rec)
+                        .arg(&read[..3])
+                        .query_async(&mut conn.clone())
+                        .await
+                        .map_err(store_error)?;
+                    let alive = fields.get(..3) == Some(&again[..]) && ttl > GRACE_MS + 1;
+                    (fields, alive)
+                }
+            };
+            let [state, _, _, fp, outcome] = &fields[..] else {
+                return Err(protocol(format!("HMGET answered {fields:?}")));
+            };
+            if int(state) != Some(1) || !alive {
+                return Ok(None);
             }
-        };
-        let [state, _, _, fp, outcome] = &fields[..] else {
-            return Err(protocol(format!("HMGET answered {fields:?}")));
-        };
-        if int(state) != Some(1) || !alive {
-            return Ok(None);
-        }
-        self.gate.saw(true);
-        if bytes(fp).as_deref() != Some(&fingerprint[..]) {
-            return Ok(Some(Err(Mismatched)));
-        }
-        unpacked(outcome).map(|o| Some(Ok(o)))
+            self.gate.saw(true);
+            if bytes(fp).as_deref() != Some(&fingerprint[..]) {
+                return Ok(Some(Err(Mismatched)));
+            }
+            unpacked(outcome).map(|o| Some(Ok(o)))
+        })
     }
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mode: &[u8] = match req.on_takeover {
-            Takeover::Rerun => b"rerun",
-            Takeover::Unknown => b"unknown",
-        };
-        let lease = ms(super::lease_written(req.lease));
-        let (scope, name) = (&req.id.scope, &req.id.name);
-        let scope_name = format!("{}:{scope}{}:{name}", scope.len(), name.len());
-        let v = self
-            .run(
-                &self.scripts.claim,
-                req.id,
-                &[
-                    &req.fingerprint,
-                    lease.as_bytes(),
-                    mode,
-                    scope_name.as_bytes(),
-                    req.id.key.as_bytes(),
-                ],
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest<'a>,
+    ) -> StoreFuture<'a, Result<Claim, StoreError>> {
+        StoreFuture::new(async move {
+            let mode: &[u8] = match req.on_takeover {
+                Takeover::Rerun => b"rerun",
+                Takeover::Unknown => b"unknown",
+            };
+            let lease = ms(super::lease_written(req.lease));
+            let (scope, name) = (&req.id.scope, &req.id.name);
+            let scope_name = format!("{}:{scope}{}:{name}", scope.len(), name.len());
+            let v = self
+                .run(
+                    &self.scripts.claim,
+                    req.id,
+                    &[
+                        &req.fingerprint,
+                        lease.as_bytes(),
+                        mode,
+                        scope_name.as_bytes(),
+                        req.id.key.as_bytes(),
+                    ],
+                )
+                .await?;
+            let bad = || protocol(format!("claim answered {v:?}"));
+            // A fresh claim answers its epoch alone, in decimal.
+            if let Value::BulkString(_) = &v {
+                self.gate.saw(false);
+                return Ok(Claim::Acquired {
+                    epoch: int(&v)
+                        .and_then(|e| u64::try_from(e).ok())
+                        .ok_or_else(bad)?,
+                    takeover: false,
+                    resume: false,
+                });
+            }
+            let Value::Array(parts) = &v else {
+                return Err(bad());
+            };
+            let tag = parts.first().and_then(text).ok_or_else(bad)?;
+            let n = |i: usize| parts.get(i).and_then(int).ok_or_else(bad);
+            let claim = match tag.as_str() {
+                "acquired" => Claim::Acquired {
+                    epoch: n(1)? as u64,
+                    takeover: n(2)? == 1,
+                    resume: n(3)? == 1,
+                },
+                "completed" => Claim::Completed(unpacked(parts.get(1).ok_or_else(bad)?)?),
+                "inflight" => Claim::InFlight {
+                    retry_after: Duration::from_millis(n(1)?.max(0) as u64),
+                },
+                "mismatch" => Claim::Mismatch,
+                "unknown" => Claim::Unknown {
+                    epoch: n(1)? as u64,
+                    now: n(2)? == 1,
+                },
+                _ => return Err(bad()),
+            };
+            self.gate
+                .saw(matches!(claim, Claim::Completed(_) | Claim::Mismatch));
+            Ok(claim)
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        outcome: &'a StoredOutcome,
+        retain: Duration,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            let (epoch, retain) = (epoch.to_string(), ms(retain));
+            self.fenced(
+                &self.scripts.record,
+                id,
+                &[epoch.as_bytes(), &packed(outcome), retain.as_bytes()],
             )
-            .await?;
-        let bad = || protocol(format!("claim answered {v:?}"));
-        // A fresh claim answers its epoch alone, in decimal.
-        if let Value::BulkString(_) = &v {
-            self.gate.saw(false);
-            return Ok(Claim::Acquired {
-                epoch: int(&v)
-                    .and_then(|e| u64::try_from(e).ok())
-                    .ok_or_else(bad)?,
-                takeover: false,
-                resume: false,
-            });
-        }
-        let Value::Array(parts) = &v else {
-            return Err(bad());
-        };
-        let tag = parts.first().and_then(text).ok_or_else(bad)?;
-        let n = |i: usize| parts.get(i).and_then(int).ok_or_else(bad);
-        let claim = match tag.as_str() {
-            "acquired" => Claim::Acquired {
-                epoch: n(1)? as u64,
-                takeover: n(2)? == 1,
-                resume: n(3)? == 1,
-            },
-            "completed" => Claim::Completed(unpacked(parts.get(1).ok_or_else(bad)?)?),
-            "inflight" => Claim::InFlight {
-                retry_after: Duration::from_millis(n(1)?.max(0) as u64),
-            },
-            "mismatch" => Claim::Mismatch,
-            "unknown" => Claim::Unknown {
-                epoch: n(1)? as u64,
-                now: n(2)? == 1,
-            },
-            _ => return Err(bad()),
-        };
-        self.gate
-            .saw(matches!(claim, Claim::Completed(_) | Claim::Mismatch));
-        Ok(claim)
-    }
-
-    async fn record(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        outcome: &StoredOutcome,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        let (epoch, retain) = (epoch.to_string(), ms(retain));
-        self.fenced(
-            &self.scripts.record,
-            id,
-            &[epoch.as_bytes(), &packed(outcome), retain.as_bytes()],
-        )
-        .await
-    }
-
-    async fn release(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        retain: Duration,
-    ) -> Result<Fence, StoreError> {
-        let (epoch, retain) = (epoch.to_string(), ms(retain));
-        self.fenced(
-            &self.scripts.release,
-            id,
-            &[epoch.as_bytes(), retain.as_bytes()],
-        )
-        .await
-    }
-
-    async fn mark_unknown(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
-        let epoch = epoch.to_string();
-        self.fenced(&self.scripts.mark_unknown, id, &[epoch.as_bytes()])
             .await
+        })
     }
 
-    async fn renew(
-        &self,
-        id: &OperationId,
+    fn release<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        retain: Duration,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            let (epoch, retain) = (epoch.to_string(), ms(retain));
+            self.fenced(
+                &self.scripts.release,
+                id,
+                &[epoch.as_bytes(), retain.as_bytes()],
+            )
+            .await
+        })
+    }
+
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            let epoch = epoch.to_string();
+            self.fenced(&self.scripts.mark_unknown, id, &[epoch.as_bytes()])
+                .await
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a OperationId,
         epoch: u64,
         lease: Duration,
-    ) -> Result<Fence, StoreError> {
-        let (epoch, lease) = (epoch.to_string(), ms(super::lease_written(lease)));
-        self.fenced(
-            &self.scripts.renew,
-            id,
-            &[epoch.as_bytes(), lease.as_bytes()],
-        )
-        .await
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            let (epoch, lease) = (epoch.to_string(), ms(super::lease_written(lease)));
+            self.fenced(
+                &self.scripts.renew,
+                id,
+                &[epoch.as_bytes(), lease.as_bytes()],
+            )
+            .await
+        })
     }
 
+    fn record_step<'a>(
+        &'a self,
+        id: &'a OperationId,
+        epoch: u64,
+        label: &'a str,
+        outcome: &'a StoredOutcome,
+    ) -> StoreFuture<'a, Result<Fence, StoreError>> {
+        StoreFuture::new(async move {
+            let epoch = epoch.to_string();
+            self.fenced(
+                &self.scripts.record_step,
+                id,
+                &[epoch.as_bytes(), label.as_bytes(), &packed(outcome)],
+            )
+            .await
+        })
+    }
+
+    fn steps<'a>(
+        &'a self,
+        id: &'a OperationId,
+    ) -> StoreFuture<'a, Result<Vec<StepRecord>, StoreError>> {
+        StoreFuture::new(async move {
+            let v = self.run(&self.scripts.steps, id, &[]).await?;
+            let bad = || protocol(format!("steps answered {v:?}"));
+            let Value::Array(parts) = &v else {
+                return Err(bad());
+            };
+            let (Some(now), pairs) = (parts.first().and_then(int), parts.get(1..).unwrap_or(&[]))
+            else {
+                return Err(bad());
+            };
+            if pairs.len() % 2 != 0 {
+                return Err(bad());
+            }
+            let mut steps = Vec::with_capacity(pairs.len() / 2);
+            for pair in pairs.chunks_exact(2) {
+                let label = text(&pair[0]).ok_or_else(bad)?;
+                let packed = bytes(&pair[1]).ok_or_else(bad)?;
+                let step = PackedStep::parse(&packed)
+                    .ok_or_else(|| protocol(format!("step {label:?} is stored as {packed:?}")))?;
+                steps.push((step.seq, step.record(label, now)));
+            }
+            steps.sort_by_key(|(seq, _)| *seq);
+            Ok(steps.into_iter().map(|(_, step)| step).collect())
+        })
+    }
+
+    fn announce_wait<'a>(&'a self, id: &'a OperationId) -> StoreFuture<'a, Result<(), StoreError>> {
+        StoreFuture::new(async move { self.run(&self.scripts.announce, id, &[]).await.map(drop) })
+    }
+
+    fn attach_wakers(&self, hub: Arc<WakeHub>) {
+        // Without a runtime here there is no task to relay wake-ups; waiters then poll.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let channel = format!("{}:wake", self.prefix);
+        let task = rt.spawn(relay_wakeups(self.pubsub.clone(), channel, hub));
+        let mut listener = self.listener.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = listener.replace(task.abort_handle()) {
+            old.abort();
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Admin for RedisStore {
     async fn resolve(
         &self,
         id: &OperationId,
@@ -1334,47 +1421,6 @@ impl Store for RedisStore {
         let epoch = epoch.to_string();
         self.fenced(&self.scripts.forget, id, &[epoch.as_bytes()])
             .await
-    }
-
-    async fn record_step(
-        &self,
-        id: &OperationId,
-        epoch: u64,
-        label: &str,
-        outcome: &StoredOutcome,
-    ) -> Result<Fence, StoreError> {
-        let epoch = epoch.to_string();
-        self.fenced(
-            &self.scripts.record_step,
-            id,
-            &[epoch.as_bytes(), label.as_bytes(), &packed(outcome)],
-        )
-        .await
-    }
-
-    async fn steps(&self, id: &OperationId) -> Result<Vec<StepRecord>, StoreError> {
-        let v = self.run(&self.scripts.steps, id, &[]).await?;
-        let bad = || protocol(format!("steps answered {v:?}"));
-        let Value::Array(parts) = &v else {
-            return Err(bad());
-        };
-        let (Some(now), pairs) = (parts.first().and_then(int), parts.get(1..).unwrap_or(&[]))
-        else {
-            return Err(bad());
-        };
-        if pairs.len() % 2 != 0 {
-            return Err(bad());
-        }
-        let mut steps = Vec::with_capacity(pairs.len() / 2);
-        for pair in pairs.chunks_exact(2) {
-            let label = text(&pair[0]).ok_or_else(bad)?;
-            let packed = bytes(&pair[1]).ok_or_else(bad)?;
-            let step = PackedStep::parse(&packed)
-                .ok_or_else(|| protocol(format!("step {label:?} is stored as {packed:?}")))?;
-            steps.push((step.seq, step.record(label, now)));
-        }
-        steps.sort_by_key(|(seq, _)| *seq);
-        Ok(steps.into_iter().map(|(_, step)| step).collect())
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
@@ -1455,23 +1501,6 @@ impl Store for RedisStore {
             },
             steps: Vec::new(),
         }))
-    }
-
-    async fn announce_wait(&self, id: &OperationId) -> Result<(), StoreError> {
-        self.run(&self.scripts.announce, id, &[]).await.map(drop)
-    }
-
-    fn attach_wakers(&self, hub: Arc<WakeHub>) {
-        // Without a runtime here there is no task to relay wake-ups; waiters then poll.
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let channel = format!("{}:wake", self.prefix);
-        let task = rt.spawn(relay_wakeups(self.pubsub.clone(), channel, hub));
-        let mut listener = self.listener.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(old) = listener.replace(task.abort_handle()) {
-            old.abort();
-        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::error::{IdemError, StoreError};
 use crate::store::{Claim, StoredOutcome};
 
-use crate::idem::PLAIN_KEYS;
+use crate::secret::PLAIN_KEYS;
 
 /// Fails unless the table's recorded key mode is the one this store was opened with:
 /// opening it in the other mode would silently give every operation a new identity.
@@ -15,7 +15,7 @@ pub(crate) fn check_key_mode(
     recorded: Option<String>,
     wanted: &str,
 ) -> Result<(), IdemError> {
-    crate::idem::check_key_mode(
+    crate::secret::check_key_mode(
         &format!("the idem table `{table}`"),
         "another table",
         recorded.as_deref(),
@@ -275,7 +275,7 @@ pub(crate) fn outcome_from_sql(
     Ok(StoredOutcome {
         is_err,
         version,
-        body,
+        body: body.into(),
     })
 }
 
@@ -1062,7 +1062,7 @@ mod tests {
                 now: false
             }
         );
-        assert!(matches!(claim(row(false, 1, true)), Claim::Completed(o) if o.body == b"1"));
+        assert!(matches!(claim(row(false, 1, true)), Claim::Completed(o) if o.body[..] == b"1"[..]));
         let mut stale = row(false, 1, false);
         stale.stale = true;
         assert_eq!(decide(stale).unwrap(), Decision::Reissue);

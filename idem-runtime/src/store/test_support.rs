@@ -34,7 +34,7 @@ pub(crate) fn outcome(body: &str) -> StoredOutcome {
     StoredOutcome {
         is_err: false,
         version: 1,
-        body: body.as_bytes().to_vec(),
+        body: body.as_bytes().to_vec().into(),
     }
 }
 
