@@ -11,6 +11,50 @@ use crate::store::OperationId;
 tokio::task_local! {
     static BODY: Body;
     static OBSERVED: Cell<Option<CallInfo>>;
+    /// The step whose closure is running; empty in a body outside its steps. A scope
+    /// of its own (not a field of `Body`) so that steps joined concurrently each see
+    /// their own label, and a body nested in a step sees none.
+    static STEP: StepScope;
+}
+
+/// The step whose closure is running, as the client layers read it.
+#[derive(Default)]
+pub(crate) struct StepScope {
+    label: Option<Arc<str>>,
+    /// How many keyed calls this run of the step has made (`client`).
+    calls: Cell<u32>,
+}
+
+impl StepScope {
+    /// The step's label; `None` outside a step.
+    #[cfg_attr(not(feature = "client"), allow(dead_code))]
+    pub(crate) fn label(&self) -> Option<&Arc<str>> {
+        self.label.as_ref()
+    }
+
+    /// The ordinal of the step's next keyed call: 0, 1, 2, ... within one run of it.
+    #[cfg_attr(not(feature = "client"), allow(dead_code))]
+    pub(crate) fn next_call(&self) -> u32 {
+        let n = self.calls.get();
+        self.calls.set(n.saturating_add(1));
+        n
+    }
+}
+
+/// Runs `f` on the running step's scope (the empty scope outside a step), or returns
+/// `None` outside a body.
+#[cfg_attr(not(feature = "client"), allow(dead_code))]
+pub(crate) fn with_step<R>(f: impl FnOnce(&StepScope) -> R) -> Option<R> {
+    STEP.try_with(f).ok()
+}
+
+/// Runs `fut`, a step's closure, with the step's label visible to [`with_step`].
+pub(crate) async fn in_step<F: Future>(label: &str, fut: F) -> F::Output {
+    let scope = StepScope {
+        label: Some(label.into()),
+        calls: Cell::new(0),
+    };
+    STEP.scope(scope, fut).await
 }
 
 /// What a running body sees: its operation, and the state of its steps.
@@ -19,6 +63,26 @@ pub(crate) struct Body {
     pub(crate) steps: StepsMode,
     /// Made at the first step: a body without steps carries one pointer for it.
     pub(crate) run: RefCell<Option<Box<StepsRun>>>,
+    /// Per `(method, path)` of the keyed calls made outside steps, how many this run of
+    /// the body has made (`client`); empty until the first, and fresh on every run.
+    #[cfg_attr(not(feature = "client"), allow(dead_code))]
+    pub(crate) calls: RefCell<Vec<(Box<str>, u32)>>,
+}
+
+impl Body {
+    /// The ordinal of this run's next keyed call to `endpoint` (`"POST /charges"`): 0,
+    /// 1, 2, ... per endpoint.
+    #[cfg_attr(not(feature = "client"), allow(dead_code))]
+    pub(crate) fn next_call(&self, endpoint: &str) -> u32 {
+        let mut calls = self.calls.borrow_mut();
+        if let Some((_, n)) = calls.iter_mut().find(|(e, _)| &**e == endpoint) {
+            let this = *n;
+            *n = n.saturating_add(1);
+            return this;
+        }
+        calls.push((endpoint.into(), 1));
+        0
+    }
 }
 
 /// Runs `f` on the running body's context, or returns `None` outside a body.
@@ -32,6 +96,8 @@ pub struct Current {
     /// Shared with the lease's renewals: one copy of the identity per running call.
     id: Arc<OperationId>,
     epoch: u64,
+    /// The running step's label, when [`current`] was called inside one.
+    step: Option<Arc<str>>,
 }
 
 impl Current {
@@ -74,6 +140,33 @@ impl Current {
         self.id.downstream_key(label)
     }
 
+    /// The label of the [step](crate::step) whose closure called [`current`], or `None`
+    /// outside a step. The client layers (feature `client`) key a step's first call by
+    /// it, so `current().downstream_key(label)` with this label is the key they send.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::IdemError> {
+    /// use idem_runtime::{Idem, IdemError, current, step};
+    /// let idem = Idem::memory();
+    /// idem.operation("checkout", "order-1")
+    ///     .retain(std::time::Duration::from_secs(3600))
+    ///     .fingerprint_none()
+    ///     .run(|| async {
+    ///         assert_eq!(current().step(), None);
+    ///         step("charge", || async {
+    ///             assert_eq!(current().step(), Some("charge"));
+    ///             Ok::<_, IdemError>(())
+    ///         })
+    ///         .await
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn step(&self) -> Option<&str> {
+        self.step.as_deref()
+    }
+
     pub(crate) fn shared_id(&self) -> Arc<OperationId> {
         self.id.clone()
     }
@@ -94,7 +187,11 @@ pub fn current() -> Current {
 
 /// The running operation, or `None` outside an idempotent body.
 pub fn try_current() -> Option<Current> {
-    with_body(|b| b.current.clone())
+    with_body(|b| {
+        let mut current = b.current.clone();
+        current.step = with_step(|s| s.label.clone()).flatten();
+        current
+    })
 }
 
 /// Runs a body with its context, and tells whether one of its steps ran without being
@@ -106,19 +203,28 @@ pub(crate) async fn scope_body<F: Future>(
     fut: F,
 ) -> (F::Output, bool) {
     let body = Body {
-        current: Current { id, epoch },
+        current: Current {
+            id,
+            epoch,
+            step: None,
+        },
         steps,
         run: RefCell::default(),
+        calls: RefCell::default(),
     };
     // A fresh observe slot: idempotent calls nested in the body must not report
-    // themselves as the outer call.
+    // themselves as the outer call. No step either: a body nested in a step's closure
+    // is not in that step.
     BODY.scope(
         body,
-        OBSERVED.scope(Cell::new(None), async move {
-            let out = fut.await;
-            let doubt = BODY.with(|b| b.run.borrow().as_ref().is_some_and(|r| r.unrecorded()));
-            (out, doubt)
-        }),
+        OBSERVED.scope(
+            Cell::new(None),
+            STEP.scope(StepScope::default(), async move {
+                let out = fut.await;
+                let doubt = BODY.with(|b| b.run.borrow().as_ref().is_some_and(|r| r.unrecorded()));
+                (out, doubt)
+            }),
+        ),
     )
     .await
 }

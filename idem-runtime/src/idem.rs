@@ -9,9 +9,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::cache::ReplayCache;
+use crate::error::IdemError;
 pub(crate) use crate::secret::Secret;
 use crate::secret::{hex, keyed_hex};
-use crate::error::IdemError;
 use crate::store::wake::{Waiter, WakeHub};
 use crate::store::{ListFilter, OperationId, RecordInfo, Resolution, Stats, Store, StoredOutcome};
 

@@ -63,6 +63,8 @@
 //! | `metrics` | | counters and a histogram through the `metrics` facade ([`metrics`]) |
 //! | `mcp` | | idempotent tools for MCP servers on rmcp ([`mcp`]) |
 //! | `axum` | | the `Idempotency-Key` header for axum services ([`http`]) |
+//! | `client` | | the operation's downstream key sent by tower HTTP clients ([`client`]) |
+//! | `reqwest` | | the same for reqwest, as reqwest-middleware middleware ([`client::PropagateKey`]) |
 //!
 //! Any SQL feature adds [`Idem::from_pool`] (the application's own sqlx pool),
 //! [transactional mode](guide::transactions) and the shipped DDL ([`schema`]). With no
@@ -74,6 +76,7 @@
 //!
 //! - What idem promises and where each promise ends: [`guide::guarantees`].
 //! - HTTP services: [`http`]. MCP tools: [`mcp`]. Queue consumers: [`queue`].
+//!   Calling other services with the operation's key: [`client`].
 //!   Effects in your own database: [`guide::transactions`].
 //! - The stores, their contract and their time bounds: [`store`], and one page per
 //!   store in [`guide`].
@@ -95,7 +98,8 @@
 //!   runs it again at a higher epoch, and the late finisher's outcome is refused
 //!   ([`IdemError::Fenced`]). Effects outside the store are therefore *at least once*
 //!   across crashes: pass [`Current::downstream_key`] to the downstream system so it
-//!   deduplicates, or use `on_takeover = unknown`.
+//!   deduplicates (the [`client`] layers do for HTTP calls), or use `on_takeover =
+//!   unknown`.
 //! - Replays are not authorization: authorize before the call, and put the principal
 //!   in `scope`.
 //!
@@ -109,6 +113,9 @@
 mod bounded;
 mod builder;
 mod cache;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 mod connect;
 mod context;
 mod error;
@@ -128,8 +135,8 @@ pub mod mcp;
 pub mod metrics;
 mod names;
 mod op;
-mod secret;
 pub mod queue;
+mod secret;
 mod step;
 mod step_state;
 pub mod store;

@@ -220,7 +220,11 @@ where
             },
             Err(read) => {
                 let read = metrics::store_call(self.name(), "peek_completed", read);
-                Some(Box::pin(bounded(self.idem.store_timeout(), "replay read", read)))
+                Some(Box::pin(bounded(
+                    self.idem.store_timeout(),
+                    "replay read",
+                    read,
+                )))
             }
         };
         if let Some(read) = sent

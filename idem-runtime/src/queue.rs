@@ -137,6 +137,22 @@
 //! JetStream's `Nats-Msg-Id` deduplication covers only its publish window (2 minutes by
 //! default) and never a redelivery to a consumer.
 //!
+//! # Publishing once
+//!
+//! A body that publishes (a consumer's follow-up event, a service's notification) and
+//! is run again after a crash publishes again. JetStream drops a message whose
+//! `Nats-Msg-Id` it has seen within the stream's duplicate window, so publish with
+//! [`message_id`]`(label)`, the operation's downstream key for `label`: the same on every
+//! run of the operation, so the re-run's copy is dropped and the stream holds one
+//! message. Size the stream's `duplicate_window` (2 minutes by default) to cover a
+//! re-run: at least the lease, plus how long the caller waits before it retries.
+//!
+//! ```text
+//! let mut headers = async_nats::HeaderMap::new();
+//! headers.insert(MSG_ID_HEADER, message_id("shipped")?.as_str());
+//! js.publish_with_headers(subject, headers, payload).await?.await?; // ack: stored or a duplicate
+//! ```
+//!
 //! # A complete consumer
 //!
 //! The workspace's `examples/queue_consumer.rs` is a JetStream pull consumer (durable,
@@ -555,6 +571,60 @@ fn panic_event(panic: &(dyn std::any::Any + Send)) {
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a non-string payload");
     tracing::error!(target: "idem::queue", panic = what, "a message handler panicked");
+}
+
+/// The header JetStream deduplicates publishes by: `Nats-Msg-Id`.
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Inside an idempotent body, the message id of the publish labelled `label`, for
+/// [`MSG_ID_HEADER`]: [`current()`](crate::current)`.downstream_key(label)`, the same on
+/// every retry, resume and takeover of the operation, so JetStream keeps one copy of a
+/// message that a re-run publishes again (within the stream's duplicate window; see
+/// "Publishing once" in the [module](self) docs). Give each message of one operation
+/// its own label (`"shipped"`, `format!("line:{n}")`).
+///
+/// # Errors
+///
+/// [`IdemError::Config`] outside an idempotent body (no operation to key by; the
+/// context is not visible in tasks the body spawns) and for an empty label.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::IdemError> {
+/// use idem_runtime::queue::message_id;
+/// use idem_runtime::{Idem, IdemError, current};
+///
+/// let idem = Idem::memory();
+/// idem.operation("ship", "order-1")
+///     .retain(std::time::Duration::from_secs(86_400))
+///     .fingerprint_none()
+///     .run(|| async {
+///         let id = message_id("shipped")?;
+///         assert_eq!(id, current().downstream_key("shipped"));
+///         // headers.insert(MSG_ID_HEADER, id.as_str()); js.publish_with_headers(..)
+///         Ok::<_, IdemError>(())
+///     })
+///     .await?;
+/// assert!(message_id("shipped").is_err()); // outside a body
+/// # Ok(()) }
+/// ```
+pub fn message_id(label: &str) -> Result<String, IdemError> {
+    let config = |message: String| IdemError::Config { message };
+    if label.is_empty() {
+        return Err(config(
+            "queue::message_id needs a label naming the message within the operation \
+             (\"shipped\", \"line:{n}\")"
+                .into(),
+        ));
+    }
+    match crate::context::try_current() {
+        Some(current) => Ok(current.downstream_key(label)),
+        None => Err(config(format!(
+            "queue::message_id({label:?}) called outside an idempotent body; call it in the \
+             body that publishes (not in a task the body spawned), so a re-run of the \
+             operation publishes with the same id"
+        ))),
+    }
 }
 
 #[cfg(test)]

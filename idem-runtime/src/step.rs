@@ -45,6 +45,9 @@ const STEP_VERSION: u32 = 1;
 ///   runs the rest. A step that crashed mid-way runs again, with the same
 ///   [`downstream_key`](crate::Current::downstream_key) for its label, so a provider
 ///   that deduplicates sees one effect.
+/// - **Calls keyed by the label.** While `f` runs, [`Current::step`](crate::Current::step)
+///   is the label, and the client layers of `idem_runtime::client` (feature `client`)
+///   key the step's first call by it, as `downstream_key(label)` does.
 /// - **Fenced.** An attempt that lost its claim cannot record a step: `step` returns
 ///   [`IdemError::Fenced`], and the taker's outcome stands. Once the claim's renewals
 ///   have found it gone, `step` returns that before running `f` at all.
@@ -109,7 +112,7 @@ where
         Err(e) => return Err(e.into()),
     };
     let (idem, id, epoch) = match at {
-        Start::Unprotected => return f().await,
+        Start::Unprotected => return context::in_step(label, f()).await,
         Start::Leased {
             idem,
             resume,
@@ -124,7 +127,8 @@ where
             (idem, id, epoch)
         }
     };
-    let value = f().await?;
+    // The label is visible to what `f` calls: `current().step()`, the client layers.
+    let value = context::in_step(label, f()).await?;
     let outcome = match encode(&idem, &id, label, &value) {
         Ok(outcome) => outcome,
         Err(e) => {

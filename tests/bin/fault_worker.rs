@@ -1,4 +1,4 @@
-//! A process for `tests/faults.rs` to kill, freeze and restart: it charges each key once
+//! A process for `tests/suite/faults.rs` to kill, freeze and restart: it charges each key once
 //! through the toy provider (`tests/common/provider.rs`), passing the operation's
 //! downstream key, and prints one line per key.
 //!

@@ -1,5 +1,5 @@
-//! A second OS process for the process-race tests (`tests/pg_processes.rs`,
-//! `tests/mysql_processes.rs`): claims keys `0..keys` in transactional mode, each body
+//! A second OS process for the process-race tests (`tests/suite/pg_processes.rs`,
+//! `tests/suite/mysql.rs`): claims keys `0..keys` in transactional mode, each body
 //! writing one row to `<namespace>.effects`, and prints how many bodies it ran.
 //!
 //! Usage: `idem-race-worker <url> <namespace> <keys> <worker-id>`. On PostgreSQL the

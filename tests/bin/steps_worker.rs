@@ -1,4 +1,4 @@
-//! A process for `tests/steps_faults.rs` to kill and restart: per key it runs one
+//! A process for `tests/suite/steps_faults.rs` to kill and restart: per key it runs one
 //! operation `checkout` of two steps, each a call to the toy provider
 //! (`tests/common/provider.rs`) with the step's own downstream key: `charge` (1000
 //! cents) and `ship` (1 cent; the provider stands in for a shipping service too).

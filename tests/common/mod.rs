@@ -294,7 +294,7 @@ impl Ctx {
         // duplicate exercises the store's own decision (the cache has tests of its own).
         // The stress tests queue thousands of calls on a few connections of a loaded
         // machine: the wait for a connection counts toward the store timeout, and
-        // shedding that load is not what they test (tests/wire_faults.rs tests the bound).
+        // shedding that load is not what they test (tests/suite/wire_faults.rs tests the bound).
         let base = Idem::builder().store_timeout(std::time::Duration::from_secs(120));
         let b = match self.target {
             Target::Memory => f(base),

@@ -1,4 +1,4 @@
-//! The harness of the fault tests (`tests/faults.rs`, `tests/steps_faults.rs`): a worker
+//! The harness of the fault tests (`tests/suite/faults.rs`, `tests/suite/steps_faults.rs`): a worker
 //! process (`tests/bin/fault_worker.rs`, `tests/bin/steps_worker.rs`) run against a
 //! PostgreSQL table and the toy provider (`tests/common/provider.rs`), its output lines,
 //! and the signals and `go` line the tests send it.
@@ -50,9 +50,22 @@ impl Worker {
         keys: &[String],
         extra: &[&str],
     ) -> Worker {
+        Worker::spawn_at(exe, &postgres_url(), table, &provider.url(), keys, extra)
+    }
+
+    /// As [`spawn`](Self::spawn), on the database at `url` and the service at
+    /// `provider` (a base URL).
+    pub fn spawn_at(
+        exe: &str,
+        url: &str,
+        table: &str,
+        provider: &str,
+        keys: &[String],
+        extra: &[&str],
+    ) -> Worker {
         let mut child = Command::new(exe)
-            .args(["--url", &postgres_url(), "--table", table])
-            .args(["--provider", &provider.url(), "--keys", &keys.join(",")])
+            .args(["--url", url, "--table", table])
+            .args(["--provider", provider, "--keys", &keys.join(",")])
             .args(extra)
             // Held open: the worker waits for `go` on it.
             .stdin(Stdio::piped())

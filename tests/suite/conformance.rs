@@ -1,5 +1,5 @@
 //! The store conformance suite, on every store this workspace ships. Transactional
-//! mode's (`conformance::tx`) runs in tests/transactional.rs, which opens each SQL
+//! mode's (`conformance::tx`) runs in tests/suite/transactional.rs, which opens each SQL
 //! database for it.
 use crate::common;
 use idem_runtime::store::{MemoryStore, conformance};

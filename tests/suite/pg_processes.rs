@@ -29,7 +29,7 @@ async fn idem_on(pool: &sqlx::PgPool, schema: &str) -> Idem {
     Idem::builder()
         .table(format!("{schema}.idem_operations"))
         // Tens of thousands of calls queue on a few connections here: the queueing is
-        // not what these tests measure (tests/wire_faults.rs tests the bound).
+        // not what these tests measure (tests/suite/wire_faults.rs tests the bound).
         .store_timeout(std::time::Duration::from_secs(120))
         .pool(pool.clone())
         .await

@@ -99,11 +99,11 @@
 //!    `<DB>_SCHEMA_SQL` in `lib.rs`'s `schema`; its page in `guide/`.
 //!
 //! What proves it: `conformance::run_all` on the store its `IdemBuilder::<db>` opens
-//! (`tests/conformance.rs` takes it through the builder's `layer` hook), and
+//! (`tests/suite/conformance.rs` takes it through the builder's `layer` hook), and
 //! `conformance::tx::run_all` on a `TxTarget` of its pool, an `Idem::from_pool` on that
-//! pool and a business table (`tests/transactional.rs`, after a `TxDatabase` impl for
-//! the database in `store/conformance.rs`, whose checks write that table with
-//! statements of their own).
+//! pool and a business table (`tests/suite/transactional.rs`, after a `TxDatabase` impl
+//! for the database in `store/conformance/tx/database.rs`, whose checks write that table
+//! with statements of their own).
 
 #[doc(hidden)]
 pub mod conformance;
@@ -742,7 +742,7 @@ impl Stats {
 }
 
 /// How long an operation with recorded [steps](crate::step) is kept for its next call
-/// to resume after an operator's [`Resolution::Retry`]: [`Store::resolve`] is not told
+/// to resume after an operator's [`Resolution::Retry`]: [`Admin::resolve`] is not told
 /// the operation's retention, so this stands in for it. Past it the record expires, as
 /// one released by its own call does past its retention ([`Store::release`]).
 pub const RESUME_WINDOW: Duration = Duration::from_secs(7 * 86_400);

@@ -1062,7 +1062,9 @@ mod tests {
                 now: false
             }
         );
-        assert!(matches!(claim(row(false, 1, true)), Claim::Completed(o) if o.body[..] == b"1"[..]));
+        assert!(
+            matches!(claim(row(false, 1, true)), Claim::Completed(o) if o.body[..] == b"1"[..])
+        );
         let mut stale = row(false, 1, false);
         stale.stale = true;
         assert_eq!(decide(stale).unwrap(), Decision::Reissue);
