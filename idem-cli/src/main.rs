@@ -80,6 +80,13 @@ struct Cli {
     /// `IdemBuilder::hash_keys` (keys and scopes are then stored hashed).
     #[arg(long, value_name = "VAR", global = true)]
     secret_env: Option<String>,
+    /// The environment variable holding the keyring the application passes to
+    /// `IdemBuilder::encrypt`, in its text form (`ID:HEX,ID:HEX`, the current key
+    /// first). With it `show` opens encrypted outcomes and `resolve` seals what it
+    /// records; without it an encrypted value shows as `encrypted (key ID, N bytes)`, and
+    /// a resolution is recorded in clear.
+    #[arg(long, value_name = "VAR", global = true)]
+    keyring_env: Option<String>,
     /// Print JSON instead of a table, for scripts.
     #[arg(long, global = true)]
     json: bool,
@@ -385,6 +392,18 @@ async fn open(cli: &Cli) -> Result<Idem, Failure> {
         })?;
         builder = builder.hash_keys(secret);
     }
+    if let Some(var) = &cli.keyring_env {
+        let text = std::env::var(var).map_err(|_| Failure {
+            code: 2,
+            message: format!("--keyring-env {var}: the environment variable `{var}` is not set"),
+        })?;
+        // The parse error names the entry and the id, never the key material.
+        let keyring = text.parse::<idem_runtime::Keyring>().map_err(|e| Failure {
+            code: 2,
+            message: format!("--keyring-env {var}: {e}"),
+        })?;
+        builder = builder.encrypt(keyring);
+    }
     let opened = if cli.nodes.is_empty() {
         let url = url.unwrap_or_default();
         if url.trim().to_ascii_lowercase().starts_with("memory:") {
@@ -657,7 +676,31 @@ async fn read(idem: &Idem, id: &OperationId) -> Result<RecordDetail, Failure> {
     })
 }
 
+/// An encrypted value as the command shows it: its key id and size, never its bytes
+/// (the command holds no keyring, so it opens nothing).
+fn sealed_text(outcome: &StoredOutcome) -> Option<String> {
+    let key = outcome.sealed_key_id()?;
+    Some(format!(
+        "encrypted (key {key}, {} bytes)",
+        outcome.body.len()
+    ))
+}
+
+/// A value for people: the JSON, or what `sealed_text` says of an encrypted one.
+fn body_text(outcome: &StoredOutcome) -> String {
+    sealed_text(outcome).unwrap_or_else(|| outcome_json(outcome)["body"].to_string())
+}
+
 fn outcome_json(outcome: &StoredOutcome) -> Value {
+    if let (Some(text), Some(key)) = (sealed_text(outcome), outcome.sealed_key_id()) {
+        let encrypted = json!({ "key_id": key, "bytes": outcome.body.len() });
+        return json!({
+            "is_err": outcome.is_err,
+            "version": outcome.version,
+            "body": text,
+            "encrypted": encrypted,
+        });
+    }
     let body = serde_json::from_slice::<Value>(&outcome.body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&outcome.body).into_owned()));
     json!({ "is_err": outcome.is_err, "version": outcome.version, "body": body })
@@ -699,14 +742,14 @@ async fn show(cli: &Cli, idem: &Idem, target: &Target) -> Result<(), Failure> {
         }
         if let Some(outcome) = &d.outcome {
             let kind = if outcome.is_err { "error" } else { "outcome" };
-            println!("{kind:<10} {}", outcome_json(outcome)["body"]);
+            println!("{kind:<10} {}", body_text(outcome));
         }
         if !d.steps.is_empty() {
             println!("steps      {} completed, oldest first:", d.steps.len());
         }
         let mut steps = table(&["label", "epoch", "age", "value"], &[1, 2]);
         for s in &d.steps {
-            let value = outcome_json(&s.outcome)["body"].to_string();
+            let value = body_text(&s.outcome);
             steps.add_row(vec![
                 DisplayKey::plain(&s.label).to_string(),
                 s.epoch.to_string(),

@@ -478,6 +478,73 @@ async fn every_subcommand_on_a_sqlite_file() {
     );
 }
 
+/// An encrypted outcome is shown by its key id and size, never as its bytes.
+#[tokio::test]
+async fn an_encrypted_outcome_shows_its_key_and_size_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    let keys = idem_runtime::Keyring::new("2026-03", [7u8; 32]).unwrap();
+    let idem = Idem::builder()
+        .encrypt(keys)
+        .sqlite(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
+    let secret = "card ending 4242";
+    idem.operation("charge", "order-1")
+        .scope("acme")
+        .retain(Duration::from_secs(3600))
+        .fingerprint_none()
+        .run(|| async { Ok::<_, IdemError>(secret.to_owned()) })
+        .await
+        .unwrap();
+    let shown = json(
+        &url,
+        "idem_operations",
+        &["show", "acme", "charge", "order-1"],
+        0,
+    );
+    let bytes = shown["outcome"]["encrypted"]["bytes"].as_u64().unwrap();
+    assert_eq!(shown["outcome"]["encrypted"]["key_id"], "2026-03");
+    assert_eq!(
+        shown["outcome"]["body"],
+        format!("encrypted (key 2026-03, {bytes} bytes)")
+    );
+    let (card, _) = text_on(
+        &sql_store(&url, "idem_operations"),
+        &["show", "acme", "charge", "order-1"],
+        0,
+    );
+    let line = line_with(&card, &["outcome"]);
+    assert_eq!(
+        line,
+        format!("outcome    encrypted (key 2026-03, {bytes} bytes)")
+    );
+    // Given the keyring, `show` opens it; a wrong keyring leaves it sealed.
+    let opened = |keyring: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["--json", "--url", &url, "show", "acme", "charge", "order-1"])
+            .args(["--keyring-env", "TEST_IDEM_KEYRING"])
+            .env("TEST_IDEM_KEYRING", keyring)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let with = opened(&format!("2026-03:{}", "07".repeat(32)));
+    assert_eq!(with["outcome"]["body"], secret);
+    let wrong = opened(&format!("2026-04:{}", "08".repeat(32)));
+    assert_eq!(wrong["outcome"]["encrypted"]["key_id"], "2026-03");
+    let bad = self::idem(
+        &sql_store(&url, "idem_operations"),
+        &["stats", "--keyring-env", "TEST_IDEM_NOT_SET"],
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        !card.contains("4242") && !shown.to_string().contains("4242"),
+        "{card}"
+    );
+}
+
 #[tokio::test]
 async fn every_subcommand_on_postgres() {
     let url = postgres_url();

@@ -1,4 +1,7 @@
-//! Options for an [`Idem`] beyond the defaults.
+//! Options for an [`Idem`] beyond the defaults, and the openers of the stores that are no
+//! SQL backend (memory, Redis, a store of your own, an application's pool). Each SQL
+//! backend's own opener (`Idem::sqlite`, `IdemBuilder::postgres`, ...) is in its folder
+//! under `store/`, beside its dialect.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,9 +11,9 @@ use crate::error::IdemError;
 use crate::idem::{Config, Idem, Secret};
 use crate::store::Store;
 #[cfg(feature = "_sql")]
-use crate::store::engine::{Dialect, SqlDb, SqlStore};
+use crate::store::engine::SqlHandle;
 #[cfg(feature = "_sql")]
-use crate::store::sql_handle::{Handled, SqlHandle};
+use crate::store::engine::{Dialect, SqlDb, SqlOptions, SqlStore};
 
 /// Default cap on a recorded outcome's JSON, in bytes.
 pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 64 * 1024;
@@ -45,62 +48,6 @@ impl Idem {
     /// ```
     pub fn memory() -> Idem {
         IdemBuilder::default().memory()
-    }
-
-    /// The embedded store: a SQLite file (created if missing, WAL mode) or
-    /// `sqlite::memory:`. The schema is created on open.
-    ///
-    /// ```
-    /// # use idem_runtime::{Idem, IdemError};
-    /// # use std::time::Duration;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), IdemError> {
-    /// let idem = Idem::sqlite("sqlite::memory:").await?; // or "sqlite://idem.db?mode=rwc"
-    /// # let _ = idem;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "sqlite")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-    pub async fn sqlite(url: &str) -> Result<Idem, IdemError> {
-        IdemBuilder::default().sqlite(url).await
-    }
-
-    /// The production store on PostgreSQL (`postgres://…`), with a sqlx pool. Leases and
-    /// expiry use the database's clock. Migrations run on open.
-    ///
-    /// ```no_run
-    /// # use idem_runtime::{Idem, IdemError};
-    /// # use std::time::Duration;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), IdemError> {
-    /// let idem = Idem::postgres("postgres://app@db.internal:5432/app").await?;
-    /// # let _ = idem;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub async fn postgres(url: &str) -> Result<Idem, IdemError> {
-        IdemBuilder::default().postgres(url).await
-    }
-
-    /// The store on MySQL or MariaDB (`mysql://…`, InnoDB), with a sqlx pool. The claim
-    /// is an upsert that decides, read back in the same transaction; leases and expiry
-    /// use the database's clock. Migrations run on open. Transactional mode works on a
-    /// `sqlx::Transaction<'_, MySql>`.
-    ///
-    /// ```no_run
-    /// # use idem_runtime::{Idem, IdemError};
-    /// # use std::time::Duration;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), IdemError> {
-    /// let idem = Idem::mysql("mysql://app@db.internal:3306/app").await?;
-    /// # let _ = idem;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "mysql")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-    pub async fn mysql(url: &str) -> Result<Idem, IdemError> {
-        IdemBuilder::default().mysql(url).await
     }
 
     /// The store on Redis or Valkey (`redis://…`), keys under the prefix `idem`. Every
@@ -201,6 +148,9 @@ pub struct IdemBuilder {
         allow(dead_code)
     )]
     pub(crate) root_cert: Option<Vec<u8>>,
+    /// The keys outcomes are sealed with, when they are encrypted.
+    #[cfg(feature = "encryption")]
+    pub(crate) keyring: Option<crate::Keyring>,
 }
 
 /// A function wrapping the opened store, set with [`IdemBuilder::layer`].
@@ -234,6 +184,8 @@ impl Default for IdemBuilder {
             layer: None,
             key_prefix: None,
             root_cert: None,
+            #[cfg(feature = "encryption")]
+            keyring: None,
         }
     }
 }
@@ -312,28 +264,6 @@ impl IdemBuilder {
     #[cfg(feature = "_sql_server")]
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max);
-        self
-    }
-
-    /// Whether concurrent claims, and concurrent records, are gathered into one
-    /// statement and one commit on PostgreSQL (default `true`). A lone call runs alone
-    /// and waits on nothing; under concurrency the statement takes whatever is waiting,
-    /// each row decided as its own call would be. Off, every claim and record is its
-    /// own statement, as a comparison for benchmarks or to keep statements per call
-    /// fixed.
-    ///
-    /// ```no_run
-    /// # async fn open() -> Result<(), idem_runtime::IdemError> {
-    /// let idem = idem_runtime::Idem::builder()
-    ///     .group_commit(false)
-    ///     .postgres("postgres://postgres@127.0.0.1:5432/app")
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub fn group_commit(mut self, on: bool) -> Self {
-        self.group_commit = on;
         self
     }
 
@@ -530,9 +460,9 @@ impl IdemBuilder {
     /// secret): a fingerprint covers the request's parameters, so an unkeyed one would
     /// let a dictionary of likely requests recover them, key and scope included.
     ///
-    /// Outcomes are stored as they are, not encrypted: what a function returns is
-    /// readable by whoever reads the table. Keep secrets and personal data out of
-    /// outcomes, or encrypt them in the function before returning them.
+    /// Outcomes are stored as they are unless [`encrypt`](Self::encrypt) (feature
+    /// `encryption`) seals them: without it, what a function returns is readable by
+    /// whoever reads the table.
     ///
     /// The mode (and a check value of the secret) is recorded with the records at first
     /// open (in the SQL stores' table, under the Redis key prefix); opening them later
@@ -562,6 +492,46 @@ impl IdemBuilder {
     /// ```
     pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.hash_keys = Some(Secret(secret.as_ref().into()));
+        self
+    }
+
+    /// Encrypts what idem stores of an operation's result under `keyring`: outcomes,
+    /// recorded errors, [step](crate::step) values and operators' resolutions (so the
+    /// HTTP layer's recorded responses and MCP tools' results too), on every store and in
+    /// transactional mode, with XChaCha20-Poly1305, a fresh random nonce per write and
+    /// the record's identity as associated data (see [`Keyring`](crate::Keyring) for
+    /// rotation). With the `encryption` feature.
+    ///
+    /// A record that cannot be opened (its key id is not in the keyring, or it was
+    /// altered or copied from another record) is [`IdemError::Undecryptable`], naming the
+    /// key id, and is never replayed. Records stored in clear before encryption was turned
+    /// on still replay until they expire; an `Idem` opened without the keyring reads no
+    /// encrypted record. Keys, scopes and fingerprints are not encrypted: they are what
+    /// the store matches on; [`hash_keys`](Self::hash_keys) keys them instead. This
+    /// process's replay cache holds outcomes sealed, as the store does.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::IdemError> {
+    /// use idem_runtime::{Idem, IdemError, Keyring};
+    /// // From a secrets manager in production; `id:hex` entries, the current key first.
+    /// let keys: Keyring = std::env::var("IDEM_KEYRING")
+    ///     .unwrap_or_else(|_| format!("2026-03:{}", "42".repeat(32)))
+    ///     .parse()?;
+    /// let idem = Idem::builder().encrypt(keys).sqlite("sqlite::memory:").await?;
+    /// let receipt = idem
+    ///     .operation("charge", "order-1")
+    ///     .retain(std::time::Duration::from_secs(3600))
+    ///     .fingerprint_none()
+    ///     .run(|| async { Ok::<_, IdemError>("card ending 4242".to_owned()) })
+    ///     .await?;
+    /// # assert_eq!(receipt, "card ending 4242");
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "encryption")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
+    pub fn encrypt(mut self, keyring: crate::Keyring) -> Self {
+        self.keyring = Some(keyring);
         self
     }
 
@@ -691,6 +661,8 @@ impl IdemBuilder {
             fingerprint_key: (self.hash_keys.as_ref())
                 .map(|secret| crate::fingerprint::FingerprintKey::new(&secret.0)),
             log_keys_hashed: self.log_keys_hashed,
+            #[cfg(feature = "encryption")]
+            keyring: self.keyring.clone(),
         };
         Idem::new(
             store,
@@ -707,9 +679,11 @@ impl IdemBuilder {
         self.hash_keys.as_ref().map_or(Ok(()), Secret::check)
     }
 
+    /// The SQL stores' options as this builder set them, for the openers of the SQL
+    /// backends (`IdemBuilder::sqlite` and the others, each in its folder under `store/`).
     #[cfg(feature = "_sql")]
-    pub(crate) fn sql_options(&self) -> Result<crate::store::sql_common::SqlOptions, IdemError> {
-        let mut opts = crate::store::sql_common::SqlOptions::default();
+    pub(crate) fn sql_options(&self) -> Result<SqlOptions, IdemError> {
+        let mut opts = SqlOptions::default();
         if let Some(table) = &self.table {
             opts.table = table.clone();
         }
@@ -720,66 +694,6 @@ impl IdemBuilder {
         opts.key_mode = crate::secret::key_mode(self.hash_keys.as_ref());
         opts.root_cert = self.root_cert.clone();
         Ok(opts)
-    }
-
-    /// The embedded SQLite store; see [`Idem::sqlite`].
-    ///
-    /// ```no_run
-    /// # use idem_runtime::{Idem, IdemError};
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), IdemError> {
-    /// let idem = Idem::builder()
-    ///     .table("orders_idem")
-    ///     .sqlite("sqlite://orders.db?mode=rwc")
-    ///     .await?;
-    /// # let _ = idem;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "sqlite")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-    pub async fn sqlite(self, url: &str) -> Result<Idem, IdemError> {
-        let store = crate::store::sqlite::open(url, &self.sql_options()?).await?;
-        Ok(self.sql_store(store))
-    }
-
-    /// The PostgreSQL store; see [`Idem::postgres`].
-    ///
-    /// ```no_run
-    /// # use idem_runtime::{Idem, IdemError};
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), IdemError> {
-    /// let idem = Idem::builder()
-    ///     .table("billing.idem_operations")
-    ///     .postgres("postgres://app@db.internal:5432/app?sslmode=require")
-    ///     .await?;
-    /// # let _ = idem;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
-        let store = crate::store::postgres::open(url, &self.sql_options()?).await?;
-        Ok(self.sql_store(store))
-    }
-
-    /// The MySQL or MariaDB store; see [`Idem::mysql`].
-    ///
-    /// ```no_run
-    /// # use idem_runtime::{Idem, IdemError};
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), IdemError> {
-    /// let idem = Idem::builder()
-    ///     .max_connections(32)
-    ///     .mysql("mysql://app@db.internal:3306/app")
-    ///     .await?;
-    /// # let _ = idem;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "mysql")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-    pub async fn mysql(self, url: &str) -> Result<Idem, IdemError> {
-        let store = crate::store::mysql::open(url, &self.sql_options()?).await?;
-        Ok(self.sql_store(store))
     }
 
     /// The Redis or Valkey store; see [`Idem::redis`].
@@ -885,9 +799,9 @@ impl IdemBuilder {
 
     /// An `Idem` over a SQL store, reachable by transactional mode too.
     #[cfg(feature = "_sql")]
-    fn sql_store<D: Handled>(self, store: SqlStore<D>) -> Idem {
+    pub(crate) fn sql_store<D: Dialect>(self, store: SqlStore<D>) -> Idem {
         let store = Arc::new(store);
-        self.finish_with(store.clone(), Some(D::handle(store)))
+        self.finish_with(store.clone(), Some(SqlHandle::new(store)))
     }
 }
 
@@ -897,7 +811,7 @@ impl IdemBuilder {
 pub trait IntoStore: sealed::Sealed {
     /// The pool's database. Not a stable API.
     #[doc(hidden)]
-    type Db: SqlDb<Dialect: Handled>;
+    type Db: SqlDb;
 
     /// The pool. Not a stable API.
     #[doc(hidden)]
@@ -919,7 +833,7 @@ impl<DB: SqlDb> sealed::Sealed for sqlx::Pool<DB> {}
 /// The pool of each database whose feature is enabled: `PgPool` (`postgres`),
 /// `MySqlPool` (`mysql`), `SqlitePool` (`sqlite`).
 #[cfg(feature = "_sql")]
-impl<DB: SqlDb<Dialect: Handled>> IntoStore for sqlx::Pool<DB> {
+impl<DB: SqlDb> IntoStore for sqlx::Pool<DB> {
     type Db = DB;
 
     fn into_pool(self) -> sqlx::Pool<DB> {

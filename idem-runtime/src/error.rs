@@ -238,12 +238,77 @@ pub enum IdemError {
         message: String,
     },
 
+    /// A recorded outcome, error or step value is encrypted
+    /// ([`IdemBuilder::encrypt`](crate::IdemBuilder::encrypt)) and cannot be opened:
+    /// its key id is not in this `Idem`'s keyring (or it has none), or it fails
+    /// authentication (altered, or copied from another record). It is never replayed as
+    /// clear text, and nothing runs. The integrations map it as an internal error: HTTP
+    /// `500` (problem type `internal`), an MCP tool error (`outcome_unreadable`), and in
+    /// the queue mapping a redelivery with an alert when the key is unknown (a keyring
+    /// missing a retired key is a deployment fault) or termination when it fails to
+    /// open (no redelivery can read it).
+    #[error(
+        "operation `{name}`: the recorded value is encrypted under key `{key_id}` and cannot \
+         be opened: {reason}; it is not replayed"
+    )]
+    Undecryptable {
+        /// The operation's name (and the step's label, for a step).
+        name: String,
+        /// The id of the key the record names.
+        key_id: String,
+        /// Why it cannot be opened.
+        reason: OpenFailure,
+    },
+
     /// A configuration value is invalid.
     #[error("invalid idem configuration: {message}")]
     Config {
         /// What is wrong and how to fix it.
         message: String,
     },
+}
+
+/// Why an encrypted record cannot be opened ([`IdemError::Undecryptable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OpenFailure {
+    /// The keyring holds no key with the record's id: a retired key left out of it.
+    UnknownKey,
+    /// This `Idem` has no keyring (it was opened without `IdemBuilder::encrypt`).
+    NoKeyring,
+    /// It fails authentication: altered, copied from another record, or sealed with
+    /// other key material under the same id.
+    Unauthentic,
+    /// The sealed body is truncated or of a format this build does not read.
+    Malformed,
+}
+
+impl OpenFailure {
+    /// Whether the key is missing here (`UnknownKey`, `NoKeyring`): a deployment's fault
+    /// that a keyring with the key mends, rather than a record no key opens.
+    pub fn is_missing_key(&self) -> bool {
+        matches!(self, OpenFailure::UnknownKey | OpenFailure::NoKeyring)
+    }
+}
+
+impl std::fmt::Display for OpenFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OpenFailure::UnknownKey => {
+                "the keyring has no key with this id; add it as a retired key"
+            }
+            OpenFailure::NoKeyring => {
+                "this Idem has no keyring; open it with `IdemBuilder::encrypt`"
+            }
+            OpenFailure::Unauthentic => {
+                "it failed authentication: it was altered, copied from another record, or \
+                 sealed with other key material under the same id"
+            }
+            OpenFailure::Malformed => {
+                "the sealed body is malformed (truncated, or of an unknown format)"
+            }
+        })
+    }
 }
 
 fn too_large_then(in_doubt: bool) -> &'static str {

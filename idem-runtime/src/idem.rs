@@ -43,7 +43,7 @@ struct Inner {
     /// The same store when it is a SQL store, unwrapped: transactional mode runs its
     /// statements on the caller's connection instead.
     #[cfg(feature = "_sql")]
-    sql: Option<crate::store::sql_handle::SqlHandle>,
+    sql: Option<crate::store::engine::SqlHandle>,
     hub: Arc<WakeHub>,
     cache: ReplayCache,
     cfg: Config,
@@ -63,6 +63,9 @@ pub(crate) struct Config {
     /// Under `hash_keys`, what request fingerprints are keyed with before they are stored.
     pub(crate) fingerprint_key: Option<crate::fingerprint::FingerprintKey>,
     pub(crate) log_keys_hashed: bool,
+    /// The keys outcomes are sealed with, when they are encrypted (`seal.rs`).
+    #[cfg(feature = "encryption")]
+    pub(crate) keyring: Option<crate::Keyring>,
 }
 
 impl std::fmt::Debug for Idem {
@@ -241,6 +244,17 @@ impl Idem {
             let steps = self.store().steps(id).await;
             detail.steps = steps.map_err(|e| IdemError::store("get", e))?;
         }
+        // Encrypted values opened where this handle's keyring can; one it cannot stays
+        // sealed (`StoredOutcome::sealed_key_id` names its key), so an operator can still
+        // see, resolve or forget the record.
+        let part = crate::seal::Part::Outcome;
+        if let Some(outcome) = &mut detail.outcome {
+            self.open_in_place(id, part, outcome);
+        }
+        for step in &mut detail.steps {
+            let part = crate::seal::Part::Step(&step.label);
+            self.open_in_place(id, part, &mut step.outcome);
+        }
         Ok(Some(detail))
     }
 
@@ -295,6 +309,8 @@ impl Idem {
                     });
                 }
                 let is_err = matches!(resolution, Resolution::Rejected { .. });
+                // Sealed as the operation's own outcome would be: it is replayed alike.
+                let body = self.seal(id, crate::seal::Part::Outcome, is_err, *version, body)?;
                 let stored = StoredOutcome::new(body, is_err, *version);
                 Some((stored, *retain))
             }
@@ -367,7 +383,7 @@ impl Idem {
 
     pub(crate) fn new(
         store: Arc<dyn Store>,
-        #[cfg(feature = "_sql")] sql: Option<crate::store::sql_handle::SqlHandle>,
+        #[cfg(feature = "_sql")] sql: Option<crate::store::engine::SqlHandle>,
         cfg: Config,
         replay_cache_bytes: usize,
     ) -> Idem {
@@ -400,12 +416,17 @@ impl Idem {
 
     /// The SQL store this `Idem` was opened on, for transactional mode.
     #[cfg(feature = "_sql")]
-    pub(crate) fn sql_store(&self) -> Option<&crate::store::sql_handle::SqlHandle> {
+    pub(crate) fn sql_store(&self) -> Option<&crate::store::engine::SqlHandle> {
         self.inner.sql.as_ref()
     }
 
     pub(crate) fn cache(&self) -> &ReplayCache {
         &self.inner.cache
+    }
+
+    #[cfg(feature = "encryption")]
+    pub(crate) fn keyring(&self) -> Option<&crate::Keyring> {
+        self.inner.cfg.keyring.as_ref()
     }
 
     pub(crate) fn max_outcome_bytes(&self) -> usize {
@@ -482,6 +503,53 @@ pub struct ReaperHandle {
 impl Drop for ReaperHandle {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Sealing and opening through this handle's keyring (`seal.rs` does the work).
+impl Idem {
+    fn keys(&self) -> crate::seal::Keys<'_> {
+        #[cfg(feature = "encryption")]
+        return self.keyring();
+        #[cfg(not(feature = "encryption"))]
+        None
+    }
+
+    /// `body` as it is stored for `part` of `id`: sealed under the keyring's current key
+    /// when this `Idem` encrypts, else as it is.
+    pub(crate) fn seal(
+        &self,
+        id: &OperationId,
+        part: crate::seal::Part<'_>,
+        is_err: bool,
+        version: u32,
+        body: Vec<u8>,
+    ) -> Result<Vec<u8>, IdemError> {
+        crate::seal::seal(self.keys(), id, part, is_err, version, body)
+    }
+
+    /// The clear body of a stored one; [`IdemError::Undecryptable`] when it is sealed
+    /// and cannot be opened here.
+    pub(crate) fn open<'b>(
+        &self,
+        id: &OperationId,
+        part: crate::seal::Part<'_>,
+        is_err: bool,
+        version: u32,
+        body: &'b [u8],
+    ) -> Result<std::borrow::Cow<'b, [u8]>, IdemError> {
+        crate::seal::open(self.keys(), id, part, is_err, version, body)
+    }
+
+    /// `outcome` opened in place where this handle can open it; left sealed where it
+    /// cannot, for an operator's view of the record.
+    pub(crate) fn open_in_place(
+        &self,
+        id: &OperationId,
+        part: crate::seal::Part<'_>,
+        outcome: &mut StoredOutcome,
+    ) {
+        crate::seal::open_in_place(self.keys(), id, part, outcome);
     }
 }
 

@@ -65,6 +65,7 @@
 //! | `axum` | | the `Idempotency-Key` header for axum services ([`http`]) |
 //! | `client` | | the operation's downstream key sent by tower HTTP clients ([`client`]) |
 //! | `reqwest` | | the same for reqwest, as reqwest-middleware middleware ([`client::PropagateKey`]) |
+//! | `encryption` | | outcomes, recorded errors and step values encrypted at rest (`IdemBuilder::encrypt`, `Keyring`) |
 //!
 //! Any SQL feature adds [`Idem::from_pool`] (the application's own sqlx pool),
 //! [transactional mode](guide::transactions) and the shipped DDL ([`schema`]). With no
@@ -107,7 +108,10 @@
 //! is [`guide::guarantees`].
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The internal features are implied by the store features; the docs name those.
-#![cfg_attr(docsrs, doc(auto_cfg(hide(feature = "_sql", feature = "_sql_server"))))]
+#![cfg_attr(
+    docsrs,
+    doc(auto_cfg(hide(feature = "_sql", feature = "_sql_server", feature = "_sql_group")))
+)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod bounded;
@@ -136,6 +140,7 @@ pub mod metrics;
 mod names;
 mod op;
 pub mod queue;
+mod seal;
 mod secret;
 mod step;
 mod step_state;
@@ -150,7 +155,7 @@ pub use idem_macros::idempotent;
 pub use builder::IntoStore;
 pub use builder::{DEFAULT_MAX_OUTCOME_BYTES, DEFAULT_STORE_TIMEOUT, IdemBuilder};
 pub use context::{CallInfo, Current, current, observe, try_current};
-pub use error::{BoxError, IdemError};
+pub use error::{BoxError, IdemError, OpenFailure};
 pub use fingerprint::fingerprint;
 pub use idem::{Idem, ReaperHandle};
 pub use key::KeyPart;
@@ -161,6 +166,9 @@ pub use op::{
     ReleaseErrors, RetentionStated, Stated, Unstated, Upgrade, UpgradeWith,
 };
 pub use op::{RecordableError, RecordableOutcome};
+#[cfg(feature = "encryption")]
+#[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
+pub use seal::Keyring;
 pub use step::{MAX_STEP_LABEL, step};
 pub use store::{
     ListFilter, OperationId, RecordDetail, RecordInfo, Resolution, State, Stats, Takeover,
@@ -190,15 +198,8 @@ pub use tx::{TxConnection, TxGuard, TxStep};
 /// The `idem schema` command prints the same SQL for another table name.
 #[cfg(feature = "_sql")]
 pub mod schema {
-    #[cfg(feature = "mysql")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-    pub use crate::store::mysql::MYSQL_SCHEMA_SQL;
-    #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub use crate::store::postgres::POSTGRES_SCHEMA_SQL;
-    #[cfg(feature = "sqlite")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-    pub use crate::store::sqlite::SQLITE_SCHEMA_SQL;
+    // One constant a SQL backend, each beside its backend's `mod` line in `store`.
+    pub use crate::store::schemas::*;
 }
 
 /// What the benches read of the fingerprint. Not a stable API.

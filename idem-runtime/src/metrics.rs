@@ -211,16 +211,13 @@ pub(crate) fn purged(rows: u64) {
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn purged(_rows: u64) {}
 
-#[cfg(all(feature = "metrics", any(feature = "sqlite", feature = "postgres")))]
+#[cfg(all(feature = "metrics", feature = "_sql_group"))]
 pub(crate) fn batch(writes: usize) {
     described();
     metrics::histogram!(BATCH_WRITES).record(writes as f64);
 }
 
-#[cfg(all(
-    not(feature = "metrics"),
-    any(feature = "sqlite", feature = "postgres")
-))]
+#[cfg(all(not(feature = "metrics"), feature = "_sql_group"))]
 pub(crate) fn batch(_writes: usize) {}
 
 #[cfg(feature = "metrics")]

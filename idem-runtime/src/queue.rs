@@ -41,8 +41,8 @@
 //! | the handler panicked ([`Policy::run_batch`]) | `Panicked` | `Redeliver` as for a released error, and alert |
 //! | same business id, other payload | `Mismatch` | `Terminate`, alert |
 //! | UNKNOWN outcome: this delivery's or an earlier one's (an error classified `Unknown`, an outcome that could not be recorded); reconcile first | `Unknown` | `Terminate`, alert |
-//! | a message that can never be handled (key empty or over the cap, outcome undecodable) | `Invalid` | `Terminate`, alert |
-//! | no store configured, invalid configuration | `Misconfigured` | `Redeliver` after [`Policy::backoff_max`], alert |
+//! | a message that can never be handled (key empty or over the cap, outcome undecodable, an encrypted outcome that fails to open) | `Invalid` | `Terminate`, alert |
+//! | no store configured, invalid configuration, an encrypted outcome under a key the keyring lacks | `Misconfigured` | `Redeliver` after [`Policy::backoff_max`], alert |
 //!
 //! `Redeliver` is a negative acknowledgement with a delay (JetStream `Nak(delay)`,
 //! SQS `ChangeMessageVisibility`, Pub/Sub `modifyAckDeadline`); `Terminate` stops
@@ -167,7 +167,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use crate::context::{CallInfo, observe};
-use crate::error::IdemError;
+use crate::error::{IdemError, OpenFailure};
 
 /// What the consumer does with the message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -385,10 +385,18 @@ impl Policy {
             | IdemError::EmptyKey { .. }
             | IdemError::ScopeTooLong { .. }
             | IdemError::BadName { .. }
-            | IdemError::Codec { .. } => verdict(Action::Terminate, Cause::Invalid),
-            IdemError::NoStore | IdemError::Config { .. } => {
-                verdict(redeliver(self.backoff_max), Cause::Misconfigured)
-            }
+            | IdemError::Codec { .. }
+            | IdemError::Undecryptable {
+                reason: OpenFailure::Unauthentic | OpenFailure::Malformed,
+                ..
+            } => verdict(Action::Terminate, Cause::Invalid),
+            // A record sealed under a key this keyring lacks: the deployment's fault.
+            IdemError::NoStore
+            | IdemError::Config { .. }
+            | IdemError::Undecryptable {
+                reason: OpenFailure::UnknownKey | OpenFailure::NoKeyring,
+                ..
+            } => verdict(redeliver(self.backoff_max), Cause::Misconfigured),
         }
     }
 
@@ -945,6 +953,24 @@ mod tests {
                     source: "down".into(),
                 },
                 Cause::StoreDown,
+            ),
+            // A keyring missing the record's key: redelivered once it has it.
+            (
+                IdemError::Undecryptable {
+                    name: name(),
+                    key_id: "k1".into(),
+                    reason: OpenFailure::UnknownKey,
+                },
+                Cause::Misconfigured,
+            ),
+            // A record no key opens: no redelivery can read it.
+            (
+                IdemError::Undecryptable {
+                    name: name(),
+                    key_id: "k1".into(),
+                    reason: OpenFailure::Unauthentic,
+                },
+                Cause::Invalid,
             ),
         ];
         for (e, cause) in cases {

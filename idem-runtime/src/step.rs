@@ -13,6 +13,7 @@ use crate::context::{self, Body};
 use crate::error::{IdemError, StoreError};
 use crate::idem::Idem;
 use crate::lease::known_lost;
+use crate::seal::Part;
 use crate::step_state::StepsMode;
 use crate::store::{Fence, StepRecord, StoredOutcome};
 
@@ -122,7 +123,7 @@ where
             if resume && let Some(recorded) = recorded(&idem, &id, label).await? {
                 tracing::debug!(label, "step replayed");
                 crate::metrics::count(crate::metrics::STEP_REPLAYS, &id.name);
-                return decode(&id, label, &recorded).map_err(E::from);
+                return decode(&idem, &id, label, &recorded).map_err(E::from);
             }
             (idem, id, epoch)
         }
@@ -277,11 +278,14 @@ async fn recorded(
 }
 
 fn decode<T: DeserializeOwned>(
+    idem: &Idem,
     id: &crate::OperationId,
     label: &str,
     outcome: &StoredOutcome,
 ) -> Result<T, IdemError> {
-    serde_json::from_slice(&outcome.body).map_err(|e| IdemError::Codec {
+    let part = Part::Step(label);
+    let body = idem.open(id, part, outcome.is_err, outcome.version, &outcome.body)?;
+    serde_json::from_slice(&body).map_err(|e| IdemError::Codec {
         name: id.name.clone(),
         message: format!(
             "cannot decode the recorded value of step {label:?} as this build's type: {e}; \
@@ -314,6 +318,8 @@ fn encode<T: Serialize>(
             in_doubt: true,
         });
     }
+    // Sealed when the `Idem` encrypts, bound to the operation and this label.
+    let body = idem.seal(id, Part::Step(label), false, STEP_VERSION, body)?;
     Ok(StoredOutcome::new(body, false, STEP_VERSION))
 }
 

@@ -18,11 +18,7 @@ use crate::error::StoreError;
 #[cfg(feature = "_sql")]
 use crate::op::Encoded;
 #[cfg(feature = "_sql")]
-use crate::store::engine::{SqlDb, SqlStore};
-#[cfg(feature = "_sql")]
-use crate::store::sql_common::TxClaim;
-#[cfg(feature = "_sql")]
-use crate::store::sql_handle::Handled;
+use crate::store::engine::{Dialect, SqlDb, SqlStore, TxClaim};
 #[cfg(feature = "_sql")]
 use crate::store::{Fence, OperationId, StoredOutcome};
 
@@ -91,7 +87,7 @@ pub trait TxConnection: sealed::Sealed + Send {
     /// The transaction's database. Not a stable API.
     #[doc(hidden)]
     #[cfg(feature = "_sql")]
-    type Db: SqlDb<Dialect: Handled>;
+    type Db: SqlDb;
 
     /// The connection under the transaction. Not a stable API.
     #[doc(hidden)]
@@ -109,7 +105,7 @@ impl<DB: SqlDb> sealed::Sealed for sqlx::Transaction<'_, DB> {}
 /// A transaction on each database whose feature is enabled: `Postgres` (`postgres`),
 /// `MySql` (`mysql`), `Sqlite` (`sqlite`).
 #[cfg(feature = "_sql")]
-impl<DB: SqlDb<Dialect: Handled>> TxConnection for sqlx::Transaction<'_, DB> {
+impl<DB: SqlDb> TxConnection for sqlx::Transaction<'_, DB> {
     type Db = DB;
 
     fn idem_conn(&mut self) -> &mut DB::Connection {
@@ -124,18 +120,18 @@ type DialectOf<C> = <<C as TxConnection>::Db as SqlDb>::Dialect;
 /// Transactional mode on one connection: idem's store on its database, and the
 /// connection.
 #[cfg(feature = "_sql")]
-struct InTx<'a, D: Handled> {
+struct InTx<'a, D: Dialect> {
     store: &'a SqlStore<D>,
     conn: &'a mut D::Conn,
 }
 
 #[cfg(feature = "_sql")]
-impl<'a, D: Handled> InTx<'a, D> {
+impl<'a, D: Dialect> InTx<'a, D> {
     /// Fails unless `idem`'s store is on this connection's kind of database.
     fn new(idem: &'a crate::Idem, conn: &'a mut D::Conn) -> Result<Self, IdemError> {
         let store = idem
             .sql_store()
-            .and_then(D::store)
+            .and_then(|handle| handle.store::<D>())
             .ok_or_else(wrong_store)?;
         Ok(InTx { store, conn })
     }

@@ -27,6 +27,7 @@ mod concurrent;
 mod conformance;
 mod connect;
 mod connection_slots;
+mod encryption;
 mod errors;
 mod faults;
 mod fingerprint;

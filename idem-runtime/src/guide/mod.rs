@@ -31,6 +31,7 @@
 //! | [`mysql`] | MySQL and MariaDB: statements, locks, epochs, errors |
 //! | [`store::redis`](crate::store::redis) | Redis and Valkey: scripts, keys, cluster, durability |
 //! | [`operations`] | purge, stats, listing and resolving records, metrics, the `idem` command |
+//! | [`stored_data`] | what each integration stores, recording a reference instead of a payload, encryption |
 //!
 //! The store contract itself, and how long a call may wait on a store, are in
 //! [`store`](crate::store).
@@ -46,4 +47,5 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+pub mod stored_data;
 pub mod transactions;

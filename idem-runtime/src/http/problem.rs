@@ -415,6 +415,18 @@ impl From<&IdemError> for Problem {
                 "the request was not applied: its response was too large to record, so its \
                  changes were undone; it may be retried with the same Idempotency-Key",
             ),
+            // The recorded response is sealed under a key the keyring lacks, or altered:
+            // it is not replayed, and the request does not run again.
+            IdemError::Undecryptable { .. } => Problem::of(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                types::INTERNAL,
+                "Recorded response unreadable",
+            )
+            .detail(
+                "this request was processed, but its recorded response cannot be read by this \
+                 server; it was not applied again: do not retry it under a new \
+                 Idempotency-Key",
+            ),
             IdemError::Fenced { .. } => Problem::of(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 types::SUPERSEDED,

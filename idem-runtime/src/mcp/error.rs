@@ -114,6 +114,16 @@ pub fn tool_result(error: IdemError) -> Result<CallToolResult, ErrorData> {
             ),
             None,
         ),
+        // A recorded result sealed under a key the server's keyring lacks, or altered.
+        IdemError::Undecryptable { name, .. } => body(
+            "outcome_unreadable",
+            format!(
+                "the recorded result of `{name}` for this idempotency_key cannot be read by this \
+                 server (a configuration fault); the tool was not run again; do not retry it \
+                 under a new key, tell the user it needs checking"
+            ),
+            None,
+        ),
         IdemError::Fenced { name, .. } => body(
             "fenced",
             format!(
@@ -316,6 +326,18 @@ mod tests {
             let refused = tool_result(e).unwrap_err();
             assert_eq!(refused.code, rmcp::model::ErrorCode::INVALID_PARAMS);
         }
+        // A recorded result this server cannot open: a tool error the model can tell the
+        // user about, naming no key.
+        let unreadable = tool_result(IdemError::Undecryptable {
+            name: "op".into(),
+            key_id: "k1".into(),
+            reason: crate::OpenFailure::UnknownKey,
+        })
+        .unwrap();
+        assert_eq!(unreadable.is_error, Some(true));
+        let body: ToolErrorBody =
+            serde_json::from_value(unreadable.structured_content.unwrap()).unwrap();
+        assert_eq!(body.code, "outcome_unreadable");
         let down = IdemError::Store {
             during: "claim",
             retryable: true,

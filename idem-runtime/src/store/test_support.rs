@@ -1,4 +1,4 @@
-//! What the SQL dialects' own tests share.
+//! What the stores' own tests share (the SQL dialects', the memory store's).
 
 use std::time::Duration;
 

@@ -1,115 +1,39 @@
-//! One idempotent operation: its identity, the builder that states it (`Idem::operation`
-//! and the `Operation` methods that set its options), and how its outcome is encoded
-//! for the store and decoded from it. `machine.rs` runs it (`run`), `tx.rs` runs it
-//! inside the caller's transaction (`begin_tx`).
+//! One idempotent operation: the builder that states it (`Idem::operation` and the
+//! `Operation` methods that set its options); its identity (`id.rs`), the policies its
+//! options choose (`policy.rs`), and how its outcome is encoded for the store and
+//! decoded from it (`outcome.rs`). `machine/` runs it (`run`), `tx.rs` runs it inside
+//! the caller's transaction (`begin_tx`).
 
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use crate::error::IdemError;
 use crate::fingerprint::FingerprintBuilder;
 use crate::idem::Idem;
 use crate::key::KeyPart;
-use crate::store::{OperationId, OutcomeRef, StoredOutcome, Takeover};
+use crate::store::{OperationId, Takeover};
+
+mod id;
+mod outcome;
+mod policy;
+pub(crate) use id::Id;
+pub(crate) use outcome::Encoded;
+pub use policy::{
+    Classify, Disposition, ErrorPolicy, InFlight, NoUpgrade, OnStoreError, RecordErrors,
+    RecordableError, RecordableOutcome, ReleaseErrors, Upgrade, UpgradeWith,
+};
 
 /// Longest encoded key or scope, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
 
 const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+pub(super) const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
 /// The longest `lease` and in-flight wait accepted: beyond it a value is a mistake (and
 /// `Duration::MAX` would overflow clock arithmetic after the claim was written).
 pub const MAX_LEASE_OR_WAIT: Duration = Duration::from_secs(366 * 86_400);
-
-/// An operation's identity, shared once the call runs. When the operation ends with it
-/// unshared, its strings are cleared and it is kept on this thread for the next
-/// operation, which fills them in the room they kept: an identity costs four
-/// allocations (the `Arc` and three strings) only on a thread's first calls.
-pub(crate) struct Id(Option<Arc<OperationId>>);
-
-thread_local! {
-    static SPARE_IDS: std::cell::RefCell<Vec<Arc<OperationId>>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Spare identities a thread keeps; enough for the calls one task starts at once.
-const SPARE_IDS_KEPT: usize = 16;
-/// An identity whose strings hold more room than this is freed rather than kept.
-const SPARE_ID_ROOM: usize = 1024;
-
-impl Id {
-    /// A spare identity of this thread's, or a new one; its strings empty.
-    fn spare() -> Id {
-        let spare = SPARE_IDS
-            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
-            .ok()
-            .flatten();
-        Id(Some(spare.unwrap_or_default()))
-    }
-
-    fn arc(&self) -> &Arc<OperationId> {
-        self.0
-            .as_ref()
-            .expect("an identity is taken only when dropped")
-    }
-
-    /// The shared identity, borrowed.
-    pub(crate) fn arc_ref(&self) -> &Arc<OperationId> {
-        self.arc()
-    }
-
-    /// The identity shared, for the body's context and the lease.
-    pub(crate) fn shared(&self) -> Arc<OperationId> {
-        self.arc().clone()
-    }
-
-    /// Written only while the builder runs, when it is not shared: no copy is made.
-    fn get_mut(&mut self) -> &mut OperationId {
-        Arc::make_mut(
-            self.0
-                .as_mut()
-                .expect("an identity is taken only when dropped"),
-        )
-    }
-}
-
-impl std::ops::Deref for Id {
-    type Target = OperationId;
-    fn deref(&self) -> &OperationId {
-        self.arc()
-    }
-}
-
-impl Drop for Id {
-    fn drop(&mut self) {
-        let Some(mut arc) = self.0.take() else {
-            return;
-        };
-        // Still held by a body's context or a renewal: it is theirs to free.
-        let Some(id) = Arc::get_mut(&mut arc) else {
-            return;
-        };
-        if id.scope.capacity() + id.name.capacity() + id.key.capacity() > SPARE_ID_ROOM {
-            return;
-        }
-        id.scope.clear();
-        id.name.clear();
-        id.key.clear();
-        // Not while the thread's storage is being torn down, nor from within a borrow.
-        let _ = SPARE_IDS.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut()
-                && s.len() < SPARE_IDS_KEPT
-            {
-                s.push(arc);
-            }
-        });
-    }
-}
 
 /// Writes `part` into `out` as it is stored (keyed-hashed where `idem` asks for it), in
 /// place of what `out` held; returns the encoding's length before hashing, which is
@@ -122,199 +46,6 @@ fn write_stored<K: KeyPart + ?Sized>(idem: Option<&Idem>, part: &K, out: &mut St
         idem.store_key(out);
     }
     len
-}
-
-/// What a duplicate does when it finds the operation running.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InFlight {
-    /// Wait up to this long for the running call to finish (woken when it does), then
-    /// answer [`IdemError::InFlight`].
-    Wait(Duration),
-    /// Answer [`IdemError::InFlight`] at once.
-    Reject,
-}
-
-impl Default for InFlight {
-    fn default() -> Self {
-        InFlight::Wait(DEFAULT_WAIT)
-    }
-}
-
-/// What happens when the store cannot be reached at claim time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum OnStoreError {
-    /// Return [`IdemError::Store`]; the body does not run.
-    #[default]
-    FailClosed,
-    /// Run the body unprotected and emit a warning event, for effects where a
-    /// duplicate is cheaper than an outage. Not once the store has said another call
-    /// is running the operation: a store error while waiting on it fails closed.
-    FailOpen,
-}
-
-/// What an `Err` from the body means, as a `classify` function decides.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Disposition {
-    /// Nothing happened: release the claim so a retry runs the body again.
-    Release,
-    /// A final answer: record it and replay it to every duplicate.
-    Record,
-    /// The effect may have happened: move the operation to UNKNOWN; duplicates get
-    /// [`IdemError::Unknown`] until it is resolved.
-    Unknown,
-}
-
-/// How an operation treats the body's `Err`. Chosen with [`Operation::record_errors`]
-/// and [`Operation::classify`]; the default is [`ReleaseErrors`].
-pub trait ErrorPolicy<E> {
-    /// What this error means.
-    fn disposition(&self, error: &E) -> Disposition;
-    /// The error as JSON, for recording.
-    fn encode(&self, error: &E) -> Result<Vec<u8>, String>;
-    /// A recorded error, for replay.
-    fn decode(&self, bytes: &[u8]) -> Result<E, String>;
-}
-
-/// Every `Err` releases the claim (the default).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ReleaseErrors;
-
-impl<E> ErrorPolicy<E> for ReleaseErrors {
-    fn disposition(&self, _: &E) -> Disposition {
-        Disposition::Release
-    }
-    fn encode(&self, _: &E) -> Result<Vec<u8>, String> {
-        Err("this operation releases errors and cannot record them".into())
-    }
-    fn decode(&self, _: &[u8]) -> Result<E, String> {
-        Err(
-            "a recorded error was found, but this operation releases errors; \
-             was it built with `errors = record` before?"
-                .into(),
-        )
-    }
-}
-
-/// An error type that [`RecordErrors`] and [`Classify`] (`errors = record`,
-/// `classify = ...`) can record and replay: every `E: Serialize + DeserializeOwned`, and
-/// nothing else (there is nothing to implement by hand). It exists for its compile
-/// error, which says what to do where serde's own would point into idem's internals.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be recorded: `errors = record` and `classify` store the error \
-               and replay it, so it must be `Serialize + DeserializeOwned`",
-    label = "the error type `{Self}` is not `Serialize + DeserializeOwned`",
-    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`; a variant that \
-            holds an `IdemError` (which is not serializable) takes `#[serde(skip)]`: idem's \
-            own errors are answered to the caller, not recorded"
-)]
-pub trait RecordableError: Serialize + DeserializeOwned {}
-
-// Reported as `E: RecordableError` with the message above, not as the serde bound
-// behind it that `E` misses.
-#[diagnostic::do_not_recommend]
-impl<E: Serialize + DeserializeOwned> RecordableError for E {}
-
-/// An `Ok` type that [`Operation::run`] can record and replay: every
-/// `T: Serialize + DeserializeOwned`, and nothing else (there is nothing to implement by
-/// hand). It exists for its compile error: a response wrapper returned by mistake (axum's
-/// or rmcp's `Json<T>`, which have no serde impls) is told what to return instead.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be recorded: the outcome of an idempotent operation is stored \
-               and replayed, so it must be `Serialize + DeserializeOwned`",
-    label = "the outcome type `{Self}` is not `Serialize + DeserializeOwned`",
-    note = "a response wrapper such as axum's or rmcp's `Json<T>` has no serde impls: return \
-            `T` from the `#[idempotent]` function (or the body given to `run`) and wrap it in \
-            `Json` outside it, in the handler that calls it",
-    note = "for a type of your own, derive `serde::Serialize` and `serde::Deserialize`"
-)]
-pub trait RecordableOutcome: Serialize + DeserializeOwned {}
-
-// Reported as `T: RecordableOutcome` with the message above, not as the serde bounds
-// behind it that `T` misses.
-#[diagnostic::do_not_recommend]
-impl<T: Serialize + DeserializeOwned> RecordableOutcome for T {}
-
-/// Every `Err` is recorded and replayed like a success.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RecordErrors;
-
-impl<E: RecordableError> ErrorPolicy<E> for RecordErrors {
-    fn disposition(&self, _: &E) -> Disposition {
-        Disposition::Record
-    }
-    fn encode(&self, error: &E) -> Result<Vec<u8>, String> {
-        serde_json::to_vec(error).map_err(|e| e.to_string())
-    }
-    fn decode(&self, bytes: &[u8]) -> Result<E, String> {
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
-    }
-}
-
-/// A function decides per error.
-#[derive(Clone, Copy, Debug)]
-pub struct Classify<F>(F);
-
-impl<E: RecordableError, F: Fn(&E) -> Disposition> ErrorPolicy<E> for Classify<F> {
-    fn disposition(&self, error: &E) -> Disposition {
-        (self.0)(error)
-    }
-    fn encode(&self, error: &E) -> Result<Vec<u8>, String> {
-        RecordErrors.encode(error)
-    }
-    fn decode(&self, bytes: &[u8]) -> Result<E, String> {
-        RecordErrors.decode(bytes)
-    }
-}
-
-/// How an outcome recorded under another schema version becomes today's `T`.
-pub trait Upgrade<T> {
-    /// Converts the outcome recorded under `from` (as JSON) for the operation `name`.
-    fn upgrade(
-        &self,
-        name: &str,
-        from: u32,
-        to: u32,
-        outcome: serde_json::Value,
-    ) -> Result<T, IdemError>;
-}
-
-/// No upgrade: an outcome of another version is an [`IdemError::Codec`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoUpgrade;
-
-impl<T> Upgrade<T> for NoUpgrade {
-    fn upgrade(
-        &self,
-        name: &str,
-        from: u32,
-        to: u32,
-        _: serde_json::Value,
-    ) -> Result<T, IdemError> {
-        Err(IdemError::Codec {
-            name: name.to_owned(),
-            message: format!(
-                "the recorded outcome has schema version {from} but this build expects \
-                 version {to}; add `upgrade = fn(u32, serde_json::Value) -> Result<T, IdemError>` \
-                 to convert it, or wait for the old records to expire"
-            ),
-        })
-    }
-}
-
-/// An upgrade function, set with [`Operation::upgrade`].
-#[derive(Clone, Copy, Debug)]
-pub struct UpgradeWith<F>(F);
-
-impl<T, F: Fn(u32, serde_json::Value) -> Result<T, IdemError>> Upgrade<T> for UpgradeWith<F> {
-    fn upgrade(
-        &self,
-        _: &str,
-        from: u32,
-        _: u32,
-        outcome: serde_json::Value,
-    ) -> Result<T, IdemError> {
-        (self.0)(from, outcome)
-    }
 }
 
 /// One idempotent operation being configured; [`run`](Operation::run) executes it.
@@ -980,50 +711,6 @@ impl<P, U, F, R> Operation<P, U, F, R> {
         &self.id
     }
 
-    pub(crate) fn decode_outcome<T, E>(&self, outcome: OutcomeRef<'_>) -> Result<T, E>
-    where
-        T: DeserializeOwned,
-        E: From<IdemError>,
-        P: ErrorPolicy<E>,
-        U: Upgrade<T>,
-    {
-        let codec = |message: String| IdemError::Codec {
-            name: self.id.name.as_str().to_owned(),
-            message,
-        };
-        if outcome.is_err {
-            if outcome.version != self.version {
-                return Err(codec(format!(
-                    "a recorded error has schema version {} but this build expects version {}; \
-                     resolve the operation or wait for it to expire",
-                    outcome.version, self.version
-                ))
-                .into());
-            }
-            return match self.policy.decode(outcome.body) {
-                Ok(e) => Err(e),
-                Err(m) => Err(codec(format!("cannot decode the recorded error: {m}")).into()),
-            };
-        }
-        if outcome.version != self.version {
-            let value: serde_json::Value = serde_json::from_slice(outcome.body)
-                .map_err(|e| codec(format!("the recorded outcome is not JSON: {e}")))?;
-            return Ok(self.upgrade.upgrade(
-                self.id.name.as_str(),
-                outcome.version,
-                self.version,
-                value,
-            )?);
-        }
-        serde_json::from_slice(outcome.body).map_err(|e| {
-            codec(format!(
-                "cannot decode the recorded outcome as this build's type: {e}; if the type \
-                 changed shape, bump `version` and add `upgrade`"
-            ))
-            .into()
-        })
-    }
-
     /// The first error the builder met (an oversized key, a failed fingerprint).
     pub(crate) fn take_invalid(&mut self) -> Result<(), IdemError> {
         self.invalid.take().map_or(Ok(()), |e| Err(*e))
@@ -1081,101 +768,6 @@ impl Idem {
     }
 }
 
-/// A body's result as it will be stored: decided once, for the leased and the
-/// transactional paths alike.
-pub(crate) enum Encoded<T, E> {
-    /// Record this outcome, then answer with the result.
-    Record(StoredOutcome, Result<T, E>),
-    /// Release the claim: a retry runs the body again.
-    Release(E),
-    /// The effect may have happened: park the operation in UNKNOWN.
-    Unknown(E),
-    /// The body ran but its result cannot be recorded.
-    Unrecordable(Unrecordable),
-}
-
-/// Why a result cannot be recorded.
-pub(crate) enum Unrecordable {
-    /// The `Ok` value does not serialize.
-    Outcome(String),
-    /// The `Err` value does not serialize.
-    Error(String),
-    /// The outcome is over the cap.
-    TooLarge(usize),
-}
-
-impl Unrecordable {
-    /// The error to answer with when the body ran and its effect may stand; `then` says
-    /// what became of the operation.
-    pub(crate) fn error(&self, name: &str, max: usize, then: &str) -> IdemError {
-        self.answer(name, max, then, true)
-    }
-
-    /// The error to answer with when the body's writes were rolled back with its claim,
-    /// so nothing took effect; `then` says so.
-    #[cfg(feature = "_sql")]
-    pub(crate) fn rolled_back(&self, name: &str, max: usize, then: &str) -> IdemError {
-        self.answer(name, max, then, false)
-    }
-
-    fn answer(&self, name: &str, max: usize, then: &str, in_doubt: bool) -> IdemError {
-        let name = name.to_owned();
-        match self {
-            Unrecordable::Outcome(e) => IdemError::Codec {
-                name,
-                message: format!("the body ran but its outcome cannot be serialized ({e}); {then}"),
-            },
-            Unrecordable::Error(e) => IdemError::Codec {
-                name,
-                message: format!(
-                    "the body's error cannot be serialized for recording ({e}); {then}"
-                ),
-            },
-            Unrecordable::TooLarge(len) => IdemError::OutcomeTooLarge {
-                name,
-                len: *len,
-                max,
-                in_doubt,
-            },
-        }
-    }
-}
-
-impl<P, U> Operation<P, U> {
-    /// What `out` becomes, with outcomes over `max` bytes refused. With
-    /// `unknown_is_record` an error classified `Unknown` is recorded (transactional mode,
-    /// where nothing is in doubt).
-    pub(crate) fn encode<T: Serialize, E>(
-        &self,
-        out: Result<T, E>,
-        max: usize,
-        unknown_is_record: bool,
-    ) -> Encoded<T, E>
-    where
-        P: ErrorPolicy<E>,
-    {
-        let (body, is_err, result) = match out {
-            Ok(v) => match serde_json::to_vec(&v) {
-                Ok(body) => (body, false, Ok(v)),
-                Err(e) => return Encoded::Unrecordable(Unrecordable::Outcome(e.to_string())),
-            },
-            Err(err) => match self.policy.disposition(&err) {
-                Disposition::Release => return Encoded::Release(err),
-                Disposition::Unknown if !unknown_is_record => return Encoded::Unknown(err),
-                Disposition::Record | Disposition::Unknown => match self.policy.encode(&err) {
-                    Ok(body) => (body, true, Err(err)),
-                    Err(m) => return Encoded::Unrecordable(Unrecordable::Error(m)),
-                },
-            },
-        };
-        if body.len() > max {
-            return Encoded::Unrecordable(Unrecordable::TooLarge(body.len()));
-        }
-        let outcome = StoredOutcome::new(body, is_err, self.version);
-        Encoded::Record(outcome, result)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use crate::{Idem, IdemError};
@@ -1184,7 +776,7 @@ mod tests {
     /// carries nothing over: a scope set on the first is not the second's.
     #[tokio::test(flavor = "current_thread")]
     async fn an_identity_is_reused_and_starts_empty() {
-        let spare = || super::SPARE_IDS.with(|s| s.borrow().len());
+        let spare = || super::id::SPARE_IDS.with(|s| s.borrow().len());
         let idem = Idem::memory();
         let before = spare();
         let r = idem
