@@ -11,15 +11,17 @@ use crate::store::OperationId;
 tokio::task_local! {
     static BODY: Body;
     static OBSERVED: Cell<Option<CallInfo>>;
-    /// The step whose closure is running; empty in a body outside its steps. A scope
-    /// of its own (not a field of `Body`) so that steps joined concurrently each see
-    /// their own label, and a body nested in a step sees none.
+    /// The step whose closure is running. A scope of its own (not a field of `Body`) so
+    /// that steps joined concurrently each see their own label; it names the body it
+    /// belongs to, so a body nested in a step's closure sees none.
     static STEP: StepScope;
 }
 
 /// The step whose closure is running, as the client layers read it.
 #[derive(Default)]
 pub(crate) struct StepScope {
+    /// The body whose step this is (`body_mark`).
+    body: usize,
     label: Option<Arc<str>>,
     /// How many keyed calls this run of the step has made (`client`).
     calls: Cell<u32>,
@@ -45,12 +47,28 @@ impl StepScope {
 /// `None` outside a body.
 #[cfg_attr(not(feature = "client"), allow(dead_code))]
 pub(crate) fn with_step<R>(f: impl FnOnce(&StepScope) -> R) -> Option<R> {
-    STEP.try_with(f).ok()
+    let body = with_body(body_mark)?;
+    let mut f = Some(f);
+    let in_step = STEP.try_with(|s| {
+        let f = f.take().filter(|_| s.body == body)?;
+        Some(f(s))
+    });
+    match in_step {
+        Ok(Some(r)) => Some(r),
+        _ => f.map(|f| f(&StepScope::default())),
+    }
+}
+
+/// What tells one running body from another: its identity's allocation, live for as
+/// long as the body runs.
+fn body_mark(body: &Body) -> usize {
+    Arc::as_ptr(&body.current.id) as usize
 }
 
 /// Runs `fut`, a step's closure, with the step's label visible to [`with_step`].
 pub(crate) async fn in_step<F: Future>(label: &str, fut: F) -> F::Output {
     let scope = StepScope {
+        body: with_body(body_mark).unwrap_or_default(),
         label: Some(label.into()),
         calls: Cell::new(0),
     };
@@ -213,18 +231,15 @@ pub(crate) async fn scope_body<F: Future>(
         calls: RefCell::default(),
     };
     // A fresh observe slot: idempotent calls nested in the body must not report
-    // themselves as the outer call. No step either: a body nested in a step's closure
-    // is not in that step.
+    // themselves as the outer call. (Nor is a body nested in a step's closure in that
+    // step: the step's scope names its own body.)
     BODY.scope(
         body,
-        OBSERVED.scope(
-            Cell::new(None),
-            STEP.scope(StepScope::default(), async move {
-                let out = fut.await;
-                let doubt = BODY.with(|b| b.run.borrow().as_ref().is_some_and(|r| r.unrecorded()));
-                (out, doubt)
-            }),
-        ),
+        OBSERVED.scope(Cell::new(None), async move {
+            let out = fut.await;
+            let doubt = BODY.with(|b| b.run.borrow().as_ref().is_some_and(|r| r.unrecorded()));
+            (out, doubt)
+        }),
     )
     .await
 }

@@ -105,9 +105,12 @@ impl<'a> Lease<'a> {
         }
     }
 
-    /// Runs `body`, filing the claim for renewal the first time it waits.
-    pub(crate) async fn renewed_while<F: std::future::Future>(&mut self, body: F) -> F::Output {
-        let mut body = std::pin::pin!(body);
+    /// Runs `body`, filing the claim for renewal the first time it waits. The body is
+    /// polled where it is pinned, not moved into this future.
+    pub(crate) async fn renewed_while<F: std::future::Future>(
+        &mut self,
+        mut body: std::pin::Pin<&mut F>,
+    ) -> F::Output {
         std::future::poll_fn(|cx| {
             let out = body.as_mut().poll(cx);
             if out.is_pending() {

@@ -521,7 +521,7 @@ where
             };
             // Renewals start once the body waits: one that ends on its first poll never
             // needed one, and costs no entry in the renewal schedule.
-            let run = context::scope_body(shared, epoch, steps, body());
+            let run = std::pin::pin!(context::scope_body(shared, epoch, steps, body()));
             let (out, unrecorded_step) = lease.renewed_while(run).await;
             #[cfg(feature = "metrics")]
             metrics::body_time(self.name(), started.elapsed());
