@@ -46,6 +46,28 @@ pub(crate) enum SqlHandle {
     MySql(std::sync::Arc<SqlStore<<sqlx::MySql as SqlDb>::Dialect>>),
 }
 
+/// A dialect's `handle` and `handled`: its store in, and out of, the `SqlHandle`
+/// variant named `$variant`.
+macro_rules! handled_by {
+    ($variant:ident) => {
+        fn handle(store: std::sync::Arc<SqlStore<Self>>) -> SqlHandle {
+            SqlHandle::$variant(store)
+        }
+
+        #[allow(
+            unreachable_patterns,
+            reason = "one variant when one SQL feature is on"
+        )]
+        fn handled(handle: &SqlHandle) -> Option<&SqlStore<Self>> {
+            match handle {
+                SqlHandle::$variant(store) => Some(store),
+                _ => None,
+            }
+        }
+    };
+}
+pub(crate) use handled_by;
+
 impl SqlHandle {
     /// The handle on `store`.
     pub(crate) fn new<D: Dialect>(store: std::sync::Arc<SqlStore<D>>) -> SqlHandle {

@@ -75,7 +75,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 
 use super::engine::{
     Arg, Dialect, On, Row, SqlDb, SqlHandle, SqlOptions, SqlStore, Stmt, TableName, bind,
-    dialect_sql, migrate, open_error,
+    dialect_sql, handled_by, migrate, open_error,
 };
 use super::server::{Server, first_connection, pinged_when_idle, redact_url};
 use crate::error::{IdemError, StoreError};
@@ -151,20 +151,7 @@ impl Dialect for MySql {
     type Db = sqlx::MySql;
     type Conn = MySqlConnection;
 
-    fn handle(store: std::sync::Arc<SqlStore<Self>>) -> SqlHandle {
-        SqlHandle::MySql(store)
-    }
-
-    #[allow(
-        unreachable_patterns,
-        reason = "one variant when one SQL feature is on"
-    )]
-    fn handled(handle: &SqlHandle) -> Option<&SqlStore<Self>> {
-        match handle {
-            SqlHandle::MySql(store) => Some(store),
-            _ => None,
-        }
-    }
+    handled_by!(MySql);
     const NOW: &'static str = NOW_MS;
     const NEXT_EPOCH: &'static str = "LAST_INSERT_ID()";
     const SCHEMA: &'static str = "MYSQL_SCHEMA_SQL";

@@ -65,7 +65,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use super::engine::values::decode_row;
 use super::engine::{
     Arg, Dialect, Gathered, On, OptionalSql, Row, Sql, SqlDb, SqlHandle, SqlOptions, SqlStore,
-    Stmt, TableName, bind, dialect_sql, migrate, open_error,
+    Stmt, TableName, bind, dialect_sql, handled_by, migrate, open_error,
 };
 use super::group::Gather;
 use super::server::{Server, first_connection, pinged_when_idle, redact_url};
@@ -157,20 +157,7 @@ impl Dialect for Pg {
     type Db = sqlx::Postgres;
     type Conn = PgConnection;
 
-    fn handle(store: std::sync::Arc<SqlStore<Self>>) -> SqlHandle {
-        SqlHandle::Postgres(store)
-    }
-
-    #[allow(
-        unreachable_patterns,
-        reason = "one variant when one SQL feature is on"
-    )]
-    fn handled(handle: &SqlHandle) -> Option<&SqlStore<Self>> {
-        match handle {
-            SqlHandle::Postgres(store) => Some(store),
-            _ => None,
-        }
-    }
+    handled_by!(Postgres);
     const NOW: &'static str = "clock_timestamp()";
     const NEXT_EPOCH: &'static str = "nextval('{epoch_seq}')";
     const SCHEMA: &'static str = "POSTGRES_SCHEMA_SQL";

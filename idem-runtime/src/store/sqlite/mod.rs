@@ -27,7 +27,7 @@ use sqlx::sqlite::{
 
 use super::engine::{
     self, Arg, Dialect, Gathered, On, Row, SqlDb, SqlHandle, SqlOptions, SqlStore, Stmt, TableName,
-    bind, dialect_sql, migrate, open_error,
+    bind, dialect_sql, handled_by, migrate, open_error,
 };
 use crate::error::{IdemError, StoreError};
 use batch::{BatchSql, OwnedArg, Work, Writes, is_script, rows};
@@ -116,20 +116,7 @@ impl Dialect for Sqlite {
     type Db = sqlx::Sqlite;
     type Conn = SqliteConnection;
 
-    fn handle(store: std::sync::Arc<SqlStore<Self>>) -> SqlHandle {
-        SqlHandle::Sqlite(store)
-    }
-
-    #[allow(
-        unreachable_patterns,
-        reason = "one variant when one SQL feature is on"
-    )]
-    fn handled(handle: &SqlHandle) -> Option<&SqlStore<Self>> {
-        match handle {
-            SqlHandle::Sqlite(store) => Some(store),
-            _ => None,
-        }
-    }
+    handled_by!(Sqlite);
     const NOW: &'static str = NOW_MS;
     const NEXT_EPOCH: &'static str = "(SELECT last_epoch + 1 FROM {meta} WHERE id = 0)";
     const SCHEMA: &'static str = "SQLITE_SCHEMA_SQL";
