@@ -151,6 +151,8 @@ pub struct IdemBuilder {
     /// The keys outcomes are sealed with, when they are encrypted.
     #[cfg(feature = "encryption")]
     pub(crate) keyring: Option<crate::Keyring>,
+    /// The allowance of new claims, when they are limited.
+    pub(crate) claim_limit: Option<crate::ClaimLimit>,
 }
 
 /// A function wrapping the opened store, set with [`IdemBuilder::layer`].
@@ -186,6 +188,7 @@ impl Default for IdemBuilder {
             root_cert: None,
             #[cfg(feature = "encryption")]
             keyring: None,
+            claim_limit: None,
         }
     }
 }
@@ -535,6 +538,47 @@ impl IdemBuilder {
         self
     }
 
+    /// Limits the new operations a caller may start, apart from replays (default: no
+    /// limit). Only a call that would create a record is counted and refused: one that
+    /// finds its outcome recorded (a replay), waits on or is refused by a duplicate in
+    /// flight, takes over a lapsed claim, or reuses a key with another payload is not. A
+    /// refused call runs nothing, writes nothing, and fails with
+    /// [`IdemError::RateLimited`], which the HTTP layer answers `429` with `Retry-After`,
+    /// an MCP tool as a `rate_limited` error, and the queue mapping as a delayed
+    /// redelivery.
+    ///
+    /// The count is per process unless the limit is [`shared`](crate::ClaimLimit::shared);
+    /// opening an `Idem` with a shared limit on a store that cannot hold the count
+    /// fails (on [`memory`](Self::memory) and [`store`](Self::store), which return no
+    /// `Result`, it panics).
+    ///
+    /// ```
+    /// # use idem_runtime::{ClaimLimit, Idem, IdemError};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), IdemError> {
+    /// let idem = Idem::builder()
+    ///     .limit_new_claims(ClaimLimit::new(1, Duration::from_secs(60)))
+    ///     .sqlite("sqlite::memory:")
+    ///     .await?;
+    /// let charge = |key: &'static str| {
+    ///     idem.operation("charge", key)
+    ///         .scope("customer-7")
+    ///         .retain(Duration::from_secs(3600))
+    ///         .fingerprint_none()
+    ///         .run(|| async { Ok::<_, IdemError>(key.len()) })
+    /// };
+    /// charge("order-1").await?;
+    /// charge("order-1").await?; // a replay: not counted
+    /// let refused = charge("order-2").await.unwrap_err(); // a second new operation
+    /// assert!(matches!(refused, IdemError::RateLimited { .. }));
+    /// # Ok(()) }
+    /// ```
+    pub fn limit_new_claims(mut self, limit: crate::ClaimLimit) -> Self {
+        self.claim_limit = Some(limit);
+        self
+    }
+
     /// Show keys and scopes in tracing events as digests rather than as given (default
     /// `false`). What that protects depends on [`hash_keys`](Self::hash_keys):
     ///
@@ -609,13 +653,15 @@ impl IdemBuilder {
             #[cfg(feature = "_sql")]
             None,
         )
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// An `Idem` over a store of your own.
     ///
     /// # Panics
     ///
-    /// If the [`hash_keys`](Self::hash_keys) secret is shorter than 16 bytes.
+    /// If the [`hash_keys`](Self::hash_keys) secret is shorter than 16 bytes, or the
+    /// [claim limit](Self::limit_new_claims) is shared and the store cannot hold it.
     ///
     /// ```
     /// # use idem_runtime::{Idem, IdemError, store::MemoryStore};
@@ -627,6 +673,11 @@ impl IdemBuilder {
     /// # Ok(()) }
     /// ```
     pub fn store(self, store: impl Store) -> Idem {
+        self.try_store(store).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`store`](Self::store), for the openers that answer a `Result`.
+    pub(crate) fn try_store(self, store: impl Store) -> Result<Idem, IdemError> {
         self.finish_with(
             Arc::new(store),
             #[cfg(feature = "_sql")]
@@ -641,16 +692,25 @@ impl IdemBuilder {
         self,
         store: Arc<dyn Store>,
         #[cfg(feature = "_sql")] sql: Option<SqlHandle>,
-    ) -> Idem {
+    ) -> Result<Idem, IdemError> {
         // The openers that return a `Result` refused a bad secret before opening;
         // `memory` and `store` have no other way to.
-        if let Err(e) = self.check_secret() {
-            panic!("{e}");
-        }
+        self.check_secret()?;
         let store = match &self.layer {
             Some(layer) => (layer.0)(store),
             None => store,
         };
+        if let Some(limit) = &self.claim_limit
+            && limit.is_shared()
+            && !store.shares_claim_counts()
+        {
+            return Err(IdemError::Config {
+                message: "IdemBuilder::limit_new_claims: a shared claim limit needs a store \
+                          that can hold the count (PostgreSQL or Redis); drop \
+                          `ClaimLimit::shared` to count per process"
+                    .into(),
+            });
+        }
         let cfg = Config {
             max_outcome_bytes: self.max_outcome_bytes,
             max_waiters: self.max_waiters,
@@ -663,14 +723,16 @@ impl IdemBuilder {
             log_keys_hashed: self.log_keys_hashed,
             #[cfg(feature = "encryption")]
             keyring: self.keyring.clone(),
+            claim_limit: (self.claim_limit.clone())
+                .map(|limit| Arc::new(crate::limit::ClaimLimiter::new(limit))),
         };
-        Idem::new(
+        Ok(Idem::new(
             store,
             #[cfg(feature = "_sql")]
             sql,
             cfg,
             self.replay_cache_bytes,
-        )
+        ))
     }
 
     /// The `hash_keys` secret held to the one rule every store applies
@@ -723,7 +785,7 @@ impl IdemBuilder {
         .await
         .map_err(|e| crate::connect::redis_located(e, &[url]))?;
         self.redis_key_mode(&store).await?;
-        Ok(self.store(store))
+        self.try_store(store)
     }
 
     /// The store on a Redis Cluster, reached through any of its `nodes`
@@ -753,7 +815,7 @@ impl IdemBuilder {
         .await
         .map_err(|e| crate::connect::redis_located(e, nodes))?;
         self.redis_key_mode(&store).await?;
-        Ok(self.store(store))
+        self.try_store(store)
     }
 
     /// Records the key mode under the prefix (or finds the same one there); with
@@ -794,12 +856,12 @@ impl IdemBuilder {
     pub async fn pool<P: IntoStore>(self, pool: P) -> Result<Idem, IdemError> {
         let opts = self.sql_options()?;
         let store = DialectOf::<P>::from_pool(pool.into_pool(), &opts).await?;
-        Ok(self.sql_store(store))
+        self.sql_store(store)
     }
 
     /// An `Idem` over a SQL store, reachable by transactional mode too.
     #[cfg(feature = "_sql")]
-    pub(crate) fn sql_store<D: Dialect>(self, store: SqlStore<D>) -> Idem {
+    pub(crate) fn sql_store<D: Dialect>(self, store: SqlStore<D>) -> Result<Idem, IdemError> {
         let store = Arc::new(store);
         self.finish_with(store.clone(), Some(SqlHandle::new(store)))
     }

@@ -86,6 +86,23 @@ pub enum IdemError {
         retry_after: Duration,
     },
 
+    /// The call would have started a new operation, and its caller has used up its
+    /// allowance of new claims ([`IdemBuilder::limit_new_claims`]): nothing ran and
+    /// nothing was written, so a retry with the same key after `retry_after` starts it.
+    ///
+    /// [`IdemBuilder::limit_new_claims`]: crate::IdemBuilder::limit_new_claims
+    #[error(
+        "operation `{name}` not started: this caller has started too many new operations \
+         for now (nothing ran, nothing was recorded); retry with the same key after \
+         {retry_after:?}"
+    )]
+    RateLimited {
+        /// The operation's name.
+        name: String,
+        /// How long until the caller's allowance has room for one more claim.
+        retry_after: Duration,
+    },
+
     /// An earlier attempt may or may not have had its effect; the operation needs
     /// reconciliation.
     #[error(
@@ -330,11 +347,13 @@ fn store_hint(during: &str) -> &'static str {
 }
 
 impl IdemError {
-    /// Whether the same call may succeed if retried later: `InFlight`, `TooManyWaiters`
-    /// and retryable `Store` errors.
+    /// Whether the same call may succeed if retried later: `InFlight`, `TooManyWaiters`,
+    /// `RateLimited` and retryable `Store` errors.
     pub fn is_retryable(&self) -> bool {
         match self {
-            IdemError::InFlight { .. } | IdemError::TooManyWaiters { .. } => true,
+            IdemError::InFlight { .. }
+            | IdemError::TooManyWaiters { .. }
+            | IdemError::RateLimited { .. } => true,
             IdemError::Store { retryable, .. } => *retryable,
             _ => false,
         }
@@ -344,7 +363,8 @@ impl IdemError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             IdemError::InFlight { retry_after, .. }
-            | IdemError::TooManyWaiters { retry_after, .. } => Some(*retry_after),
+            | IdemError::TooManyWaiters { retry_after, .. }
+            | IdemError::RateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

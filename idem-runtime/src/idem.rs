@@ -66,6 +66,8 @@ pub(crate) struct Config {
     /// The keys outcomes are sealed with, when they are encrypted (`seal.rs`).
     #[cfg(feature = "encryption")]
     pub(crate) keyring: Option<crate::Keyring>,
+    /// The allowance of new claims (`limit.rs`), when they are limited.
+    pub(crate) claim_limit: Option<Arc<crate::limit::ClaimLimiter>>,
 }
 
 impl std::fmt::Debug for Idem {
@@ -435,6 +437,10 @@ impl Idem {
 
     pub(crate) fn poll_interval(&self) -> Duration {
         self.inner.cfg.poll_interval
+    }
+
+    pub(crate) fn claim_limit(&self) -> Option<&Arc<crate::limit::ClaimLimiter>> {
+        self.inner.cfg.claim_limit.as_ref()
     }
 
     pub(crate) fn store_timeout(&self) -> Duration {

@@ -132,6 +132,7 @@ mod idem;
 mod key;
 mod key_display;
 mod lease;
+mod limit;
 mod machine;
 #[cfg(feature = "mcp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
@@ -159,6 +160,7 @@ pub use error::{BoxError, IdemError, OpenFailure};
 pub use fingerprint::fingerprint;
 pub use idem::{Idem, ReaperHandle};
 pub use key::KeyPart;
+pub use limit::ClaimLimit;
 pub use key_display::DisplayKey;
 pub use op::{
     Classify, Disposition, ErrorPolicy, FingerprintStated, InFlight, MAX_KEY_BYTES,

@@ -81,6 +81,9 @@ pub const REPLAYS: &str = "idem_replays_total";
 pub const MISMATCHES: &str = "idem_mismatches_total";
 /// Calls answered "in flight" (or "too many waiters") after waiting as configured.
 pub const IN_FLIGHT: &str = "idem_in_flight_total";
+/// Calls refused for being over their caller's allowance of new claims
+/// ([`IdemBuilder::limit_new_claims`](crate::IdemBuilder::limit_new_claims)).
+pub const RATE_LIMITED: &str = "idem_rate_limited_total";
 /// Lapsed claims taken over by another caller.
 pub const TAKEOVERS: &str = "idem_takeovers_total";
 /// Finishers whose claim was taken over: their outcome was refused.
@@ -113,7 +116,7 @@ pub const STORE_SECONDS: &str = "idem_store_call_duration_seconds";
 
 /// Every counter with its description, for [`describe`]; each counts events.
 #[cfg(feature = "metrics")]
-const COUNTERS: [(&str, &str); 11] = [
+const COUNTERS: [(&str, &str); 12] = [
     (
         CLAIMS,
         "Claims acquired (the body runs), takeovers included.",
@@ -126,6 +129,10 @@ const COUNTERS: [(&str, &str); 11] = [
     (
         IN_FLIGHT,
         "Calls answered in flight, or refused for too many waiters.",
+    ),
+    (
+        RATE_LIMITED,
+        "New claims refused for being over their caller's allowance.",
     ),
     (TAKEOVERS, "Lapsed claims taken over by another caller."),
     (

@@ -36,6 +36,7 @@
 //! | ran and recorded (`Ok`, or an `Err` recorded with `errors = record`) | `Done` | `Ack` |
 //! | replayed a recorded outcome | `Replayed` | `Ack` |
 //! | in flight in another consumer | `InFlight` | `Redeliver` after `retry_after` (at least [`Policy::min_delay`]) |
+//! | over the caller's allowance of new claims ([`IdemBuilder::limit_new_claims`](crate::IdemBuilder::limit_new_claims)) | `RateLimited` | `Redeliver` after `retry_after` plus a random delay up to the delivery's backoff |
 //! | store down, contention, lost claim, unrecorded outcome | `StoreDown`, `Fenced`, `Unrecorded` | `Redeliver` after a random delay up to [`Policy::store_down`] |
 //! | the body's error, released (`errors = release`), or a transactional handler's outcome over the cap (its writes rolled back) | `Released` | `Redeliver` after a random delay up to `backoff_base × 2^(delivery−1)`, at most `backoff_max` |
 //! | the handler panicked ([`Policy::run_batch`]) | `Panicked` | `Redeliver` as for a released error, and alert |
@@ -193,6 +194,10 @@ pub enum Cause {
     Replayed,
     /// Another consumer is running the handler for this business id.
     InFlight,
+    /// The message would start a new operation and its caller is over its allowance of
+    /// new claims ([`IdemBuilder::limit_new_claims`](crate::IdemBuilder::limit_new_claims));
+    /// the handler did not run.
+    RateLimited,
     /// The store could not be reached or refused for a transient reason; the handler
     /// did not run.
     StoreDown,
@@ -368,6 +373,12 @@ impl Policy {
             | IdemError::TooManyWaiters { retry_after, .. } => {
                 verdict(redeliver(*retry_after), Cause::InFlight)
             }
+            // Spread over a backoff past the allowance's next room: a backlog of one
+            // caller's messages redelivered at one instant would be refused together.
+            IdemError::RateLimited { retry_after, .. } => verdict(
+                redeliver(*retry_after + self.jittered(self.backoff(delivery))),
+                Cause::RateLimited,
+            ),
             IdemError::Store { .. } => verdict(jittered(self.store_down), Cause::StoreDown),
             IdemError::Fenced { .. } => verdict(jittered(self.store_down), Cause::Fenced),
             IdemError::Unrecorded { .. } => verdict(jittered(self.store_down), Cause::Unrecorded),
@@ -784,6 +795,36 @@ mod tests {
         runner.await.unwrap().unwrap();
     }
 
+    /// A message over its producer's allowance of new claims comes back once the
+    /// allowance has room, not sooner, spread past it; its handler did not run.
+    #[tokio::test]
+    async fn a_message_over_the_claim_limit_redelivers_after_the_allowance() {
+        let every = Duration::from_secs(60);
+        let idem = Idem::builder()
+            .limit_new_claims(crate::ClaimLimit::new(1, every))
+            .memory();
+        let handle = |key: &'static str| {
+            idem.operation("pay", key)
+                .scope("producer-1")
+                .fingerprint_none()
+                .retain(Duration::from_secs(86_400))
+                .run(|| async { Ok::<_, HandlerError>(5u64) })
+        };
+        let (_, first) = policy().run(handle("p1"), 1).await;
+        assert_eq!(first.action, Action::Ack);
+        let (out, v) = policy().run(handle("p2"), 1).await;
+        assert!(out.is_err());
+        assert_eq!(v.cause, Cause::RateLimited);
+        match v.action {
+            Action::Redeliver { after } => assert!(
+                after > every - Duration::from_secs(5)
+                    && after <= every + policy().backoff(1),
+                "{after:?}"
+            ),
+            other => panic!("expected a redelivery, got {other:?}"),
+        }
+    }
+
     /// Verdicts for one delivery spread between the floor and the ceiling, so consumers
     /// that failed together do not retry together; without jitter they are the ceiling.
     #[test]
@@ -918,6 +959,13 @@ mod tests {
         let name = || "op".to_string();
         let cases = [
             (IdemError::NoStore, Cause::Misconfigured),
+            (
+                IdemError::RateLimited {
+                    name: name(),
+                    retry_after: Duration::from_secs(2),
+                },
+                Cause::RateLimited,
+            ),
             (
                 IdemError::Config {
                     message: String::new(),

@@ -375,6 +375,36 @@ impl<P, U, FP, R> Operation<P, U, FP, R> {
                 .await
                 .map_err(store_err("savepoint"))?;
             let claim = conn.claim(this.id(), &fp, this.lease_for()).await?;
+            // Only a claim acquired in this transaction is new (a claim here that rolled
+            // back left nothing to take over), so only it is counted; one over the limit
+            // is undone with the savepoint, and nothing of it is ever committed.
+            if let TxClaim::Acquired { .. } = claim
+                && let Some(limiter) = this.claim_limit.as_ref().or(idem.claim_limit())
+            {
+                let taken = crate::bounded::bounded(
+                    idem.store_timeout(),
+                    "claim limit",
+                    limiter.take(this.id(), &**idem.store()),
+                );
+                let refused = match taken.await {
+                    Ok(None) => None,
+                    Ok(Some(retry_after)) => {
+                        let name = this.id().name.clone();
+                        crate::metrics::count(crate::metrics::RATE_LIMITED, &name);
+                        Some(IdemError::RateLimited { name, retry_after })
+                    }
+                    Err(e) => Some(IdemError::store("claim", e)),
+                };
+                if let Some(refused) = refused {
+                    conn.rollback_to(&savepoints.body)
+                        .await
+                        .map_err(store_err("rollback"))?;
+                    conn.release(&savepoints.body)
+                        .await
+                        .map_err(store_err("savepoint"))?;
+                    return Err(refused);
+                }
+            }
             if let TxClaim::Acquired { epoch } = claim {
                 crate::metrics::count(crate::metrics::CLAIMS, &this.id().name);
                 conn.savepoint(&savepoints.run)

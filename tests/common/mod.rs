@@ -378,7 +378,8 @@ impl Cleanup {
             && let Ok(pool) = sqlx::PgPool::connect(&url).await
         {
             let _ = sqlx::query(&format!(
-                "DROP TABLE IF EXISTS {table}_steps; DROP TABLE IF EXISTS {table}; \
+                "DROP TABLE IF EXISTS {table}_steps; DROP TABLE IF EXISTS {table}_claim_limits; \
+                 DROP TABLE IF EXISTS {table}; \
                  DROP TABLE IF EXISTS {table}_meta; DROP SEQUENCE IF EXISTS {table}_epoch_seq"
             ))
             .execute(&pool)

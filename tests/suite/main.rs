@@ -22,6 +22,7 @@ mod attribute;
 mod bounds;
 mod checkout_example;
 mod claim;
+mod claim_limits;
 mod client;
 mod concurrent;
 mod conformance;

@@ -1,10 +1,9 @@
-//! What bounds `IdempotencyLayer`'s work per request: reading a request body (its
-//! declared length, its read time, and the bytes buffered across all requests at once)
-//! and the rate of new claims per scope.
+//! What bounds `IdempotencyLayer`'s work per request while it reads a request body: its
+//! declared length, its read time, and the bytes buffered across all requests at once.
+//! (The rate of new claims is the machine's, `limit.rs`.)
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
 use http::HeaderMap;
@@ -135,122 +134,9 @@ fn declared_length(headers: &HeaderMap, body: &Body) -> Option<u64> {
     }
 }
 
-/// A token bucket per scope: `burst` new claims at once, then one more every `every`.
-#[derive(Debug)]
-pub(super) struct ClaimLimiter {
-    burst: u32,
-    every: Duration,
-    buckets: Mutex<HashMap<String, Bucket>>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Bucket {
-    tokens: u32,
-    /// When the bucket last held `tokens` (refills count from here).
-    since: Instant,
-}
-
-/// Scopes with a full bucket are forgotten once the map holds this many: a full bucket
-/// is what a scope seen for the first time gets, so forgetting it changes nothing.
-const PRUNE_AT: usize = 4096;
-
-impl ClaimLimiter {
-    pub(super) fn new(burst: u32, every: Duration) -> ClaimLimiter {
-        ClaimLimiter {
-            burst,
-            every,
-            buckets: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Takes one claim for `scope`, or says how long until one is free.
-    pub(super) fn take(&self, scope: &str) -> Result<(), Duration> {
-        let now = Instant::now();
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.len() >= PRUNE_AT && !buckets.contains_key(scope) {
-            buckets.retain(|_, b| self.refill(*b, now).tokens < self.burst);
-        }
-        let bucket = buckets.entry(scope.to_owned()).or_insert(Bucket {
-            tokens: self.burst,
-            since: now,
-        });
-        *bucket = self.refill(*bucket, now);
-        if bucket.tokens > 0 {
-            bucket.tokens -= 1;
-            return Ok(());
-        }
-        Err(self
-            .every
-            .saturating_sub(now.saturating_duration_since(bucket.since)))
-    }
-
-    fn refill(&self, b: Bucket, now: Instant) -> Bucket {
-        if b.tokens >= self.burst || self.every.is_zero() {
-            return Bucket {
-                tokens: self.burst,
-                since: now,
-            };
-        }
-        let elapsed = now.saturating_duration_since(b.since);
-        let earned = elapsed.as_nanos() / self.every.as_nanos();
-        if earned == 0 {
-            return b;
-        }
-        let tokens = u128::from(b.tokens).saturating_add(earned);
-        if tokens >= u128::from(self.burst) {
-            return Bucket {
-                tokens: self.burst,
-                since: now,
-            };
-        }
-        // Keep the part of an interval already waited.
-        Bucket {
-            tokens: tokens as u32,
-            since: b.since + self.every * earned as u32,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn claims_beyond_the_burst_wait_for_a_refill() {
-        let limiter = ClaimLimiter::new(2, Duration::from_secs(3600));
-        assert!(limiter.take("a").is_ok());
-        assert!(limiter.take("a").is_ok());
-        let wait = limiter.take("a").unwrap_err();
-        assert!(wait > Duration::from_secs(3500) && wait <= Duration::from_secs(3600));
-        assert!(limiter.take("b").is_ok(), "scopes are limited apart");
-    }
-
-    #[test]
-    fn tokens_come_back_one_interval_at_a_time() {
-        let limiter = ClaimLimiter::new(3, Duration::from_secs(10));
-        let t0 = Instant::now();
-        let empty = Bucket {
-            tokens: 0,
-            since: t0,
-        };
-        let later = limiter.refill(empty, t0 + Duration::from_secs(25));
-        assert_eq!(later.tokens, 2);
-        assert_eq!(later.since, t0 + Duration::from_secs(20));
-        assert_eq!(
-            limiter.refill(empty, t0 + Duration::from_secs(99)).tokens,
-            3
-        );
-        assert_eq!(limiter.refill(empty, t0 + Duration::from_secs(9)).tokens, 0);
-    }
-
-    #[test]
-    fn the_map_forgets_full_buckets() {
-        let limiter = ClaimLimiter::new(1, Duration::ZERO);
-        for i in 0..PRUNE_AT * 2 {
-            limiter.take(&i.to_string()).unwrap();
-        }
-        assert!(limiter.buckets.lock().unwrap().len() <= PRUNE_AT);
-    }
 
     #[tokio::test]
     async fn a_budget_holds_what_it_reserved_until_dropped() {

@@ -393,6 +393,7 @@ impl From<&IdemError> for Problem {
                 "this Idempotency-Key was first used with a different request; use a new \
                  key for a new request",
             ),
+            IdemError::RateLimited { retry_after, .. } => Problem::too_many_claims(*retry_after),
             IdemError::KeyTooLong { len, .. } => KeyRejection::TooLong { len: *len }.into(),
             IdemError::EmptyKey { .. } => KeyRejection::Empty.into(),
             IdemError::Store { .. } | IdemError::NoStore => Problem::of(

@@ -15,6 +15,7 @@ use crate::context;
 use crate::error::{IdemError, StoreError};
 use crate::idem::Idem;
 use crate::lease::Lease;
+use crate::limit::Limited;
 use crate::metrics;
 use crate::op::{Encoded, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
 use crate::step_state::StepsMode;
@@ -234,6 +235,15 @@ where
             && let Some(decided) = self.peeked(read.await)
         {
             return decided;
+        }
+        // No completed outcome: this call may create a record, which is what a claim
+        // limit counts. Boxed: only calls with a limit make room for its reads.
+        if let Some(limiter) = self.op.claim_limit.as_ref().or(self.idem.claim_limit()) {
+            match Box::pin(limiter.admit(&self.idem, id, self.name())).await {
+                Ok(()) => {}
+                Err(Limited::Refused(e)) => return Err(e),
+                Err(Limited::Store(e)) => return self.store_down(e),
+            }
         }
         let req = ClaimRequest {
             id,
@@ -784,7 +794,7 @@ mod tests {
             .retain(std::time::Duration::from_secs(86_400))
             .run(|| async { Ok::<_, crate::IdemError>(5u64) });
         let size = std::mem::size_of_val(&call);
-        assert!(size <= 688, "a call's future grew to {size} bytes");
+        assert!(size <= 696, "a call's future grew to {size} bytes");
     }
 
     /// The body runs in a future of its own: a body that holds 4 KiB across an await

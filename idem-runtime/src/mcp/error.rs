@@ -15,15 +15,22 @@ use crate::IdemError;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolErrorBody {
     /// What happened, for the model to branch on: `idempotency_key_mismatch`,
-    /// `in_flight`, `outcome_unknown`, `fenced`, `outcome_unrecorded`, and
-    /// `outcome_too_large` (a transactional tool whose result was over the cap: its
-    /// changes were undone and nothing happened).
+    /// `in_flight`, `rate_limited` (the caller's allowance of new actions is spent:
+    /// nothing ran), `outcome_unknown`, `fenced`, `outcome_unrecorded`,
+    /// `outcome_unreadable`, and `outcome_too_large` (a transactional tool whose result
+    /// was over the cap: its changes were undone and nothing happened).
     pub code: String,
     /// What happened and what to do, in words.
     pub message: String,
-    /// For `in_flight`: seconds to wait before retrying with the same key.
+    /// For `in_flight` and `rate_limited`: seconds to wait before retrying with the same
+    /// key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
+}
+
+/// Whole seconds, rounded up, and at least one: a retry sooner finds the same answer.
+fn whole_secs(after: std::time::Duration) -> u64 {
+    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
 }
 
 /// Converts idem's error into what a tool returns: `Ok` a tool result with
@@ -67,14 +74,24 @@ pub fn tool_result(error: IdemError) -> Result<CallToolResult, ErrorData> {
         ),
         IdemError::InFlight { name, retry_after }
         | IdemError::TooManyWaiters { name, retry_after } => {
-            // Whole seconds, rounded up, and at least one: a retry sooner finds it running.
-            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-            let secs = secs.max(1);
+            let secs = whole_secs(retry_after);
             body(
                 "in_flight",
                 format!(
                     "the same `{name}` call (this idempotency_key) is still running; retry with \
                      the same idempotency_key and arguments after {secs} s to get its result"
+                ),
+                Some(secs),
+            )
+        }
+        IdemError::RateLimited { name, retry_after } => {
+            let secs = whole_secs(retry_after);
+            body(
+                "rate_limited",
+                format!(
+                    "`{name}` was not run: this caller has started too many new actions for now, \
+                     and nothing was done; retry with the same idempotency_key and arguments \
+                     after {secs} s, or tell the user to wait"
                 ),
                 Some(secs),
             )
@@ -291,6 +308,17 @@ mod tests {
         assert_eq!(
             (body.code.as_str(), body.retry_after),
             ("in_flight", Some(2))
+        );
+        let limited = tool_result(IdemError::RateLimited {
+            name: "op".into(),
+            retry_after: std::time::Duration::from_millis(200),
+        })
+        .unwrap();
+        let body: ToolErrorBody =
+            serde_json::from_value(limited.structured_content.unwrap()).unwrap();
+        assert_eq!(
+            (body.code.as_str(), body.retry_after),
+            ("rate_limited", Some(1))
         );
         for e in [
             IdemError::Unknown {

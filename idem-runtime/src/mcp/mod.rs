@@ -64,7 +64,9 @@
 //! - a tool result with `isError: true` and a structured body `{ "code", "message",
 //!   "retry_after" }` where the model can act: `idempotency_key_mismatch` (the key was
 //!   used for other arguments; nothing ran), `in_flight` (the same call is running;
-//!   `retry_after` in seconds), `outcome_unknown` (this attempt or an earlier one may
+//!   `retry_after` in seconds), `rate_limited` (the caller started too many new actions
+//!   for now, [`IdemBuilder::limit_new_claims`](crate::IdemBuilder::limit_new_claims);
+//!   nothing ran; `retry_after` in seconds), `outcome_unknown` (this attempt or an earlier one may
 //!   have taken effect, a result too large to save from a tool run outside a
 //!   transaction included; held for an operator), `outcome_too_large` (a transactional
 //!   tool's result was too large to save, so its writes were rolled back and nothing

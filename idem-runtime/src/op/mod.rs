@@ -5,6 +5,7 @@
 //! the caller's transaction (`begin_tx`).
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -157,6 +158,8 @@ pub struct Operation<P = ReleaseErrors, U = NoUpgrade, F = Stated, R = Stated> {
     pub(crate) in_flight: InFlight,
     pub(crate) on_takeover: Takeover,
     pub(crate) on_store_error: OnStoreError,
+    /// A limit on new claims of its own (the HTTP layer's), in place of the `Idem`'s.
+    pub(crate) claim_limit: Option<Arc<crate::limit::ClaimLimiter>>,
     pub(crate) version: u32,
     pub(crate) policy: P,
     pub(crate) upgrade: U,
@@ -220,6 +223,7 @@ impl NewOperation {
             in_flight: InFlight::default(),
             on_takeover: Takeover::Rerun,
             on_store_error: OnStoreError::FailClosed,
+            claim_limit: None,
             version: 1,
             policy: ReleaseErrors,
             upgrade: NoUpgrade,
@@ -434,6 +438,13 @@ impl<P, U, F, R> Operation<P, U, F, R> {
     /// ```
     pub fn on_store_error(mut self, on_store_error: OnStoreError) -> Self {
         self.on_store_error = on_store_error;
+        self
+    }
+
+    /// Counts this operation's new claims against `limiter` instead of the `Idem`'s.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn claim_limiter(mut self, limiter: Arc<crate::limit::ClaimLimiter>) -> Self {
+        self.claim_limit = Some(limiter);
         self
     }
 
@@ -670,6 +681,7 @@ impl<P, U, F, R> Operation<P, U, F, R> {
             in_flight,
             on_takeover,
             on_store_error,
+            claim_limit,
             version,
             policy,
             upgrade,
@@ -686,6 +698,7 @@ impl<P, U, F, R> Operation<P, U, F, R> {
             in_flight,
             on_takeover,
             on_store_error,
+            claim_limit,
             version,
             policy,
             upgrade,

@@ -177,6 +177,21 @@ pub trait Delegate: Send + Sync + 'static {
     fn attach_wakers(&self, hub: Arc<WakeHub>) {
         self.inner().attach_wakers(hub)
     }
+
+    /// [`Store::shares_claim_counts`], forwarded by default.
+    fn shares_claim_counts(&self) -> bool {
+        self.inner().shares_claim_counts()
+    }
+
+    /// [`Store::take_claim_token`], forwarded by default.
+    async fn take_claim_token(
+        &self,
+        key: &str,
+        burst: u32,
+        every: Duration,
+    ) -> Result<Option<Duration>, StoreError> {
+        self.inner().take_claim_token(key, burst, every).await
+    }
 }
 
 // On `dyn Delegate` rather than every `T: Delegate`: that blanket impl would overlap
@@ -257,6 +272,19 @@ impl Store for dyn Delegate {
 
     fn attach_wakers(&self, hub: Arc<WakeHub>) {
         Delegate::attach_wakers(self, hub)
+    }
+
+    fn shares_claim_counts(&self) -> bool {
+        Delegate::shares_claim_counts(self)
+    }
+
+    fn take_claim_token<'a>(
+        &'a self,
+        key: &'a str,
+        burst: u32,
+        every: Duration,
+    ) -> StoreFuture<'a, Result<Option<Duration>, StoreError>> {
+        Delegate::take_claim_token(self, key, burst, every).into()
     }
 }
 

@@ -10,7 +10,7 @@ use hashbrown::HashTable;
 
 use super::{
     Admin, Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State,
-    Stats, StepRecord, Store, StoreFuture, StoredOutcome, Takeover,
+    Stats, StepRecord, Store, StoreFuture, StoredOutcome, Mismatched, Takeover,
 };
 use crate::error::StoreError;
 
@@ -438,14 +438,34 @@ impl MemoryStore {
 }
 
 // Every answer is made under the lock, on the caller's thread: ready at once, with
-// nothing to box or time. A replay is decided by the claim under the same lock a read
-// would take, so there is no separate read (`peek_completed`'s default).
+// nothing to box or time.
 impl Store for MemoryStore {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest<'a>,
     ) -> StoreFuture<'a, Result<Claim, StoreError>> {
         StoreFuture::ready(Ok(self.decide(req)))
+    }
+
+    // The claim would answer a replay as cheaply, but a read tells a replay from a call
+    // that may create a record before the claim limit counts it.
+    fn peek_completed<'a>(
+        &'a self,
+        id: &'a OperationId,
+        fingerprint: &'a [u8; 32],
+    ) -> StoreFuture<'a, Result<Option<Result<StoredOutcome, Mismatched>>, StoreError>> {
+        let now = self.now();
+        let map = self.lock();
+        let read = map.get(id).and_then(|rec| {
+            if rec.state != State::Completed || rec.expired(now) {
+                return None;
+            }
+            if rec.fingerprint != *fingerprint {
+                return Some(Err(Mismatched));
+            }
+            rec.outcome.clone().map(Ok)
+        });
+        StoreFuture::ready(Ok(read))
     }
 
     fn record<'a>(

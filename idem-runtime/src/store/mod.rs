@@ -334,6 +334,31 @@ pub trait Store: Admin {
     fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
         let _ = hub;
     }
+
+    /// Whether the store can hold a count of new claims shared by every `Idem` on it
+    /// ([`take_claim_token`](Store::take_claim_token)). The default says it cannot.
+    fn shares_claim_counts(&self) -> bool {
+        false
+    }
+
+    /// Takes one new claim from `key`'s allowance of `burst` at once and one more every
+    /// `every` (GCRA, by the store's clock), as one atomic step: `None` when it was
+    /// allowed, else how long until one is (and nothing was taken). The store keeps
+    /// `key`'s count no longer than its allowance needs. The default says the store
+    /// cannot hold the count ([`shares_claim_counts`](Store::shares_claim_counts)).
+    fn take_claim_token<'a>(
+        &'a self,
+        key: &'a str,
+        burst: u32,
+        every: Duration,
+    ) -> StoreFuture<'a, Result<Option<Duration>, StoreError>> {
+        let _ = (key, burst, every);
+        StoreFuture::ready(Err(StoreError::new(
+            false,
+            "this store cannot hold a shared claim count; drop `ClaimLimit::shared` to \
+             count per process, or keep idem's records on PostgreSQL or Redis",
+        )))
+    }
 }
 
 /// The operator's side of a store: what [`Idem`](crate::Idem)'s operator methods and the
@@ -431,6 +456,12 @@ macro_rules! forward_store {
             }
             fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
                 (**self).attach_wakers(hub)
+            }
+            fn shares_claim_counts(&self) -> bool {
+                (**self).shares_claim_counts()
+            }
+            fn take_claim_token<'a>(&'a self, key: &'a str, burst: u32, every: Duration) -> StoreFuture<'a, Result<Option<Duration>, StoreError>> {
+                (**self).take_claim_token(key, burst, every)
             }
         }
 

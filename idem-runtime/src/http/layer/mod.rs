@@ -8,7 +8,9 @@ use http::header::{self, HeaderName};
 use http::{Method, StatusCode};
 
 use super::estimate::Durations;
-use super::limits::{Budget, ClaimLimiter};
+use super::limits::Budget;
+use crate::ClaimLimit;
+use crate::limit::ClaimLimiter;
 use super::problem::{Problem, Render};
 use crate::idem::Idem;
 use crate::op::InFlight;
@@ -274,14 +276,18 @@ impl IdempotencyLayer {
     }
 
     /// Limits the new operations each scope (each [`Principal`](super::Principal)) starts: `burst` at
-    /// once, then one more every `every` (a token bucket). A request over the limit is
-    /// answered 429 with `Retry-After`, does not run, and its key is released; replays,
-    /// in-flight answers and 422s take nothing from it. Off by default. It bounds the
-    /// records one caller can make the store keep, and the work a caller can start with
-    /// fresh keys.
+    /// once, then one more every `every`, as [`IdemBuilder::limit_new_claims`] with
+    /// [`ClaimLimit::new`] does for this layer's routes (in place of any limit the
+    /// `Idem` has). A request that would start a new operation over the limit is
+    /// answered 429 with `Retry-After`, does not run and writes nothing; replays,
+    /// in-flight answers, takeovers and 422s take nothing from it. Off by default. It
+    /// bounds the records one caller can make the store keep, and the work a caller can
+    /// start with fresh keys.
     ///
     /// The count is this process's, per layer value and its clones; with several
-    /// instances, each allows its own.
+    /// instances, each allows its own. [`limit_new_claims`](Self::limit_new_claims)
+    /// takes a [`ClaimLimit`] instead, which may be [shared](ClaimLimit::shared) through
+    /// the store.
     ///
     /// ```
     /// # use idem_runtime::{Idem, http::IdempotencyLayer};
@@ -294,13 +300,35 @@ impl IdempotencyLayer {
     ///
     /// If `burst` is 0 or `every` is zero: the first would refuse every request, the
     /// second none.
-    pub fn limit_claims(mut self, burst: u32, every: Duration) -> Self {
+    ///
+    /// [`IdemBuilder::limit_new_claims`]: crate::IdemBuilder::limit_new_claims
+    pub fn limit_claims(self, burst: u32, every: Duration) -> Self {
+        self.limit_new_claims(ClaimLimit::new(burst, every))
+    }
+
+    /// Limits the new operations started through this layer as `limit` says, in place of
+    /// any limit the `Idem` has: per scope (the [`Principal`](super::Principal)) unless
+    /// the limit is [keyed](ClaimLimit::keyed_by) otherwise, and per process unless it is
+    /// [shared](ClaimLimit::shared) through the store.
+    ///
+    /// ```
+    /// # use idem_runtime::{ClaimLimit, Idem, http::IdempotencyLayer};
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(Idem::memory())
+    ///     .limit_new_claims(ClaimLimit::new(20, Duration::from_secs(3)));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the limit is shared and the `Idem`'s store cannot hold the count.
+    pub fn limit_new_claims(mut self, limit: ClaimLimit) -> Self {
         assert!(
-            burst > 0 && !every.is_zero(),
-            "IdempotencyLayer::limit_claims({burst}, {every:?}): both must be over zero; \
-             to allow any number of claims, do not call it"
+            !limit.is_shared() || self.cfg.idem.store().shares_claim_counts(),
+            "IdempotencyLayer::limit_new_claims: a shared claim limit needs a store that \
+             can hold the count (PostgreSQL or Redis); drop `ClaimLimit::shared` to count \
+             per process"
         );
-        self.cfg.claims = Some(Arc::new(ClaimLimiter::new(burst, every)));
+        self.cfg.claims = Some(Arc::new(ClaimLimiter::new(limit)));
         self
     }
 

@@ -132,6 +132,10 @@ where
             &canonical_form(uri.query().unwrap_or("").as_bytes()),
         )
         .fingerprint_part("content_type", &content_types(&parts.headers));
+    let op = match &cfg.claims {
+        Some(limiter) => op.claim_limiter(limiter.clone()),
+        None => op,
+    };
     let kind = body_kind(&parts.headers);
     let json = match kind {
         BodyKind::Json => Json::parse(&buffered.bytes),
@@ -161,13 +165,6 @@ where
     let made = first.clone();
     let call = async move {
         let body = || async move {
-            // Only a fresh claim gets here: replays and in-flight answers take no token.
-            if let Some(limiter) = &limits.claims
-                && let Err(wait) = limiter.take(principal.as_str())
-            {
-                let refused = limits.answer(Problem::too_many_claims(wait));
-                return Err(NotRecorded::Released(refused));
-            }
             let started = std::time::Instant::now();
             let Ok(res) = inner.call(req).await;
             limits.durations.observe(&timed, started.elapsed());

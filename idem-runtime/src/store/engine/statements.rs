@@ -107,6 +107,10 @@ macro_rules! statement_table {
                 ClaimFreshBatch = "claim_fresh_batch",
                 /// Group commit: many callers' records in one statement.
                 RecordBatch = "record_batch",
+                /// A shared claim limit: one claim from a key's allowance (GCRA).
+                TakeClaimToken = "take_claim_token",
+                /// A shared claim limit: the counts whose allowance is whole again.
+                PurgeClaimTokens = "purge_claim_tokens",
             }
         }
     };
@@ -370,6 +374,8 @@ pub(super) struct Statements {
     pub(super) tx_reclaim: Stmt,
     pub(super) tx_takeover: Stmt,
     pub(super) tx_record: Stmt,
+    pub(super) take_claim_token: Option<Stmt>,
+    pub(super) purge_claim_tokens: Option<Stmt>,
 }
 
 impl Statements {
@@ -402,6 +408,8 @@ impl Statements {
             tx_reclaim: r(Sql::TxReclaim),
             tx_takeover: r(Sql::TxTakeover),
             tx_record: r(Sql::TxRecord),
+            take_claim_token: optional(OptionalSql::TakeClaimToken),
+            purge_claim_tokens: optional(OptionalSql::PurgeClaimTokens),
         }
     }
 }
@@ -527,6 +535,7 @@ pub(crate) fn render_all<D: Dialect>(table: &TableName) -> Vec<(&'static str, St
             "{table}",
             "{meta}",
             "{steps}",
+            "{claim_limits}",
             "{now}",
             "{lapsed}",
             "{expired}",

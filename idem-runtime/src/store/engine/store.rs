@@ -215,6 +215,45 @@ impl<D: Dialect> Store for SqlStore<D> {
     fn attach_wakers(&self, hub: std::sync::Arc<crate::store::WakeHub>) {
         self.dialect.attach_wakers(hub);
     }
+
+    fn shares_claim_counts(&self) -> bool {
+        self.sql.take_claim_token.is_some()
+    }
+
+    fn take_claim_token<'a>(
+        &'a self,
+        key: &'a str,
+        burst: u32,
+        every: Duration,
+    ) -> StoreFuture<'a, Result<Option<Duration>, StoreError>> {
+        let Some(stmt) = &self.sql.take_claim_token else {
+            return StoreFuture::ready(Err(StoreError::new(
+                false,
+                "this database cannot hold a shared claim count; drop `ClaimLimit::shared` \
+                 to count per process, or keep idem's records on PostgreSQL or Redis",
+            )));
+        };
+        // Whole microseconds, at least one: the count's unit.
+        let every_us = i64::try_from(every.as_micros()).unwrap_or(i64::MAX).max(1);
+        let window_us = every_us.saturating_mul(i64::from(burst));
+        StoreFuture::new(async move {
+            let args = [
+                ("key", Arg::Text(key)),
+                ("every_us", Arg::Int(every_us)),
+                ("window_us", Arg::Int(window_us)),
+            ];
+            let rows = self.rows(On::Pool, stmt, &args).await?;
+            Ok(match rows.first() {
+                Some(row) => match row.int("wait_us")? {
+                    0 => None,
+                    us => Some(Duration::from_micros(us.unsigned_abs())),
+                },
+                // Another caller's first claim under this key, committed after this
+                // statement's snapshot: the key was just used, so wait one interval.
+                None => Some(every),
+            })
+        })
+    }
 }
 
 #[async_trait::async_trait]
@@ -269,6 +308,10 @@ impl<D: Dialect> Admin for SqlStore<D> {
             };
             total += n;
             if n < PURGE_BATCH.unsigned_abs() {
+                // Counts whose allowance is whole again are what a missing row means.
+                if let Some(stmt) = &self.sql.purge_claim_tokens {
+                    self.rows(On::Pool, stmt, &[]).await?;
+                }
                 return Ok(total);
             }
         }

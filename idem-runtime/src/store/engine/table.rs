@@ -199,13 +199,14 @@ impl TableName {
     }
 
     /// A statement template with `{table}`, `{meta}`, `{epoch_seq}`, `{steps}` (the
-    /// steps table) and `{now}` filled in.
+    /// steps table), `{claim_limits}` (the shared claim counts) and `{now}` filled in.
     pub(crate) fn render(&self, template: &str, now: &str) -> String {
         template
             .replace("{table}", &self.qualified())
             .replace("{meta}", &self.companion("_meta"))
             .replace("{epoch_seq}", &self.companion("_epoch_seq"))
             .replace("{steps}", &self.companion("_steps"))
+            .replace("{claim_limits}", &self.companion("_claim_limits"))
             .replace("{bookkeeping}", &self.sibling("idem_schema_migrations"))
             // MySQL's claim, a stored procedure named after the table.
             .replace("{claim_procedure}", &self.companion("_claim_v2"))

@@ -88,6 +88,8 @@ pub const POSTGRES_SCHEMA_SQL: &str = concat!(
     include_str!("../../../migrations/postgres/0003_steps.sql"),
     "\n",
     include_str!("../../../migrations/postgres/0004_released_expiry.sql"),
+    "\n",
+    include_str!("../../../migrations/postgres/0005_claim_limits.sql"),
 );
 
 /// The migrations, in order: (version, DDL in the default table name). Each is
@@ -108,6 +110,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         4,
         include_str!("../../../migrations/postgres/0004_released_expiry.sql"),
+    ),
+    (
+        5,
+        include_str!("../../../migrations/postgres/0005_claim_limits.sql"),
     ),
 ];
 
@@ -178,6 +184,8 @@ impl Dialect for Pg {
         RecordBatch,
         PurgeLocked,
         ClaimFresh,
+        TakeClaimToken,
+        PurgeClaimTokens,
     );
 
     fn placeholder(n: usize) -> String {

@@ -61,6 +61,6 @@ impl IdemBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(self, url: &str) -> Result<Idem, IdemError> {
         let store = super::open(url, &self.sql_options()?).await?;
-        Ok(self.sql_store(store))
+        self.sql_store(store)
     }
 }

@@ -473,6 +473,33 @@ impl Store for RedisStore {
         StoreFuture::new(async move { self.run(&self.scripts.announce, id, &[]).await.map(drop) })
     }
 
+    fn shares_claim_counts(&self) -> bool {
+        true
+    }
+
+    fn take_claim_token<'a>(
+        &'a self,
+        key: &'a str,
+        burst: u32,
+        every: Duration,
+    ) -> StoreFuture<'a, Result<Option<Duration>, StoreError>> {
+        // Whole microseconds, at least one: the count's unit.
+        let every_us = u64::try_from(every.as_micros()).unwrap_or(u64::MAX).max(1);
+        let window_us = every_us.saturating_mul(u64::from(burst));
+        StoreFuture::new(async move {
+            let mut inv = self.scripts.claim_limit.prepare_invoke();
+            inv.key(format!("{}:l:{{{key}}}", self.prefix))
+                .arg(every_us.to_string())
+                .arg(window_us.to_string());
+            let v = self.invoke(&inv).await?;
+            match wire::int(&v) {
+                Some(0) => Ok(None),
+                Some(us) if us > 0 => Ok(Some(Duration::from_micros(us.unsigned_abs()))),
+                _ => Err(wire::protocol(format!("the claim limit answered {v:?}"))),
+            }
+        })
+    }
+
     fn attach_wakers(&self, hub: Arc<WakeHub>) {
         // Without a runtime here there is no task to relay wake-ups; waiters then poll.
         let Ok(rt) = tokio::runtime::Handle::try_current() else {

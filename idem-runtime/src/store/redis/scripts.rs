@@ -35,6 +35,8 @@ pub(super) struct Scripts {
     pub(super) read: Script,
     pub(super) purge: Script,
     pub(super) announce: Script,
+    /// A shared claim limit's count: standalone, on a key of its own.
+    pub(super) claim_limit: Script,
 }
 
 impl Scripts {
@@ -59,6 +61,7 @@ impl Scripts {
             read: s(include_str!("../../../lua/read.lua")),
             purge: s(include_str!("../../../lua/purge.lua")),
             announce: s(include_str!("../../../lua/announce.lua")),
+            claim_limit: Script::new(include_str!("../../../lua/claim_limit.lua")),
         }
     }
 }

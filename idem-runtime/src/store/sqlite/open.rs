@@ -39,6 +39,6 @@ impl IdemBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(self, url: &str) -> Result<Idem, IdemError> {
         let store = super::open(url, &self.sql_options()?).await?;
-        Ok(self.sql_store(store))
+        self.sql_store(store)
     }
 }
