@@ -160,8 +160,8 @@ pub use error::{BoxError, IdemError, OpenFailure};
 pub use fingerprint::fingerprint;
 pub use idem::{Idem, ReaperHandle};
 pub use key::KeyPart;
-pub use limit::ClaimLimit;
 pub use key_display::DisplayKey;
+pub use limit::ClaimLimit;
 pub use op::{
     Classify, Disposition, ErrorPolicy, FingerprintStated, InFlight, MAX_KEY_BYTES,
     MAX_LEASE_OR_WAIT, NewOperation, NoUpgrade, OnStoreError, Operation, RecordErrors,

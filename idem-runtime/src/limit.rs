@@ -201,7 +201,12 @@ impl ClaimLimiter {
     /// whose operation has a live record (in flight, lapsed, UNKNOWN, or completed since
     /// the replay read) goes on to its claim, which answers it as a wait, a takeover, a
     /// replay or a mismatch without a new record.
-    pub(crate) async fn admit(&self, idem: &Idem, id: &OperationId, name: &str) -> Result<(), Limited> {
+    pub(crate) async fn admit(
+        &self,
+        idem: &Idem,
+        id: &OperationId,
+        name: &str,
+    ) -> Result<(), Limited> {
         let store = idem.store();
         let timeout = idem.store_timeout();
         let taken = bounded(timeout, "claim limit", self.take(id, &**store));
@@ -267,7 +272,10 @@ mod tests {
             assert_eq!(limiter.take(&id("alice", key), &store).await.unwrap(), None);
         }
         let wait = limiter.take(&id("alice", "c"), &store).await.unwrap();
-        assert!(wait.is_some_and(|w| w > Duration::from_secs(3000)), "{wait:?}");
+        assert!(
+            wait.is_some_and(|w| w > Duration::from_secs(3000)),
+            "{wait:?}"
+        );
         assert_eq!(limiter.take(&id("bob", "a"), &store).await.unwrap(), None);
     }
 
@@ -278,7 +286,13 @@ mod tests {
         let limiter = ClaimLimiter::new(limit);
         assert_eq!(limiter.take(&id("alice", "a"), &store).await.unwrap(), None);
         // Another scope, the same operation: the same allowance.
-        assert!(limiter.take(&id("bob", "b"), &store).await.unwrap().is_some());
+        assert!(
+            limiter
+                .take(&id("bob", "b"), &store)
+                .await
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[tokio::test]
@@ -286,9 +300,16 @@ mod tests {
         let store = MemoryStore::default();
         let limiter = ClaimLimiter::new(ClaimLimit::new(1, Duration::from_nanos(1)));
         for n in 0..PRUNE_AT * 3 {
-            let _ = limiter.take(&id(&n.to_string(), "k"), &store).await.unwrap();
+            let _ = limiter
+                .take(&id(&n.to_string(), "k"), &store)
+                .await
+                .unwrap();
         }
-        assert!(limiter.local.len() < PRUNE_AT * 3, "{}", limiter.local.len());
+        assert!(
+            limiter.local.len() < PRUNE_AT * 3,
+            "{}",
+            limiter.local.len()
+        );
     }
 
     #[test]

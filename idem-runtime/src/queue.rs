@@ -817,8 +817,7 @@ mod tests {
         assert_eq!(v.cause, Cause::RateLimited);
         match v.action {
             Action::Redeliver { after } => assert!(
-                after > every - Duration::from_secs(5)
-                    && after <= every + policy().backoff(1),
+                after > every - Duration::from_secs(5) && after <= every + policy().backoff(1),
                 "{after:?}"
             ),
             other => panic!("expected a redelivery, got {other:?}"),

@@ -51,7 +51,10 @@ async fn a_flood_of_new_keys_is_held_to_the_allowance(ctx: Ctx) {
         match answer.unwrap() {
             (n, Ok(_)) => ran.push(n),
             (n, Err(IdemError::RateLimited { retry_after, .. })) => {
-                assert!(retry_after > Duration::ZERO && retry_after <= HOUR, "{retry_after:?}");
+                assert!(
+                    retry_after > Duration::ZERO && retry_after <= HOUR,
+                    "{retry_after:?}"
+                );
                 refused.push(n);
             }
             (n, Err(e)) => panic!("f-{n}: {e}"),
@@ -63,13 +66,18 @@ async fn a_flood_of_new_keys_is_held_to_the_allowance(ctx: Ctx) {
     assert_eq!(pay(&idem, "flooder", "paid", &runs).await.unwrap(), paid);
     // A refused key is refused again, not half-recorded; an allowed one replays.
     let again = pay(&idem, "flooder", &format!("f-{}", refused[0]), &runs).await;
-    assert!(matches!(again, Err(IdemError::RateLimited { .. })), "{again:?}");
+    assert!(
+        matches!(again, Err(IdemError::RateLimited { .. })),
+        "{again:?}"
+    );
     let replay = pay(&idem, "flooder", &format!("f-{}", ran[0]), &runs).await;
     assert!(replay.is_ok(), "{replay:?}");
     assert_eq!(runs.get(), BURST);
     // Another principal has an allowance of its own.
     for n in 0..BURST {
-        pay(&idem, "bystander", &format!("b-{n}"), &runs).await.unwrap();
+        pay(&idem, "bystander", &format!("b-{n}"), &runs)
+            .await
+            .unwrap();
     }
     assert_eq!(runs.get(), BURST * 2);
     // The refused calls left no record.
@@ -119,7 +127,10 @@ async fn a_duplicate_of_a_call_in_flight_is_not_refused(ctx: Ctx) {
         .in_flight(InFlight::Reject)
         .run(|| async { Ok::<_, IdemError>(0) })
         .await;
-    assert!(matches!(duplicate, Err(IdemError::InFlight { .. })), "{duplicate:?}");
+    assert!(
+        matches!(duplicate, Err(IdemError::InFlight { .. })),
+        "{duplicate:?}"
+    );
     go.send(()).unwrap();
     assert_eq!(held.await.unwrap().unwrap(), 7);
     // Its outcome replays to the duplicate, over the limit as it still is.
@@ -202,7 +213,10 @@ async fn a_transactional_claim_over_the_limit_is_undone() {
         .unwrap();
     for (key, allowed) in [("t-1", true), ("t-2", false)] {
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-        let op = idem.operation("ledger", key).retain(HOUR).fingerprint_none();
+        let op = idem
+            .operation("ledger", key)
+            .retain(HOUR)
+            .fingerprint_none();
         match op.begin_tx::<_, u32, IdemError>(&mut tx).await {
             Ok(idem_runtime::TxStep::Run(guard)) => {
                 assert!(allowed, "{key} ran");
@@ -211,7 +225,10 @@ async fn a_transactional_claim_over_the_limit_is_undone() {
                     .execute(&mut *tx)
                     .await
                     .unwrap();
-                guard.finish(&mut tx, Ok::<u32, IdemError>(1)).await.unwrap();
+                guard
+                    .finish(&mut tx, Ok::<u32, IdemError>(1))
+                    .await
+                    .unwrap();
             }
             Err(IdemError::RateLimited { .. }) => assert!(!allowed, "{key} refused"),
             Ok(idem_runtime::TxStep::Replay(_)) => panic!("{key} replayed"),
@@ -221,7 +238,11 @@ async fn a_transactional_claim_over_the_limit_is_undone() {
         tx.commit().await.unwrap();
     }
     let id = idem.operation("ledger", "t-2").id().clone();
-    assert_eq!(idem.get(&id).await.unwrap(), None, "the refused claim left a record");
+    assert_eq!(
+        idem.get(&id).await.unwrap(),
+        None,
+        "the refused claim left a record"
+    );
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
         .fetch_one(&pool)
         .await

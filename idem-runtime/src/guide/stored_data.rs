@@ -78,3 +78,15 @@
 //! still replay until they expire. A record that cannot be opened is
 //! [`IdemError::Undecryptable`](crate::IdemError::Undecryptable), never replayed. The
 //! `idem` command shows an encrypted value as `encrypted (key <id>, N bytes)`.
+//!
+//! # How much a caller can make the store keep
+//!
+//! Every new key a caller sends is a record kept for `retain`, a write and a body run.
+//! [`IdemBuilder::limit_new_claims`](crate::IdemBuilder::limit_new_claims) bounds that
+//! per scope (the HTTP layer's principal, an MCP caller, a queue producer), counting
+//! only calls that would create a record; replays stay as cheap and unlimited as reads.
+//! Over the limit a call writes nothing and fails with
+//! [`IdemError::RateLimited`](crate::IdemError::RateLimited). A count per process
+//! allows each instance its own; [`ClaimLimit::shared`](crate::ClaimLimit::shared)
+//! keeps one in PostgreSQL (a row a key) or Redis (a key a key, expiring once the
+//! allowance is whole), named by a digest of the limit's key.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use hashbrown::HashTable;
 
 use super::{
-    Admin, Claim, ClaimRequest, Fence, ListFilter, OperationId, RecordDetail, RecordInfo, State,
-    Stats, StepRecord, Store, StoreFuture, StoredOutcome, Mismatched, Takeover,
+    Admin, Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail,
+    RecordInfo, State, Stats, StepRecord, Store, StoreFuture, StoredOutcome, Takeover,
 };
 use crate::error::StoreError;
 

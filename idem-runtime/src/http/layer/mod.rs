@@ -9,10 +9,10 @@ use http::{Method, StatusCode};
 
 use super::estimate::Durations;
 use super::limits::Budget;
-use crate::ClaimLimit;
-use crate::limit::ClaimLimiter;
 use super::problem::{Problem, Render};
+use crate::ClaimLimit;
 use crate::idem::Idem;
+use crate::limit::ClaimLimiter;
 use crate::op::InFlight;
 use codec::{ENVELOPE_BYTES, cap_for, largest_recordable};
 
