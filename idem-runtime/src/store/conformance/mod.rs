@@ -17,6 +17,7 @@
 //! transactions: `tx`.
 #![allow(missing_docs)]
 
+mod claim_counts;
 mod leases;
 mod operator;
 mod replays;
@@ -24,6 +25,7 @@ mod steps;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub mod tx;
 
+pub use self::claim_counts::claim_counts_allow_the_burst_then_one_an_interval;
 pub use self::leases::{
     a_lease_holds_its_full_length, epochs_never_repeat, lapsed_lease_goes_unknown,
     lapsed_lease_is_taken_over_and_fenced, release_lets_the_next_call_run,
@@ -134,4 +136,5 @@ pub async fn run_all(store: &dyn Store) {
     steps_go_with_their_operation(store).await;
     earlier_lives_leave_no_steps(store).await;
     steps_of_one_operation_record_at_once(store).await;
+    claim_counts_allow_the_burst_then_one_an_interval(store).await;
 }
