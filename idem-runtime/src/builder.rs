@@ -153,6 +153,8 @@ pub struct IdemBuilder {
     pub(crate) keyring: Option<crate::Keyring>,
     /// The allowance of new claims, when they are limited.
     pub(crate) claim_limit: Option<crate::ClaimLimit>,
+    /// What status tokens are keyed with, when not the `hash_keys` secret.
+    pub(crate) status_secret: Option<Secret>,
 }
 
 /// A function wrapping the opened store, set with [`IdemBuilder::layer`].
@@ -189,6 +191,7 @@ impl Default for IdemBuilder {
             #[cfg(feature = "encryption")]
             keyring: None,
             claim_limit: None,
+            status_secret: None,
         }
     }
 }
@@ -579,6 +582,25 @@ impl IdemBuilder {
         self
     }
 
+    /// The secret the HTTP layer keys its status tokens with: the URLs of requests a
+    /// route accepted (`202`) with
+    /// [`IdempotencyLayer::accept_after`](crate::http::IdempotencyLayer::accept_after).
+    /// Without it the [`hash_keys`](Self::hash_keys) secret is used; a layer that
+    /// accepts requests needs one or the other. At least 16 bytes (32 random bytes are
+    /// best), the same on every instance, and stable: a new secret makes every
+    /// outstanding status URL a 404.
+    ///
+    /// ```
+    /// # use idem_runtime::Idem;
+    /// let secret = std::env::var("IDEM_STATUS_SECRET").unwrap_or_else(|_| "x".repeat(32));
+    /// let idem = Idem::builder().status_secret(secret).memory();
+    /// # let _ = idem;
+    /// ```
+    pub fn status_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.status_secret = Some(Secret(secret.as_ref().into()));
+        self
+    }
+
     /// Show keys and scopes in tracing events as digests rather than as given (default
     /// `false`). What that protects depends on [`hash_keys`](Self::hash_keys):
     ///
@@ -725,6 +747,7 @@ impl IdemBuilder {
             keyring: self.keyring.clone(),
             claim_limit: (self.claim_limit.clone())
                 .map(|limit| Arc::new(crate::limit::ClaimLimiter::new(limit))),
+            status_secret: (self.status_secret.clone()).or_else(|| self.hash_keys.clone()),
         };
         Ok(Idem::new(
             store,
@@ -738,7 +761,8 @@ impl IdemBuilder {
     /// The `hash_keys` secret held to the one rule every store applies
     /// ([`Secret::check`]), before anything is opened.
     pub(crate) fn check_secret(&self) -> Result<(), IdemError> {
-        self.hash_keys.as_ref().map_or(Ok(()), Secret::check)
+        self.hash_keys.as_ref().map_or(Ok(()), Secret::check)?;
+        (self.status_secret.as_ref()).map_or(Ok(()), |s| s.check_as("status_secret"))
     }
 
     /// The SQL stores' options as this builder set them, for the openers of the SQL

@@ -68,6 +68,10 @@ pub(crate) struct Config {
     pub(crate) keyring: Option<crate::Keyring>,
     /// The allowance of new claims (`limit.rs`), when they are limited.
     pub(crate) claim_limit: Option<Arc<crate::limit::ClaimLimiter>>,
+    /// What the HTTP layer's status tokens are keyed with (`status_secret`, else
+    /// `hash_keys`).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) status_secret: Option<Secret>,
 }
 
 impl std::fmt::Debug for Idem {
@@ -437,6 +441,11 @@ impl Idem {
 
     pub(crate) fn poll_interval(&self) -> Duration {
         self.inner.cfg.poll_interval
+    }
+
+    #[cfg(feature = "axum")]
+    pub(crate) fn status_secret(&self) -> Option<&[u8]> {
+        self.inner.cfg.status_secret.as_ref().map(|s| &*s.0)
     }
 
     pub(crate) fn claim_limit(&self) -> Option<&Arc<crate::limit::ClaimLimiter>> {

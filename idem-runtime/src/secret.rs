@@ -18,10 +18,15 @@ impl Secret {
 
     /// The one rule every store applies to the secret.
     pub(crate) fn check(&self) -> Result<(), IdemError> {
+        self.check_as("hash_keys")
+    }
+
+    /// [`check`](Self::check), for the secret the builder's method `what` set.
+    pub(crate) fn check_as(&self, what: &str) -> Result<(), IdemError> {
         if self.0.len() < Self::MIN_LEN {
             return Err(IdemError::Config {
                 message: format!(
-                    "the `hash_keys` secret is {} bytes, shorter than {}; use at least 32 \
+                    "the `{what}` secret is {} bytes, shorter than {}; use at least 32 \
                      random bytes kept with your other secrets",
                     self.0.len(),
                     Self::MIN_LEN

@@ -33,6 +33,7 @@ mod errors;
 mod faults;
 mod fingerprint;
 mod http;
+mod http_accepted;
 mod in_flight;
 mod lease;
 mod log_spans;

@@ -152,7 +152,12 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    match tokio::spawn(fut).await {
+    joined(tokio::spawn(fut).await)
+}
+
+/// What a request's task returned; its panic resumed in the caller.
+pub(crate) fn joined<T>(joined: Result<T, tokio::task::JoinError>) -> T {
+    match joined {
         Ok(out) => out,
         Err(e) => match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),

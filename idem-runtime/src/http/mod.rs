@@ -205,7 +205,7 @@ mod rejection;
 
 pub use handler::{IdempotentHandler, IdempotentHandlerLayer};
 pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey};
-pub use layer::{IdempotencyLayer, IdempotencyService};
+pub use layer::{IdempotencyLayer, IdempotencyService, status_routes};
 pub use principal::Principal;
 pub use problem::{
     DEFAULT_TYPE_BASE, Problem, STORE_RETRY_AFTER, error_response, set_type_base, type_uri, types,

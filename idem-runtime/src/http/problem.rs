@@ -43,6 +43,12 @@ pub mod types {
     /// 429: this caller started more new idempotent requests than the layer's claim
     /// limit allows; retry after `Retry-After` (replays are not limited).
     pub const TOO_MANY_CLAIMS: &str = "too-many-claims";
+    /// 404: no operation of the caller's has this status URL (the status resource,
+    /// [`status_routes`](crate::http::status_routes)).
+    pub const NO_SUCH_OPERATION: &str = "no-such-operation";
+    /// 409: an accepted operation's process stopped before it ended; retry the
+    /// original request to resume it.
+    pub const OPERATION_INTERRUPTED: &str = "operation-interrupted";
     /// 500: the route runs idempotent requests but no principal was set by the
     /// application's authentication (a wiring error; never run under a global scope).
     pub const NO_PRINCIPAL: &str = "no-principal";

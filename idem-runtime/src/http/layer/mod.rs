@@ -21,8 +21,10 @@ use codec::{ENVELOPE_BYTES, cap_for, largest_recordable};
 mod codec;
 mod record;
 mod service;
+mod status;
 
 pub use service::IdempotencyService;
+pub use status::status_routes;
 
 /// Makes the requests below it idempotent by their `Idempotency-Key` header, without
 /// touching handlers.
@@ -130,7 +132,27 @@ struct Config {
     spawn: bool,
     /// How long each route's requests take: the `Retry-After` of a 409.
     durations: Arc<Durations>,
+    /// Requests answered `202` once they outlive a bound, when the routes accept them.
+    accept: Option<Accept>,
 }
+
+/// How a layer accepts long requests: after how long, where their status is, and the
+/// handlers it lets run on detached at once.
+#[derive(Clone, Debug)]
+struct Accept {
+    after: Duration,
+    /// The path the status resource is nested at, without its trailing `/`.
+    path: String,
+    /// The status token's key.
+    secret: Arc<[u8]>,
+    /// One permit a detached handler; `max` in all.
+    detached: Arc<tokio::sync::Semaphore>,
+    max: usize,
+}
+
+/// Detached handlers a layer lets run at once unless
+/// [`max_detached`](IdempotencyLayer::max_detached) says otherwise.
+const DEFAULT_MAX_DETACHED: usize = 1024;
 
 impl IdempotencyLayer {
     /// The layer over `idem`'s store, with the defaults: operations named per route,
@@ -181,6 +203,7 @@ impl IdempotencyLayer {
                 render: None,
                 spawn: true,
                 durations: Arc::default(),
+                accept: None,
             },
         }
     }
@@ -494,6 +517,121 @@ impl IdempotencyLayer {
     {
         self.cfg.render = Some(Render(Arc::new(render)));
         self
+    }
+
+    /// Answers a request whose handler has not finished within `after` with `202
+    /// Accepted`, a `Location` naming its status resource and a `Retry-After`, and lets
+    /// the handler run on, detached from the connection: its claim renewed, its response
+    /// recorded when it ends, which the status resource ([`status_routes`]) then serves.
+    /// A handler that ends in time answers as without this. A duplicate that arrives
+    /// while the operation runs gets the same `202` and `Location` instead of the
+    /// in-flight answer; another payload under the key is still a 422.
+    ///
+    /// At most [`max_detached`](Self::max_detached) handlers run detached at once; past
+    /// that a request is answered as any other in flight (it waits for its handler).
+    /// Mount the status resource at [`status_path`](Self::status_path) (`/operations`
+    /// by default), inside the same auth layer, and give the `Idem` a
+    /// [`status_secret`](crate::IdemBuilder::status_secret) (or a `hash_keys` secret),
+    /// which keys the status URLs. On shutdown, [`drain`](Self::drain) waits for the
+    /// detached handlers; one still running when the process stops is left to its
+    /// lease, and the client's retry of the original request takes it over.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, routing::post};
+    /// use idem_runtime::Idem;
+    /// use idem_runtime::http::{IdempotencyLayer, status_routes};
+    /// # async fn payout() {}
+    ///
+    /// let idem = Idem::builder().status_secret("x".repeat(32)).memory();
+    /// let layer = IdempotencyLayer::new(idem.clone()).accept_after(Duration::from_secs(2));
+    /// let app: Router = Router::new()
+    ///     .route("/payouts", post(payout))
+    ///     .layer(layer.clone())
+    ///     .nest("/operations", status_routes(&idem));
+    /// // In the auth layer's place: `.layer(auth)` around both.
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the `Idem` has neither a `status_secret` nor a `hash_keys` secret.
+    pub fn accept_after(mut self, after: Duration) -> Self {
+        let Some(secret) = self.cfg.idem.status_secret() else {
+            panic!(
+                "IdempotencyLayer::accept_after: the status URLs are keyed with a secret; \
+                 set `IdemBuilder::status_secret` (or `hash_keys`) on the `Idem`"
+            );
+        };
+        let (path, max) = match &self.cfg.accept {
+            Some(a) => (a.path.clone(), a.max),
+            None => ("/operations".to_owned(), DEFAULT_MAX_DETACHED),
+        };
+        self.cfg.accept = Some(Accept {
+            after,
+            path,
+            secret: secret.into(),
+            detached: Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+        });
+        self
+    }
+
+    /// Where the status resource of accepted requests is nested (default
+    /// `/operations`): their `Location` is this path, `/`, and the token. Call after
+    /// [`accept_after`](Self::accept_after).
+    ///
+    /// # Panics
+    ///
+    /// Before `accept_after`.
+    pub fn status_path(mut self, path: &str) -> Self {
+        let accept = self.cfg.accept.as_mut().expect(
+            "IdempotencyLayer::status_path: call `accept_after` first; without it no \
+             request is accepted",
+        );
+        accept.path = path.trim_end_matches('/').to_owned();
+        self
+    }
+
+    /// How many handlers may run detached at once (default 1024). Call after
+    /// [`accept_after`](Self::accept_after).
+    ///
+    /// # Panics
+    ///
+    /// Before `accept_after`.
+    pub fn max_detached(mut self, max: usize) -> Self {
+        let accept = self.cfg.accept.as_mut().expect(
+            "IdempotencyLayer::max_detached: call `accept_after` first; without it no \
+             handler runs detached",
+        );
+        accept.max = max;
+        accept.detached = Arc::new(tokio::sync::Semaphore::new(max));
+        self
+    }
+
+    /// Waits, up to `within`, for the handlers this layer (and its clones) detached to
+    /// end; `true` if none is left. Call it once the server stopped taking requests,
+    /// such as after axum's `serve(..).with_graceful_shutdown(..)` returned: a handler
+    /// still running after it is left to its lease.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use idem_runtime::{Idem, http::IdempotencyLayer};
+    /// # async fn f(listener: tokio::net::TcpListener, app: axum::Router, layer: IdempotencyLayer) {
+    /// axum::serve(listener, app)
+    ///     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
+    ///     .await
+    ///     .unwrap();
+    /// layer.drain(Duration::from_secs(30)).await;
+    /// # }
+    /// ```
+    pub async fn drain(&self, within: Duration) -> bool {
+        let Some(accept) = &self.cfg.accept else {
+            return true;
+        };
+        let all = u32::try_from(accept.max).unwrap_or(u32::MAX);
+        tokio::time::timeout(within, accept.detached.acquire_many(all))
+            .await
+            .is_ok_and(|permits| permits.is_ok())
     }
 
     /// Whether a request runs on when its client disconnects (default `true`).

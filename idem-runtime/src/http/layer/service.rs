@@ -18,16 +18,18 @@ use tower::{Layer, Service};
 
 use super::codec::{RECORD_VERSION, upgrade};
 use super::record::{NotRecorded, disposition, record};
-use super::{Config, IdempotencyLayer};
+use super::{Config, IdempotencyLayer, status};
 use crate::context::observe;
 use crate::http::canonical::{BodyKind, Json, body_kind, canonical_form, content_types};
-use crate::http::handler::run_spawned;
+use crate::error::IdemError;
+use crate::http::handler::{joined, run_spawned};
 use crate::http::key::{IDEMPOTENT_REPLAYED, IdempotencyKey, ReplayHeaderSet};
 use crate::http::limits::{Buffered, read_body};
 use crate::http::principal::Principal;
 use crate::http::problem::{Problem, in_flight_for, log_server_side};
 use crate::http::rejection::KeyRejection;
 use crate::op::MAX_KEY_BYTES;
+use crate::store::OperationId;
 
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
@@ -151,6 +153,18 @@ where
         }
         (None, _) => op.fingerprint_part("body_sha256", &Sha256::digest(&buffered.bytes)[..]),
     };
+    // An accepting route's status URL: the same for every duplicate.
+    let accepting = (cfg.accept.as_ref()).map(|accept| {
+        let id = op.id().clone();
+        let token = status::token(&accept.secret, &id);
+        let location = format!("{}/{token}", accept.path);
+        Accepting {
+            id,
+            token,
+            location,
+            principal: principal.clone(),
+        }
+    });
     let (route, timed) = (name.clone(), name.clone());
     let op = op
         .version(RECORD_VERSION)
@@ -177,10 +191,15 @@ where
         drop(permit);
         out
     };
-    let (out, info) = if cfg.spawn {
-        run_spawned(call).await
-    } else {
-        call.await
+    let (out, info) = match (&cfg.accept, &accepting) {
+        (Some(accept), Some(accepting)) => {
+            match run_accepting(&cfg, accept, accepting, call).await {
+                Ok(ran) => ran,
+                Err(accepted) => return accepted,
+            }
+        }
+        _ if cfg.spawn => run_spawned(call).await,
+        _ => call.await,
     };
     match out {
         Ok(recorded) => {
@@ -197,6 +216,14 @@ where
         }
         Err(NotRecorded::Released(res)) => res,
         Err(NotRecorded::Unrecordable) => cfg.answer(Problem::outcome_unknown()),
+        // A duplicate of an operation still running, on an accepting route: where
+        // to ask for it.
+        Err(NotRecorded::Idem(IdemError::InFlight { .. }))
+            if let (Some(accept), Some(accepting)) = (&cfg.accept, &accepting)
+                && accepting.track(&cfg).await =>
+        {
+            status::accepted(Some(&accepting.location), accept.after)
+        }
         Err(NotRecorded::Idem(e)) => {
             let mut problem = Problem::from(&e);
             log_server_side(&e, &problem);
@@ -206,6 +233,61 @@ where
             cfg.answer(problem)
         }
     }
+}
+
+/// What an accepting route needs to answer `202`: the operation, its status token and
+/// URL, and whose it is.
+struct Accepting {
+    id: OperationId,
+    token: String,
+    location: String,
+    principal: Principal,
+}
+
+impl Accepting {
+    /// Records the way from the token to the operation; `false` if the store refused,
+    /// so the request is answered as though the route did not accept it.
+    async fn track(&self, cfg: &Config) -> bool {
+        let retain = cfg.retain;
+        let tracked = status::track(&cfg.idem, &self.principal, &self.token, &self.id, retain);
+        match tracked.await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record a status URL; answering as in flight");
+                false
+            }
+        }
+    }
+}
+
+/// Runs the request's `call` in its own task; if it has not ended after the route's
+/// bound and a detached slot is free, answers `202` (the `Err`) and lets it run on.
+async fn run_accepting<F>(
+    cfg: &Config,
+    accept: &super::Accept,
+    accepting: &Accepting,
+    call: F,
+) -> Result<F::Output, Response>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut task = tokio::spawn(call);
+    if let Ok(ended) = tokio::time::timeout(accept.after, &mut task).await {
+        return Ok(joined(ended));
+    }
+    let Ok(permit) = accept.detached.clone().try_acquire_owned() else {
+        return Ok(joined(task.await));
+    };
+    if !accepting.track(cfg).await {
+        return Ok(joined(task.await));
+    }
+    // The slot is the task's until it ends; `drain` waits for every slot.
+    tokio::spawn(async move {
+        let _ = task.await;
+        drop(permit);
+    });
+    Err(status::accepted(Some(&accepting.location), accept.after))
 }
 
 /// The operation's name: the layer's own if it has one, else the method and the route

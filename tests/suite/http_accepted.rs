@@ -1,0 +1,220 @@
+//! Long-running requests over HTTP (`IdempotencyLayer::accept_after`), through reqwest
+//! against a real server, on SQLite and PostgreSQL: a slow handler is answered 202 with
+//! a status URL, a duplicate gets the same URL, another principal's GET is a 404, and the
+//! status resource turns from 202 to the recorded 201 once the handler ends; a handler
+//! that ends in time answers as usual.
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_runtime::http::{IdempotencyLayer, Principal, status_routes};
+use idem_runtime::{Idem, IdemBuilder};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// The payouts route: counts its runs, and waits until `release` says `true`.
+#[derive(Clone)]
+struct Payouts {
+    runs: Arc<AtomicUsize>,
+    release: watch::Receiver<bool>,
+}
+
+async fn payout(State(app): State<Payouts>, Json(body): Json<Value>) -> Response {
+    let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut release = app.release.clone();
+    let _ = release.wait_for(|go| *go).await;
+    let id = format!("po_{run}");
+    (
+        StatusCode::CREATED,
+        [("location", format!("/payouts/{id}"))],
+        Json(json!({"id": id, "cents": body["cents"]})),
+    )
+        .into_response()
+}
+
+/// The bearer token is the principal (a stand-in for real authentication).
+async fn auth(mut req: Request, next: Next) -> Response {
+    let who = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    match who {
+        Some(who) => {
+            req.extensions_mut().insert(Principal::new(who));
+            next.run(req).await
+        }
+        None => StatusCode::UNAUTHORIZED.into_response(),
+    }
+}
+
+struct Server {
+    base: String,
+    runs: Arc<AtomicUsize>,
+    release: watch::Sender<bool>,
+    client: reqwest::Client,
+    layer: IdempotencyLayer,
+}
+
+impl Server {
+    async fn start(idem: Idem, after: Duration) -> Server {
+        let (release, rx) = watch::channel(false);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let layer = IdempotencyLayer::new(idem.clone()).accept_after(after);
+        let app = Router::new()
+            .route("/payouts", post(payout))
+            .with_state(Payouts {
+                runs: runs.clone(),
+                release: rx,
+            })
+            .layer(layer.clone())
+            .nest("/operations", status_routes(&idem))
+            .layer(middleware::from_fn(auth));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Server {
+            base,
+            runs,
+            release,
+            client: reqwest::Client::new(),
+            layer,
+        }
+    }
+
+    async fn post(&self, who: &str, key: &str, cents: u64) -> reqwest::Response {
+        self.client
+            .post(format!("{}/payouts", self.base))
+            .bearer_auth(who)
+            .header("idempotency-key", key)
+            .json(&json!({"cents": cents}))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn get(&self, who: &str, location: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{location}", self.base))
+            .bearer_auth(who)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+fn location(res: &reqwest::Response) -> String {
+    res.headers()
+        .get("location")
+        .expect("a Location")
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn a_slow_handler_is_accepted_and_its_status_follows_it(idem: Idem) {
+    let server = Server::start(idem, Duration::from_millis(200)).await;
+    let first = server.post("alice", "payout-1", 500).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    assert!(first.headers().contains_key("retry-after"));
+    let status_url = location(&first);
+    assert!(status_url.starts_with("/operations/"), "{status_url}");
+    let body: Value = first.json().await.unwrap();
+    assert_eq!(body["status"], "pending");
+    // While it runs: the status says so, a duplicate is pointed at the same status,
+    // and another principal cannot see it.
+    let pending = server.get("alice", &status_url).await;
+    assert_eq!(pending.status(), StatusCode::ACCEPTED);
+    assert!(pending.headers().contains_key("retry-after"));
+    let duplicate = server.post("alice", "payout-1", 500).await;
+    assert_eq!(duplicate.status(), StatusCode::ACCEPTED);
+    assert_eq!(location(&duplicate), status_url);
+    let mismatch = server.post("alice", "payout-1", 999).await;
+    assert_eq!(mismatch.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(server.get("mallory", &status_url).await.status(), StatusCode::NOT_FOUND);
+    let unknown = "/operations/AAAAAAAAAAAAAAAAAAAAAA";
+    assert_eq!(server.get("alice", unknown).await.status(), StatusCode::NOT_FOUND);
+    // The handler ends: the status resource serves its recorded response.
+    server.release.send(true).unwrap();
+    let done = loop {
+        let res = server.get("alice", &status_url).await;
+        if res.status() != StatusCode::ACCEPTED {
+            break res;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(done.status(), StatusCode::CREATED);
+    assert_eq!(done.headers()["idempotent-replayed"], "true");
+    assert_eq!(done.headers()["location"], "/payouts/po_1");
+    let body: Value = done.json().await.unwrap();
+    assert_eq!(body, json!({"id": "po_1", "cents": 500}));
+    // The original request's retry replays it too; the handler ran once.
+    let retry = server.post("alice", "payout-1", 500).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
+    assert!(server.layer.drain(Duration::from_secs(30)).await);
+}
+
+async fn a_handler_that_ends_in_time_answers_as_usual(idem: Idem) {
+    let server = Server::start(idem, Duration::from_secs(60)).await;
+    server.release.send(true).unwrap();
+    let res = server.post("alice", "payout-2", 700).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert!(!res.headers().contains_key("idempotent-replayed"));
+}
+
+async fn sqlite(test: &str) -> (Idem, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join(format!("{test}.db")).display());
+    (builder().sqlite(&url).await.unwrap(), dir)
+}
+
+fn builder() -> IdemBuilder {
+    Idem::builder().status_secret([7u8; 32])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_accepts_a_slow_handler() {
+    let (idem, _dir) = sqlite("accepts").await;
+    a_slow_handler_is_accepted_and_its_status_follows_it(idem).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_answers_a_quick_handler_as_usual() {
+    let (idem, _dir) = sqlite("quick").await;
+    a_handler_that_ends_in_time_answers_as_usual(idem).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_accepts_a_slow_handler() {
+    let test = "postgres_accepts_a_slow_handler";
+    if common::postgres_skip(test).is_some() {
+        return;
+    }
+    let table = common::unique_table(test);
+    let idem = builder()
+        .table(table.clone())
+        .postgres(&common::postgres_url())
+        .await
+        .unwrap();
+    a_slow_handler_is_accepted_and_its_status_follows_it(idem).await;
+    common::Cleanup::for_table(&table).run().await;
+}
+
+#[test]
+#[should_panic(expected = "set `IdemBuilder::status_secret`")]
+fn accepting_without_a_secret_is_refused() {
+    let _ = IdempotencyLayer::new(Idem::memory()).accept_after(Duration::from_secs(1));
+}
