@@ -141,9 +141,15 @@ async fn a_slow_handler_is_accepted_and_its_status_follows_it(idem: Idem) {
     assert_eq!(location(&duplicate), status_url);
     let mismatch = server.post("alice", "payout-1", 999).await;
     assert_eq!(mismatch.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(server.get("mallory", &status_url).await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        server.get("mallory", &status_url).await.status(),
+        StatusCode::NOT_FOUND
+    );
     let unknown = "/operations/AAAAAAAAAAAAAAAAAAAAAA";
-    assert_eq!(server.get("alice", unknown).await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        server.get("alice", unknown).await.status(),
+        StatusCode::NOT_FOUND
+    );
     // The handler ends: the status resource serves its recorded response.
     server.release.send(true).unwrap();
     let done = loop {
@@ -176,7 +182,10 @@ async fn a_handler_that_ends_in_time_answers_as_usual(idem: Idem) {
 
 async fn sqlite(test: &str) -> (Idem, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join(format!("{test}.db")).display());
+    let url = format!(
+        "sqlite://{}",
+        dir.path().join(format!("{test}.db")).display()
+    );
     (builder().sqlite(&url).await.unwrap(), dir)
 }
 
@@ -217,4 +226,167 @@ async fn postgres_accepts_a_slow_handler() {
 #[should_panic(expected = "set `IdemBuilder::status_secret`")]
 fn accepting_without_a_secret_is_refused() {
     let _ = IdempotencyLayer::new(Idem::memory()).accept_after(Duration::from_secs(1));
+}
+
+/// The payouts worker (`tests/bin/payouts_worker.rs`): a server in its own process, to
+/// kill.
+#[cfg(feature = "postgres")]
+struct PayoutsWorker {
+    child: tokio::process::Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    base: String,
+}
+
+#[cfg(feature = "postgres")]
+impl PayoutsWorker {
+    async fn start(table: &str, runs: &str, hang: bool) -> PayoutsWorker {
+        use tokio::io::AsyncBufReadExt;
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-payouts-worker"));
+        cmd.args([
+            "--url",
+            &common::postgres_url(),
+            "--table",
+            table,
+            "--runs",
+            runs,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+        if hang {
+            cmd.arg("--hang");
+        }
+        let mut child = cmd.spawn().expect("start the payouts worker");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                let _ = tx.send(line);
+            }
+        });
+        let first = lines
+            .recv()
+            .await
+            .expect("the worker exited before serving");
+        let addr = first
+            .strip_prefix("listening ")
+            .expect("a `listening` line");
+        PayoutsWorker {
+            child,
+            lines,
+            base: format!("http://{addr}"),
+        }
+    }
+
+    async fn line(&mut self) -> String {
+        self.lines.recv().await.expect("the worker exited")
+    }
+
+    async fn kill9(mut self) {
+        let pid = self.child.id().expect("running").to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status();
+        assert!(killed.unwrap().success());
+        assert!(!self.child.wait().await.unwrap().success());
+    }
+}
+
+/// A process killed while its accepted handler runs leaves the claim to its lease; the
+/// status resource then says the operation was interrupted, the client's retry of the
+/// original request after the lease runs the handler once more at a higher epoch, and
+/// the status resource serves that outcome.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_while_detached_is_taken_over_by_the_retry() {
+    let test = "http_accepted_kill9";
+    if common::postgres_skip(test).is_some() {
+        return;
+    }
+    let table = common::unique_table(test);
+    let runs = format!("{table}_payout_runs");
+    let pool = sqlx::PgPool::connect(&common::postgres_url())
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE {runs} (key TEXT NOT NULL, epoch BIGINT NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let post = |base: String| {
+        client
+            .post(format!("{base}/payouts"))
+            .bearer_auth("alice")
+            .header("idempotency-key", "payout-9")
+            .json(&json!({"cents": 900}))
+            .send()
+    };
+    let get = |base: String, location: String| {
+        client
+            .get(format!("{base}{location}"))
+            .bearer_auth("alice")
+            .send()
+    };
+
+    let mut a = PayoutsWorker::start(&table, &runs, true).await;
+    let accepted = post(a.base.clone()).await.unwrap();
+    assert_eq!(accepted.status(), StatusCode::ACCEPTED);
+    let status_url = location(&accepted);
+    let ran = a.line().await;
+    assert!(ran.starts_with("ran payout-9 "), "{ran}");
+    assert_eq!(
+        get(a.base.clone(), status_url.clone())
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::ACCEPTED
+    );
+    a.kill9().await;
+
+    let b = PayoutsWorker::start(&table, &runs, false).await;
+    // Until the lease lapses the operation still looks pending; then interrupted.
+    let interrupted = loop {
+        let res = get(b.base.clone(), status_url.clone()).await.unwrap();
+        if res.status() != StatusCode::ACCEPTED {
+            break res;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(interrupted.status(), StatusCode::CONFLICT);
+    let problem: Value = interrupted.json().await.unwrap();
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("operation-interrupted"),
+        "{problem}"
+    );
+    let retried = post(b.base.clone()).await.unwrap();
+    assert_eq!(retried.status(), StatusCode::CREATED);
+    let done = get(b.base.clone(), status_url).await.unwrap();
+    assert_eq!(done.status(), StatusCode::CREATED);
+    assert_eq!(done.headers()["idempotent-replayed"], "true");
+    let body: Value = done.json().await.unwrap();
+    let epochs: Vec<i64> = sqlx::query_scalar(&format!("SELECT epoch FROM {runs} ORDER BY epoch"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        epochs.len(),
+        2,
+        "the handler ran once in each process: {epochs:?}"
+    );
+    assert!(epochs[0] < epochs[1], "{epochs:?}");
+    assert_eq!(
+        body["epoch"],
+        json!(epochs[1]),
+        "the status serves the retry's outcome"
+    );
+    sqlx::query(&format!("DROP TABLE {runs}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    common::Cleanup::for_table(&table).run().await;
 }

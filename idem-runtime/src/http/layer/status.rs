@@ -142,10 +142,20 @@ async fn status(State(idem): State<Idem>, Path(token): Path<String>, req: Reques
     }
 }
 
-async fn lookup(idem: &Idem, principal: &Principal, token: &str) -> Result<Response, crate::IdemError> {
-    let not_found = || Problem::of(StatusCode::NOT_FOUND, types::NO_SUCH_OPERATION, "No such operation")
+async fn lookup(
+    idem: &Idem,
+    principal: &Principal,
+    token: &str,
+) -> Result<Response, crate::IdemError> {
+    let not_found = || {
+        Problem::of(
+            StatusCode::NOT_FOUND,
+            types::NO_SUCH_OPERATION,
+            "No such operation",
+        )
         .detail("no operation of yours has this status URL, or it is no longer kept")
-        .into_response();
+        .into_response()
+    };
     // A token is URL-safe base64 of 16 bytes; anything else names nothing.
     if token.len() != 22 || URL_SAFE_NO_PAD.decode(token).is_err() {
         return Ok(not_found());
@@ -155,13 +165,17 @@ async fn lookup(idem: &Idem, principal: &Principal, token: &str) -> Result<Respo
     let Some(detail) = idem.get(&tracker_id).await? else {
         return Ok(not_found());
     };
-    let Some(outcome) = detail.outcome.filter(|_| detail.info.state == RecordState::Completed) else {
+    let Some(outcome) = detail
+        .outcome
+        .filter(|_| detail.info.state == RecordState::Completed)
+    else {
         return Ok(not_found());
     };
-    let tracked: Tracked = serde_json::from_slice(&outcome.body).map_err(|e| crate::IdemError::Codec {
-        name: TRACKER.into(),
-        message: format!("cannot read a status record: {e}"),
-    })?;
+    let tracked: Tracked =
+        serde_json::from_slice(&outcome.body).map_err(|e| crate::IdemError::Codec {
+            name: TRACKER.into(),
+            message: format!("cannot read a status record: {e}"),
+        })?;
     let id = OperationId {
         scope: tracker_id.scope,
         name: tracked.name,
