@@ -68,9 +68,17 @@ struct Server {
 
 impl Server {
     async fn start(idem: Idem, after: Duration) -> Server {
+        Server::start_with(idem, after, |layer| layer).await
+    }
+
+    async fn start_with(
+        idem: Idem,
+        after: Duration,
+        f: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
+    ) -> Server {
         let (release, rx) = watch::channel(false);
         let runs = Arc::new(AtomicUsize::new(0));
-        let layer = IdempotencyLayer::new(idem.clone()).accept_after(after);
+        let layer = f(IdempotencyLayer::new(idem.clone()).accept_after(after));
         let app = Router::new()
             .route("/payouts", post(payout))
             .with_state(Payouts {
@@ -178,6 +186,36 @@ async fn a_handler_that_ends_in_time_answers_as_usual(idem: Idem) {
     let res = server.post("alice", "payout-2", 700).await;
     assert_eq!(res.status(), StatusCode::CREATED);
     assert!(!res.headers().contains_key("idempotent-replayed"));
+}
+
+/// Past `max_detached`, a slow request is answered as any other: when its handler ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_detached_bound_a_request_waits_for_its_handler() {
+    let (idem, _dir) = sqlite("bound").await;
+    let server = Server::start_with(idem, Duration::from_millis(100), |l| l.max_detached(1)).await;
+    let first = server.post("alice", "payout-a", 1).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let second = {
+        let (client, base) = (server.client.clone(), server.base.clone());
+        tokio::spawn(async move {
+            client
+                .post(format!("{base}/payouts"))
+                .bearer_auth("alice")
+                .header("idempotency-key", "payout-b")
+                .json(&json!({"cents": 2}))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    // Both handlers are running; only the first was detached.
+    while server.runs.load(Ordering::SeqCst) < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.release.send(true).unwrap();
+    let second = second.await.unwrap();
+    assert_eq!(second.status(), StatusCode::CREATED);
+    assert!(server.layer.drain(Duration::from_secs(30)).await);
 }
 
 async fn sqlite(test: &str) -> (Idem, tempfile::TempDir) {
