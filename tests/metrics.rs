@@ -349,6 +349,7 @@ fn describe_gives_every_metric_a_description_and_a_unit() {
         m::REPLAYS,
         m::MISMATCHES,
         m::IN_FLIGHT,
+        m::RATE_LIMITED,
         m::TAKEOVERS,
         m::FENCED,
         m::UNKNOWN,
