@@ -11,6 +11,9 @@ use crate::store::OperationId;
 tokio::task_local! {
     static BODY: Body;
     static OBSERVED: Cell<Option<CallInfo>>;
+    /// Where a handler layer that accepts long requests learns which operation its
+    /// handler claimed or found in flight (`IdempotentHandlerLayer::accept_after`).
+    static WATCHED: Watched;
     /// The step whose closure is running. A scope of its own (not a field of `Body`) so
     /// that steps joined concurrently each see their own label; it names the body it
     /// belongs to, so a body nested in a step's closure sees none.
@@ -242,6 +245,45 @@ pub(crate) async fn scope_body<F: Future>(
         }),
     )
     .await
+}
+
+/// The operation a watched handler's first idempotent call is about: the `Idem` it ran
+/// on, its identity and retention.
+#[derive(Clone)]
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+pub(crate) struct Watch {
+    pub(crate) idem: crate::Idem,
+    pub(crate) id: Arc<OperationId>,
+    pub(crate) retain: std::time::Duration,
+}
+
+/// A handler's [`Watch`], once its first idempotent call claimed or met its operation.
+pub(crate) type Watched = Arc<std::sync::Mutex<Option<Watch>>>;
+
+/// Runs `fut` with `slot` told of the first operation an idempotent call in it claims
+/// or finds in flight.
+#[cfg(feature = "axum")]
+pub(crate) async fn watch<F: Future>(slot: Watched, fut: F) -> F::Output {
+    WATCHED.scope(slot, fut).await
+}
+
+/// Tells a watching handler layer, if any, which operation this call is about (the
+/// first call only: later and nested ones are not the request's).
+pub(crate) fn report_operation(
+    idem: &crate::Idem,
+    id: impl FnOnce() -> Arc<OperationId>,
+    retain: std::time::Duration,
+) {
+    let _ = WATCHED.try_with(|slot| {
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(Watch {
+                idem: idem.clone(),
+                id: id(),
+                retain,
+            });
+        }
+    });
 }
 
 /// How an idempotent call was answered, as [`observe`] reports it.

@@ -428,3 +428,118 @@ async fn a_process_killed_while_detached_is_taken_over_by_the_retry() {
         .unwrap();
     common::Cleanup::for_table(&table).run().await;
 }
+
+/// The handler style: an `#[idempotent]` handler behind
+/// `IdempotentHandlerLayer::accept_after`.
+mod handler_style {
+    use super::*;
+    use idem_runtime::http::{IdempotencyKey, IdempotentHandlerLayer};
+    use idem_runtime::{IdemError, idempotent};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Clone)]
+    struct App {
+        idem: Idem,
+        runs: Arc<AtomicUsize>,
+        release: watch::Receiver<bool>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Payout {
+        id: String,
+        cents: u64,
+    }
+
+    impl IntoResponse for Payout {
+        fn into_response(self) -> Response {
+            (StatusCode::CREATED, Json(self)).into_response()
+        }
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct PayoutRequest {
+        cents: u64,
+    }
+
+    #[idempotent(store = app.idem, key = key, scope = principal, retain = "1h")]
+    async fn accepted_payout(
+        #[idem(skip)] State(app): State<App>,
+        #[idem(skip)] principal: Principal,
+        #[idem(skip)] key: IdempotencyKey,
+        Json(req): Json<PayoutRequest>,
+    ) -> Result<Payout, IdemError> {
+        let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut release = app.release.clone();
+        let _ = release.wait_for(|go| *go).await;
+        Ok(Payout {
+            id: format!("po_{run}"),
+            cents: req.cents,
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idempotent_handler_is_accepted_and_its_status_follows_it() {
+        let (idem, _dir) = sqlite("handler_style").await;
+        let (release, rx) = watch::channel(false);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let layer = IdempotentHandlerLayer::new().accept_after(Duration::from_millis(200));
+        let app = Router::new()
+            .route("/payouts", post(accepted_payout))
+            .with_state(App {
+                idem: idem.clone(),
+                runs: runs.clone(),
+                release: rx,
+            })
+            .layer(layer.clone())
+            .nest("/operations", status_routes(&idem))
+            .layer(middleware::from_fn(auth));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client = reqwest::Client::new();
+        let post = || {
+            client
+                .post(format!("{base}/payouts"))
+                .bearer_auth("alice")
+                .header("idempotency-key", "payout-h")
+                .json(&json!({"cents": 300}))
+                .send()
+        };
+        let get = |who: &'static str, location: String| {
+            client
+                .get(format!("{base}{location}"))
+                .bearer_auth(who)
+                .send()
+        };
+        let first = post().await.unwrap();
+        assert_eq!(first.status(), StatusCode::ACCEPTED);
+        let status_url = location(&first);
+        let duplicate = post().await.unwrap();
+        assert_eq!(duplicate.status(), StatusCode::ACCEPTED);
+        assert_eq!(location(&duplicate), status_url);
+        let pending = get("alice", status_url.clone()).await.unwrap();
+        assert_eq!(pending.status(), StatusCode::ACCEPTED);
+        let other = get("mallory", status_url.clone()).await.unwrap();
+        assert_eq!(other.status(), StatusCode::NOT_FOUND);
+        release.send(true).unwrap();
+        let done = loop {
+            let res = get("alice", status_url.clone()).await.unwrap();
+            if res.status() != StatusCode::ACCEPTED {
+                break res;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(done.status(), StatusCode::OK);
+        assert_eq!(done.headers()["idempotent-replayed"], "true");
+        let body: Value = done.json().await.unwrap();
+        assert_eq!(
+            body,
+            json!({"status": "completed", "outcome": {"id": "po_1", "cents": 300}})
+        );
+        let replay = post().await.unwrap();
+        assert_eq!(replay.status(), StatusCode::CREATED);
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(layer.drain(Duration::from_secs(30)).await);
+    }
+}

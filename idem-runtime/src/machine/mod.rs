@@ -190,6 +190,7 @@ where
                     // the body holds, and small enough for the allocator's per-thread
                     // cache when a task or a framework boxes it.
                     Decided::Execute(epoch, at) => {
+                        context::report_operation(&self.idem, || id.shared(), self.op.retain);
                         Box::pin(self.execute(epoch, at, body, &span)).await
                     }
                 }
@@ -347,6 +348,7 @@ where
 
     fn in_flight(&self, retry_after: Duration) -> IdemError {
         metrics::count(metrics::IN_FLIGHT, self.name());
+        context::report_operation(&self.idem, || self.op.id.shared(), self.op.retain);
         IdemError::InFlight {
             name: self.name().to_owned(),
             retry_after,

@@ -21,7 +21,7 @@ use codec::{ENVELOPE_BYTES, cap_for, largest_recordable};
 mod codec;
 mod record;
 mod service;
-mod status;
+pub(super) mod status;
 
 pub use service::IdempotencyService;
 pub use status::status_routes;
@@ -133,26 +133,8 @@ struct Config {
     /// How long each route's requests take: the `Retry-After` of a 409.
     durations: Arc<Durations>,
     /// Requests answered `202` once they outlive a bound, when the routes accept them.
-    accept: Option<Accept>,
+    accept: Option<status::Accept>,
 }
-
-/// How a layer accepts long requests: after how long, where their status is, and the
-/// handlers it lets run on detached at once.
-#[derive(Clone, Debug)]
-struct Accept {
-    after: Duration,
-    /// The path the status resource is nested at, without its trailing `/`.
-    path: String,
-    /// The status token's key.
-    secret: Arc<[u8]>,
-    /// One permit a detached handler; `max` in all.
-    detached: Arc<tokio::sync::Semaphore>,
-    max: usize,
-}
-
-/// Detached handlers a layer lets run at once unless
-/// [`max_detached`](IdempotencyLayer::max_detached) says otherwise.
-const DEFAULT_MAX_DETACHED: usize = 1024;
 
 impl IdempotencyLayer {
     /// The layer over `idem`'s store, with the defaults: operations named per route,
@@ -556,23 +538,12 @@ impl IdempotencyLayer {
     ///
     /// If the `Idem` has neither a `status_secret` nor a `hash_keys` secret.
     pub fn accept_after(mut self, after: Duration) -> Self {
-        let Some(secret) = self.cfg.idem.status_secret() else {
-            panic!(
-                "IdempotencyLayer::accept_after: the status URLs are keyed with a secret; \
-                 set `IdemBuilder::status_secret` (or `hash_keys`) on the `Idem`"
-            );
-        };
-        let (path, max) = match &self.cfg.accept {
-            Some(a) => (a.path.clone(), a.max),
-            None => ("/operations".to_owned(), DEFAULT_MAX_DETACHED),
-        };
-        self.cfg.accept = Some(Accept {
-            after,
-            path,
-            secret: secret.into(),
-            detached: Arc::new(tokio::sync::Semaphore::new(max)),
-            max,
-        });
+        assert!(
+            self.cfg.idem.status_secret().is_some(),
+            "IdempotencyLayer::accept_after: the status URLs are keyed with a secret; set \
+             `IdemBuilder::status_secret` (or `hash_keys`) on the `Idem`"
+        );
+        self.cfg.accept = Some(status::Accept::new(after, self.cfg.accept.take()));
         self
     }
 
@@ -588,7 +559,7 @@ impl IdempotencyLayer {
             "IdempotencyLayer::status_path: call `accept_after` first; without it no \
              request is accepted",
         );
-        accept.path = path.trim_end_matches('/').to_owned();
+        accept.set_path(path);
         self
     }
 
@@ -603,8 +574,7 @@ impl IdempotencyLayer {
             "IdempotencyLayer::max_detached: call `accept_after` first; without it no \
              handler runs detached",
         );
-        accept.max = max;
-        accept.detached = Arc::new(tokio::sync::Semaphore::new(max));
+        accept.set_max(max);
         self
     }
 
@@ -625,13 +595,10 @@ impl IdempotencyLayer {
     /// # }
     /// ```
     pub async fn drain(&self, within: Duration) -> bool {
-        let Some(accept) = &self.cfg.accept else {
-            return true;
-        };
-        let all = u32::try_from(accept.max).unwrap_or(u32::MAX);
-        tokio::time::timeout(within, accept.detached.acquire_many(all))
-            .await
-            .is_ok_and(|permits| permits.is_ok())
+        match &self.cfg.accept {
+            Some(accept) => accept.drain(within).await,
+            None => true,
+        }
     }
 
     /// Whether a request runs on when its client disconnects (default `true`).

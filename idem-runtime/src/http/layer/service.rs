@@ -22,14 +22,13 @@ use super::{Config, IdempotencyLayer, status};
 use crate::context::observe;
 use crate::error::IdemError;
 use crate::http::canonical::{BodyKind, Json, body_kind, canonical_form, content_types};
-use crate::http::handler::{joined, run_spawned};
+use crate::http::handler::run_spawned;
 use crate::http::key::{IDEMPOTENT_REPLAYED, IdempotencyKey, ReplayHeaderSet};
 use crate::http::limits::{Buffered, read_body};
 use crate::http::principal::Principal;
 use crate::http::problem::{Problem, in_flight_for, log_server_side};
 use crate::http::rejection::KeyRejection;
 use crate::op::MAX_KEY_BYTES;
-use crate::store::OperationId;
 
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
@@ -153,17 +152,13 @@ where
         }
         (None, _) => op.fingerprint_part("body_sha256", &Sha256::digest(&buffered.bytes)[..]),
     };
-    // An accepting route's status URL: the same for every duplicate.
-    let accepting = (cfg.accept.as_ref()).map(|accept| {
-        let id = op.id().clone();
-        let token = status::token(&accept.secret, &id);
-        let location = format!("{}/{token}", accept.path);
-        Accepting {
-            id,
-            token,
-            location,
-            principal: principal.clone(),
-        }
+    // What an accepting route's `202` names: the same for every duplicate.
+    let target = cfg.accept.is_some().then(|| status::Target {
+        idem: cfg.idem.clone(),
+        principal: principal.clone(),
+        id: op.id().clone(),
+        retain: cfg.retain,
+        recorded: status::Recording::Response,
     });
     let (route, timed) = (name.clone(), name.clone());
     let op = op
@@ -191,15 +186,13 @@ where
         drop(permit);
         out
     };
-    let (out, info) = match (&cfg.accept, &accepting) {
-        (Some(accept), Some(accepting)) => {
-            match run_accepting(&cfg, accept, accepting, call).await {
-                Ok(ran) => ran,
-                Err(accepted) => return accepted,
-            }
-        }
-        _ if cfg.spawn => run_spawned(call).await,
-        _ => call.await,
+    let (out, info) = match &cfg.accept {
+        Some(accept) => match accept.run(call, || target.clone()).await {
+            Ok(ran) => ran,
+            Err(accepted) => return accepted,
+        },
+        None if cfg.spawn => run_spawned(call).await,
+        None => call.await,
     };
     match out {
         Ok(recorded) => {
@@ -219,10 +212,10 @@ where
         // A duplicate of an operation still running, on an accepting route: where
         // to ask for it.
         Err(NotRecorded::Idem(IdemError::InFlight { .. }))
-            if let (Some(accept), Some(accepting)) = (&cfg.accept, &accepting)
-                && accepting.track(&cfg).await =>
+            if let (Some(accept), Some(target)) = (&cfg.accept, &target)
+                && let Some(accepted) = accept.accepted(target).await =>
         {
-            status::accepted(Some(&accepting.location), accept.after)
+            accepted
         }
         Err(NotRecorded::Idem(e)) => {
             let mut problem = Problem::from(&e);
@@ -233,61 +226,6 @@ where
             cfg.answer(problem)
         }
     }
-}
-
-/// What an accepting route needs to answer `202`: the operation, its status token and
-/// URL, and whose it is.
-struct Accepting {
-    id: OperationId,
-    token: String,
-    location: String,
-    principal: Principal,
-}
-
-impl Accepting {
-    /// Records the way from the token to the operation; `false` if the store refused,
-    /// so the request is answered as though the route did not accept it.
-    async fn track(&self, cfg: &Config) -> bool {
-        let retain = cfg.retain;
-        let tracked = status::track(&cfg.idem, &self.principal, &self.token, &self.id, retain);
-        match tracked.await {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot record a status URL; answering as in flight");
-                false
-            }
-        }
-    }
-}
-
-/// Runs the request's `call` in its own task; if it has not ended after the route's
-/// bound and a detached slot is free, answers `202` (the `Err`) and lets it run on.
-async fn run_accepting<F>(
-    cfg: &Config,
-    accept: &super::Accept,
-    accepting: &Accepting,
-    call: F,
-) -> Result<F::Output, Response>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let mut task = tokio::spawn(call);
-    if let Ok(ended) = tokio::time::timeout(accept.after, &mut task).await {
-        return Ok(joined(ended));
-    }
-    let Ok(permit) = accept.detached.clone().try_acquire_owned() else {
-        return Ok(joined(task.await));
-    };
-    if !accepting.track(cfg).await {
-        return Ok(joined(task.await));
-    }
-    // The slot is the task's until it ends; `drain` waits for every slot.
-    tokio::spawn(async move {
-        let _ = task.await;
-        drop(permit);
-    });
-    Err(status::accepted(Some(&accepting.location), accept.after))
 }
 
 /// The operation's name: the layer's own if it has one, else the method and the route
