@@ -11,7 +11,10 @@
 //! ```
 //!
 //! `POST /payments` is an `#[idempotent]` handler scoped by the caller; the same API
-//! under `/layer/payments` has plain handlers behind `IdempotencyLayer`. Every payment
+//! under `/layer/payments` has plain handlers behind `IdempotencyLayer`.
+//! `POST /layer/payouts` takes 3 seconds: it is answered `202 Accepted` after one, with
+//! a `Location` under `/operations/` that answers `202` until the payout is made, then
+//! the `201` it recorded. Every payment
 //! is one row of the `payments` table in the same database as idem's records, so
 //! effects can be counted from outside.
 
@@ -25,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_runtime::http::{
-    IdempotencyKey, IdempotencyLayer, IdempotentHandlerLayer, Principal, Problem,
+    IdempotencyKey, IdempotencyLayer, IdempotentHandlerLayer, Principal, Problem, status_routes,
 };
 use idem_runtime::{Disposition, Idem, IdemError, idempotent};
 use serde::{Deserialize, Serialize};
@@ -181,6 +184,17 @@ impl Default for Hold {
     }
 }
 
+/// idem as this API uses it: status URLs of accepted payouts keyed with
+/// `IDEM_STATUS_SECRET` (a fixed one in development).
+fn idem_builder() -> idem_runtime::IdemBuilder {
+    let secret = std::env::var("IDEM_STATUS_SECRET")
+        .unwrap_or_else(|_| "development-only-status-secret!".into());
+    Idem::builder().status_secret(secret)
+}
+
+/// How long a payout takes: a bank transfer, slower than a client waits.
+const PAYOUT_TAKES: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The application's state.
 #[derive(Clone)]
 pub struct App {
@@ -207,7 +221,7 @@ impl App {
         )
         .execute(&pool)
         .await?;
-        let idem = Idem::from_pool(pool.clone()).await?;
+        let idem = idem_builder().pool(pool.clone()).await?;
         Ok(App {
             idem,
             db: Db::Sqlite(pool),
@@ -227,7 +241,7 @@ impl App {
         )
         .execute(&pool)
         .await?;
-        let idem = Idem::from_pool(pool.clone()).await?;
+        let idem = idem_builder().pool(pool.clone()).await?;
         Ok(App {
             idem,
             db: Db::Postgres(pool),
@@ -336,6 +350,17 @@ async fn create_payment_plain(
     make_payment(&app, &principal, payment).await.map(Created)
 }
 
+/// `POST /layer/payouts`: a payment that takes longer than a client waits. The layer
+/// answers `202` with a status URL after a second and the payout runs on.
+async fn create_payout(
+    State(app): State<App>,
+    principal: Principal,
+    JsonBody(payment): JsonBody<NewPayment>,
+) -> Result<Created, ApiError> {
+    tokio::time::sleep(PAYOUT_TAKES).await;
+    make_payment(&app, &principal, payment).await.map(Created)
+}
+
 /// `GET /payments/{id}`: the caller's own payments only.
 async fn get_payment(
     State(app): State<App>,
@@ -404,9 +429,18 @@ pub fn router(app: App) -> Router {
         // Named per route by default (`POST /layer/payments`, the nest prefix included),
         // so a key used on another route never replays this one's response.
         .route_layer(IdempotencyLayer::new(app.idem.clone()));
+    // Payouts outlive a request: answered 202, their status at `/operations/{token}`.
+    let payouts = Router::new()
+        .route("/payouts", post(create_payout))
+        .route_layer(
+            IdempotencyLayer::new(app.idem.clone())
+                .accept_after(std::time::Duration::from_secs(1))
+                .status_path("/operations"),
+        );
     Router::new()
         .merge(attribute)
-        .nest("/layer", layered)
+        .nest("/layer", layered.merge(payouts))
+        .nest("/operations", status_routes(&app.idem))
         .layer(middleware::from_fn(auth))
         .with_state(app)
 }

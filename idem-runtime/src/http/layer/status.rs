@@ -235,7 +235,8 @@ fn accepted(location: Option<&str>, retry_after: Duration) -> Response {
 
 /// The status resource of requests a route accepted (`202`) with
 /// [`IdempotencyLayer::accept_after`](super::IdempotencyLayer::accept_after): an axum
-/// `Router` answering `GET /{token}`, to nest where the layer's
+/// `Router` (for any state of the router it is nested in) answering `GET /{token}`, to
+/// nest where the layer's
 /// [`status_path`](super::IdempotencyLayer::status_path) says (`/operations` by
 /// default), inside the same auth layer as the routes, since a token is the caller's
 /// alone.
@@ -265,7 +266,7 @@ fn accepted(location: Option<&str>, retry_after: Duration) -> Response {
 /// let idem = Idem::builder().status_secret("x".repeat(32)).memory();
 /// let app: Router = Router::new().nest("/operations", status_routes(&idem));
 /// ```
-pub fn status_routes(idem: &Idem) -> Router {
+pub fn status_routes<S: Clone + Send + Sync + 'static>(idem: &Idem) -> Router<S> {
     Router::new()
         .route("/{token}", get(status))
         .with_state(idem.clone())
