@@ -550,6 +550,10 @@ impl IdemBuilder {
     /// an MCP tool as a `rate_limited` error, and the queue mapping as a delayed
     /// redelivery.
     ///
+    /// To tell a replay from a new call, the store reads before every claim (on
+    /// PostgreSQL, MySQL and Redis it otherwise skips that read while calls are fresh):
+    /// one read more per new operation.
+    ///
     /// The count is per process unless the limit is [`shared`](crate::ClaimLimit::shared);
     /// opening an `Idem` with a shared limit on a store that cannot hold the count
     /// fails (on [`memory`](Self::memory) and [`store`](Self::store), which return no
@@ -722,6 +726,9 @@ impl IdemBuilder {
             Some(layer) => (layer.0)(store),
             None => store,
         };
+        if self.claim_limit.is_some() {
+            store.read_before_claims();
+        }
         if let Some(limit) = &self.claim_limit
             && limit.is_shared()
             && !store.shares_claim_counts()

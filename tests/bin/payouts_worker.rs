@@ -29,6 +29,9 @@ struct Args {
     runs: String,
     #[arg(long, default_value_t = 1000)]
     lease_ms: u64,
+    /// How long a request runs before it is answered 202.
+    #[arg(long, default_value_t = 100)]
+    accept_ms: u64,
     #[arg(long)]
     hang: bool,
 }
@@ -94,7 +97,7 @@ async fn main() {
     let pool = PgPool::connect(&args.url).await.expect("connect");
     let layer = IdempotencyLayer::new(idem.clone())
         .lease(Duration::from_millis(args.lease_ms))
-        .accept_after(Duration::from_millis(100));
+        .accept_after(Duration::from_millis(args.accept_ms));
     let app = Router::new()
         .route("/payouts", post(payout))
         .with_state(App {

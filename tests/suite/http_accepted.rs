@@ -277,6 +277,7 @@ struct PayoutsWorker {
 
 #[cfg(feature = "postgres")]
 impl PayoutsWorker {
+    /// `hang`: its handler never ends (and is accepted at once); else it answers in time.
     async fn start(table: &str, runs: &str, hang: bool) -> PayoutsWorker {
         use tokio::io::AsyncBufReadExt;
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-payouts-worker"));
@@ -291,7 +292,10 @@ impl PayoutsWorker {
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true);
         if hang {
-            cmd.arg("--hang");
+            cmd.args(["--hang", "--accept-ms", "100"]);
+        } else {
+            // However loaded the machine, its quick handler answers within this.
+            cmd.args(["--accept-ms", "60000"]);
         }
         let mut child = cmd.spawn().expect("start the payouts worker");
         let stdout = child.stdout.take().unwrap();

@@ -44,6 +44,7 @@ mod open;
 mod pg_processes;
 mod pg_reconnect;
 mod pg_restart;
+mod purge_plan;
 mod queue;
 mod readonly;
 mod redis_cluster;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_runtime::store::{
-    Claim, ClaimRequest, Delegate, Fence, MemoryStore, Store, StoreError, StoredOutcome,
+    Claim, ClaimRequest, Delegate, Fence, MemoryStore, Mismatched, Store, StoreError, StoredOutcome,
 };
 use idem_runtime::{Idem, IdemError, OnStoreError, OperationId};
 
@@ -83,6 +83,17 @@ impl Delegate for Flaky {
             let _ = held.await;
         }
         claim
+    }
+    // A store that is down answers no read either.
+    async fn peek_completed(
+        &self,
+        id: &OperationId,
+        fingerprint: &[u8; 32],
+    ) -> Result<Option<Result<StoredOutcome, Mismatched>>, StoreError> {
+        if self.claims_fail.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        self.inner.peek_completed(id, fingerprint).await
     }
     async fn record(
         &self,

@@ -178,6 +178,11 @@ pub trait Delegate: Send + Sync + 'static {
         self.inner().attach_wakers(hub)
     }
 
+    /// [`Store::read_before_claims`], forwarded by default.
+    fn read_before_claims(&self) {
+        self.inner().read_before_claims()
+    }
+
     /// [`Store::shares_claim_counts`], forwarded by default.
     fn shares_claim_counts(&self) -> bool {
         self.inner().shares_claim_counts()
@@ -272,6 +277,10 @@ impl Store for dyn Delegate {
 
     fn attach_wakers(&self, hub: Arc<WakeHub>) {
         Delegate::attach_wakers(self, hub)
+    }
+
+    fn read_before_claims(&self) {
+        Delegate::read_before_claims(self)
     }
 
     fn shares_claim_counts(&self) -> bool {

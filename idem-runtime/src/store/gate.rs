@@ -7,15 +7,24 @@
 /// calls keeps it shut, so they pay no extra round trip; a retry storm opens it at its
 /// first replay, so the rest are answered by a read that takes no lock. A replay while
 /// it is shut is still a replay: the claim decides it, one transaction dearer.
+///
+/// [`hold_open`](ReplayGate::hold_open) keeps it open for good: a claim limit must tell
+/// a replay from a call that may create a record before it counts the call.
 #[derive(Debug, Default)]
-pub(crate) struct ReplayGate(std::sync::atomic::AtomicU32);
+pub(crate) struct ReplayGate(std::sync::atomic::AtomicU32, std::sync::atomic::AtomicBool);
 
 impl ReplayGate {
     const STEP: u32 = 8;
     const CAP: u32 = 64;
 
     pub(crate) fn open(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) > 0
+        use std::sync::atomic::Ordering::Relaxed;
+        self.0.load(Relaxed) > 0 || self.1.load(Relaxed)
+    }
+
+    /// Reads before every claim from now on.
+    pub(crate) fn hold_open(&self) {
+        self.1.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) fn saw(&self, replay: bool) {
@@ -62,5 +71,8 @@ mod tests {
             !gate.open(),
             "a long storm keeps it open no longer than the cap"
         );
+        gate.hold_open();
+        gate.saw(false);
+        assert!(gate.open(), "held open whatever the traffic");
     }
 }

@@ -335,6 +335,12 @@ pub trait Store: Admin {
         let _ = hub;
     }
 
+    /// Asks the store to read before every claim from now on
+    /// ([`peek_completed`](Store::peek_completed) answering every completed outcome,
+    /// never `None` to save a round trip): a claim limit counts only the calls that
+    /// find none. The default does nothing, for a store whose reads always answer.
+    fn read_before_claims(&self) {}
+
     /// Whether the store can hold a count of new claims shared by every `Idem` on it
     /// ([`take_claim_token`](Store::take_claim_token)). The default says it cannot.
     fn shares_claim_counts(&self) -> bool {
@@ -456,6 +462,9 @@ macro_rules! forward_store {
             }
             fn attach_wakers(&self, hub: std::sync::Arc<WakeHub>) {
                 (**self).attach_wakers(hub)
+            }
+            fn read_before_claims(&self) {
+                (**self).read_before_claims()
             }
             fn shares_claim_counts(&self) -> bool {
                 (**self).shares_claim_counts()

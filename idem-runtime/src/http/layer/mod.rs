@@ -333,6 +333,7 @@ impl IdempotencyLayer {
              can hold the count (PostgreSQL or Redis); drop `ClaimLimit::shared` to count \
              per process"
         );
+        self.cfg.idem.store().read_before_claims();
         self.cfg.claims = Some(Arc::new(ClaimLimiter::new(limit)));
         self
     }

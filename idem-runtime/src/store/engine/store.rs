@@ -216,6 +216,10 @@ impl<D: Dialect> Store for SqlStore<D> {
         self.dialect.attach_wakers(hub);
     }
 
+    fn read_before_claims(&self) {
+        self.gate.hold_open();
+    }
+
     fn shares_claim_counts(&self) -> bool {
         self.sql.take_claim_token.is_some()
     }

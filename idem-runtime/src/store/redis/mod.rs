@@ -473,6 +473,10 @@ impl Store for RedisStore {
         StoreFuture::new(async move { self.run(&self.scripts.announce, id, &[]).await.map(drop) })
     }
 
+    fn read_before_claims(&self) {
+        self.gate.hold_open();
+    }
+
     fn shares_claim_counts(&self) -> bool {
         true
     }
