@@ -377,7 +377,8 @@ impl Cleanup {
         if let Some((url, table)) = self.0
             && let Ok(pool) = sqlx::PgPool::connect(&url).await
         {
-            let _ = sqlx::query(&format!(
+            // Several statements: a raw query, which sqlx sends unprepared.
+            let _ = sqlx::raw_sql(&format!(
                 "DROP TABLE IF EXISTS {table}_steps; DROP TABLE IF EXISTS {table}_claim_limits; \
                  DROP TABLE IF EXISTS {table}; \
                  DROP TABLE IF EXISTS {table}_meta; DROP SEQUENCE IF EXISTS {table}_epoch_seq"
