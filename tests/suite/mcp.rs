@@ -582,8 +582,15 @@ mod exports {
 
     /// Serves a fresh store, as `principal`, to a client of its own.
     pub async fn serve(principal: &str) -> (Client, Arc<AtomicUsize>) {
-        let idem = Idem::builder()
-            .max_outcome_bytes(CAP)
+        serve_with(principal, |b| b).await
+    }
+
+    /// [`serve`], with the store's builder as `f` makes it.
+    pub async fn serve_with(
+        principal: &str,
+        f: impl FnOnce(idem_runtime::IdemBuilder) -> idem_runtime::IdemBuilder,
+    ) -> (Client, Arc<AtomicUsize>) {
+        let idem = f(Idem::builder().max_outcome_bytes(CAP))
             .sqlite("sqlite::memory:")
             .await
             .unwrap();
@@ -601,6 +608,35 @@ mod exports {
         });
         (().serve(client_io).await.unwrap(), runs)
     }
+}
+
+/// A caller over its allowance of new claims gets a `rate_limited` tool result with the
+/// seconds to wait, through rmcp's client; its replays still answer, and the refused call
+/// ran nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_over_its_claim_limit_is_told_to_wait() {
+    use idem_runtime::ClaimLimit;
+    let hour = std::time::Duration::from_secs(3600);
+    let (client, runs) =
+        exports::serve_with("ana", |b| b.limit_new_claims(ClaimLimit::new(1, hour))).await;
+    let export = |order: &str| {
+        let Value::Object(args) = json!({ "order_id": order, "bytes": 3 }) else {
+            unreachable!()
+        };
+        client.call_tool(CallToolRequestParams::new("export").with_arguments(args))
+    };
+    for attempt in ["the first call", "its replay"] {
+        let result = export("o-1").await.unwrap();
+        assert_ne!(result.is_error, Some(true), "{attempt}: {result:?}");
+    }
+    let refused = export("o-2").await.unwrap();
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let body = refused.structured_content.clone().unwrap();
+    assert_eq!(body["code"], "rate_limited", "{body}");
+    let wait = body["retry_after"].as_u64().unwrap();
+    assert!(wait > 3000 && wait <= 3600, "{body}");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    client.cancel().await.unwrap();
 }
 
 /// A call whose tool ran and whose result is over the outcome cap is answered as its
