@@ -15,7 +15,7 @@ peer_args=()
 criterion_secs=5
 if [ "${1:-}" = "--short" ]; then
     criterion_secs=1
-    export IDEM_BENCH_SECS=0.5 IDEM_BENCH_ROUNDS=1 IDEM_BENCH_PGBENCH_SECS=1
+    export IDEM_BENCH_SECS=0.5 IDEM_BENCH_ROUNDS=1 IDEM_BENCH_PGBENCH_SECS=1 IDEM_BENCH_CALLS=2000
     export IDEM_BENCH_LIVE=100000 IDEM_BENCH_EXPIRED=10000 IDEM_BENCH_GROWTH_MAX=100000
     peer_args=(--secs 0.5 --rounds 1 --records 20000)
 elif [ -n "${1:-}" ]; then
@@ -63,6 +63,9 @@ section "MariaDB: idem and the same statements via sqlx" \
     env IDEM_BENCH_NO_PING=1 cargo bench --quiet -p idem-tests --bench mysql
 section "Steps: one operation of two steps against two operations" \
     cargo bench --quiet -p idem-tests --bench steps
+section "Encrypted outcomes beside clear ones" cargo bench --quiet -p idem-tests --bench encryption
+section "A claim limit and the client layer, each beside the same calls without" \
+    cargo bench --quiet -p idem-tests --bench features
 section "PostgreSQL purge" cargo bench --quiet -p idem-tests --bench purge
 section "PostgreSQL: throughput as the table grows" cargo bench --quiet -p idem-tests --bench growth
 section "SQLite: group commit by callers, beside two bare commits" \
