@@ -22,7 +22,6 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::bounded::bounded;
 use crate::error::IdemError;
-use crate::idem::Idem;
 use crate::metrics;
 use crate::store::{OperationId, Store, StoreError};
 
@@ -203,13 +202,12 @@ impl ClaimLimiter {
     /// replay or a mismatch without a new record.
     pub(crate) async fn admit(
         &self,
-        idem: &Idem,
+        store: &dyn Store,
+        timeout: Duration,
         id: &OperationId,
         name: &str,
     ) -> Result<(), Limited> {
-        let store = idem.store();
-        let timeout = idem.store_timeout();
-        let taken = bounded(timeout, "claim limit", self.take(id, &**store));
+        let taken = bounded(timeout, "claim limit", self.take(id, store));
         let Some(retry_after) = taken.await.map_err(Limited::Store)? else {
             return Ok(());
         };

@@ -202,6 +202,7 @@ mod limits;
 mod principal;
 mod problem;
 mod rejection;
+mod spawned;
 
 pub use handler::{IdempotentHandler, IdempotentHandlerLayer};
 pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey};

@@ -240,7 +240,8 @@ where
         // No completed outcome: this call may create a record, which is what a claim
         // limit counts. Boxed: only calls with a limit make room for its reads.
         if let Some(limiter) = self.op.claim_limit.as_ref().or(self.idem.claim_limit()) {
-            match Box::pin(limiter.admit(&self.idem, id, self.name())).await {
+            let (store, timeout) = (&**self.idem.store(), self.idem.store_timeout());
+            match Box::pin(limiter.admit(store, timeout, id, self.name())).await {
                 Ok(()) => {}
                 Err(Limited::Refused(e)) => return Err(e),
                 Err(Limited::Store(e)) => return self.store_down(e),

@@ -22,12 +22,12 @@ use super::{Config, IdempotencyLayer, status};
 use crate::context::observe;
 use crate::error::IdemError;
 use crate::http::canonical::{BodyKind, Json, body_kind, canonical_form, content_types};
-use crate::http::handler::run_spawned;
 use crate::http::key::{IDEMPOTENT_REPLAYED, IdempotencyKey, ReplayHeaderSet};
 use crate::http::limits::{Buffered, read_body};
 use crate::http::principal::Principal;
 use crate::http::problem::{Problem, in_flight_for, log_server_side};
 use crate::http::rejection::KeyRejection;
+use crate::http::spawned::run_spawned;
 use crate::op::MAX_KEY_BYTES;
 
 impl<S> Layer<S> for IdempotencyLayer {

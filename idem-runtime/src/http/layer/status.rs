@@ -26,10 +26,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use super::codec::{RECORD_VERSION, Recorded, upgrade};
-use crate::http::handler::joined;
 use crate::http::key::IDEMPOTENT_REPLAYED;
 use crate::http::principal::Principal;
 use crate::http::problem::{Problem, log_server_side, retry_secs, types};
+use crate::http::spawned::joined;
 use crate::idem::Idem;
 use crate::store::{OperationId, State as RecordState};
 
