@@ -57,11 +57,14 @@ async fn per_call(idem: &Idem, from: u64, calls: usize) -> f64 {
     started.elapsed().as_secs_f64() * 1e6 / calls as f64
 }
 
+/// Opens a store with a builder, under a tag of its own; `None` if it is down.
+type Opener = dyn Fn(IdemBuilder, &str) -> futures_util::future::BoxFuture<'static, Option<Idem>>;
+
 /// A store to open twice: without the option and with it.
 struct Subject {
     name: &'static str,
     calls: usize,
-    open: Box<dyn Fn(IdemBuilder, &str) -> futures_util::future::BoxFuture<'static, Option<Idem>>>,
+    open: Box<Opener>,
 }
 
 fn memory() -> Subject {
