@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
 
+use super::record::{Record, Tick};
 use super::{
     Admin, Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail,
-    RecordInfo, State, Stats, StepRecord, Store, StoreFuture, StoredOutcome, Takeover,
+    RecordInfo, State, Stats, StepRecord, Store, StoreFuture, StoredOutcome,
 };
 use crate::error::StoreError;
 
@@ -150,123 +151,6 @@ fn len32(n: usize) -> u32 {
     u32::try_from(n).expect("an operation id of 4 GiB or more")
 }
 
-/// An instant as the store files it: nanoseconds since the store was made, half the
-/// size of an `Instant`. A record holds three, and the records' table is what a fresh
-/// call's insert touches and what grows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Tick(u64);
-
-impl Tick {
-    /// Later than any instant: a retention too long to count.
-    const NEVER: Tick = Tick(u64::MAX);
-
-    fn after(self, d: Duration) -> Tick {
-        Tick(
-            self.0
-                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        )
-    }
-
-    /// How long after `earlier` this is; zero if it is not after it.
-    fn since(self, earlier: Tick) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
-    }
-}
-
-#[derive(Debug)]
-struct Record {
-    state: State,
-    epoch: u64,
-    fingerprint: [u8; 32],
-    lease_until: Tick,
-    claimed_at: Tick,
-    /// When a completed record, or one released with its steps, expires
-    /// ([`Tick::NEVER`] while a claim holds it).
-    expires_at: Tick,
-    /// Shared with the replays that read it: a replay copies nothing.
-    outcome: Option<StoredOutcome>,
-    /// The steps of this life of the record, boxed: most records have none, and every
-    /// record pays for the field.
-    steps: Option<Box<Steps>>,
-}
-
-/// An operation's recorded steps.
-#[derive(Debug, Default)]
-struct Steps {
-    done: Vec<Step>,
-    /// Released with its steps kept: no lease, and the next claim with the same
-    /// fingerprint resumes it.
-    released: bool,
-}
-
-#[derive(Debug)]
-struct Step {
-    label: Box<str>,
-    epoch: u64,
-    at: Tick,
-    outcome: StoredOutcome,
-}
-
-impl Record {
-    /// Past its retention: a completed record, or one released with its steps (in
-    /// progress, but held by no claim).
-    fn expired(&self, now: Tick) -> bool {
-        (self.state == State::Completed || self.released()) && self.expires_at <= now
-    }
-
-    /// How long the lease still runs.
-    fn lease_left(&self, now: Tick) -> Duration {
-        if self.released() {
-            Duration::ZERO
-        } else {
-            self.lease_until.since(now)
-        }
-    }
-
-    /// Completes the record with `outcome`, kept until `expires_at`. Its steps go: the
-    /// final outcome is what a completed operation replays.
-    fn complete(&mut self, outcome: StoredOutcome, expires_at: Tick) {
-        self.steps = None;
-        self.state = State::Completed;
-        self.outcome = Some(outcome);
-        self.expires_at = expires_at;
-    }
-
-    fn has_steps(&self) -> bool {
-        self.steps.as_ref().is_some_and(|s| !s.done.is_empty())
-    }
-
-    fn released(&self) -> bool {
-        self.steps.as_ref().is_some_and(|s| s.released)
-    }
-
-    /// Whether the claim of `epoch` holds the record, for its own writes: in progress at
-    /// that epoch, and not released.
-    fn held_by(&self, epoch: u64) -> bool {
-        self.epoch == epoch && self.state == State::InProgress && !self.released()
-    }
-
-    /// Whether an operator may settle the record at `epoch`: in progress (released or
-    /// not) or UNKNOWN.
-    fn settles_at(&self, epoch: u64) -> bool {
-        self.epoch == epoch && matches!(self.state, State::InProgress | State::Unknown)
-    }
-
-    /// Gives the claim up: `true` when the record must go (it has no steps), else it
-    /// stays IN_PROGRESS, released, for the next claim to resume until `expires_at`.
-    fn release(&mut self, expires_at: Tick) -> bool {
-        match &mut self.steps {
-            Some(steps) if !steps.done.is_empty() => {
-                steps.released = true;
-                self.state = State::InProgress;
-                self.expires_at = expires_at;
-                false
-            }
-            _ => true,
-        }
-    }
-}
-
 /// The store behind [`Idem::memory`](crate::Idem::memory): records in a hash table
 /// behind a mutex; every method is one critical section, which is what makes the claim
 /// atomic here.
@@ -316,38 +200,21 @@ impl MemoryStore {
         outcome: &StoredOutcome,
         retain: Duration,
     ) -> Fence {
+        let expires_at = self.now().after(retain);
         let mut map = self.lock();
-        match map.get_mut(id) {
-            Some(r) if r.held_by(epoch) => {
-                r.complete(outcome.clone(), self.now().after(retain));
-                Fence::Held
-            }
-            // This record again, retried after a reply was lost.
-            Some(r)
-                if r.epoch == epoch
-                    && r.state == State::Completed
-                    && r.outcome.as_ref() == Some(outcome) =>
-            {
-                Fence::Held
-            }
-            _ => Fence::Lost,
+        match map
+            .get_mut(id)
+            .and_then(|r| r.record(epoch, outcome, expires_at))
+        {
+            Some(_) => Fence::Held,
+            None => Fence::Lost,
         }
     }
 
     fn decide(&self, req: &ClaimRequest<'_>) -> Claim {
         let now = self.now();
         let mut map = self.lock();
-        let fresh = |epoch| Record {
-            state: State::InProgress,
-            epoch,
-            fingerprint: req.fingerprint,
-            lease_until: now.after(req.lease),
-            claimed_at: now,
-            expires_at: Tick::NEVER,
-            outcome: None,
-            steps: None,
-        };
-        let (rec, new) = map.get_or_insert(req.id, || fresh(self.next_epoch()));
+        let (rec, new) = map.get_or_insert(req.id, || Record::fresh(req, now, self.next_epoch()));
         if new {
             return Claim::Acquired {
                 epoch: rec.epoch,
@@ -355,66 +222,7 @@ impl MemoryStore {
                 resume: false,
             };
         }
-        if rec.expired(now) {
-            *rec = fresh(self.next_epoch());
-            return Claim::Acquired {
-                epoch: rec.epoch,
-                takeover: false,
-                resume: false,
-            };
-        }
-        if rec.fingerprint != req.fingerprint {
-            return Claim::Mismatch;
-        }
-        // Released with its steps: resumed at once, whatever `on_takeover` says, since
-        // its last attempt ended knowing what it had done.
-        if rec.state == State::InProgress && rec.released() {
-            rec.epoch = self.next_epoch();
-            rec.lease_until = now.after(req.lease);
-            rec.claimed_at = now;
-            rec.expires_at = Tick::NEVER;
-            if let Some(steps) = &mut rec.steps {
-                steps.released = false;
-            }
-            return Claim::Acquired {
-                epoch: rec.epoch,
-                takeover: false,
-                resume: true,
-            };
-        }
-        match rec.state {
-            State::Completed => Claim::Completed(
-                rec.outcome
-                    .clone()
-                    .expect("completed record has an outcome"),
-            ),
-            State::Unknown => Claim::Unknown {
-                epoch: rec.epoch,
-                now: false,
-            },
-            State::InProgress if rec.lease_until > now => Claim::InFlight {
-                retry_after: rec.lease_left(now),
-            },
-            State::InProgress => match req.on_takeover {
-                Takeover::Rerun => {
-                    rec.epoch = self.next_epoch();
-                    rec.lease_until = now.after(req.lease);
-                    rec.claimed_at = now;
-                    Claim::Acquired {
-                        epoch: rec.epoch,
-                        takeover: true,
-                        resume: rec.has_steps(),
-                    }
-                }
-                Takeover::Unknown => {
-                    rec.state = State::Unknown;
-                    Claim::Unknown {
-                        epoch: rec.epoch,
-                        now: true,
-                    }
-                }
-            },
-        }
+        rec.claim(req, now, || self.next_epoch())
     }
 
     /// Runs `f` if `holds` says the record of `id` is held at `epoch` (`Record::held_by`
@@ -456,15 +264,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Result<Option<Result<StoredOutcome, Mismatched>>, StoreError>> {
         let now = self.now();
         let map = self.lock();
-        let read = map.get(id).and_then(|rec| {
-            if rec.state != State::Completed || rec.expired(now) {
-                return None;
-            }
-            if rec.fingerprint != *fingerprint {
-                return Some(Err(Mismatched));
-            }
-            rec.outcome.clone().map(Ok)
-        });
+        let read = map.get(id).and_then(|rec| rec.peek(fingerprint, now));
         StoreFuture::ready(Ok(read))
     }
 
@@ -522,22 +322,10 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Result<Fence, StoreError>> {
         let at = self.now();
         let mut map = self.lock();
-        let rec = match map.get_mut(id) {
-            Some(r) if r.held_by(epoch) => r,
-            _ => return StoreFuture::ready(Ok(Fence::Lost)),
-        };
-        let steps = rec.steps.get_or_insert_with(Box::default);
-        let step = Step {
-            label: label.into(),
-            epoch,
-            at,
-            outcome: outcome.clone(),
-        };
-        match steps.done.iter_mut().find(|s| &*s.label == label) {
-            Some(old) => *old = step,
-            None => steps.done.push(step),
-        }
-        StoreFuture::ready(Ok(Fence::Held))
+        let held = map
+            .get_mut(id)
+            .is_some_and(|r| r.record_step(epoch, label, outcome, at));
+        StoreFuture::ready(Ok(if held { Fence::Held } else { Fence::Lost }))
     }
 
     fn steps<'a>(
@@ -546,19 +334,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Result<Vec<StepRecord>, StoreError>> {
         let now = self.now();
         let map = self.lock();
-        let Some(steps) = map.get(id).and_then(|r| r.steps.as_ref()) else {
-            return StoreFuture::ready(Ok(Vec::new()));
-        };
-        StoreFuture::ready(Ok(steps
-            .done
-            .iter()
-            .map(|s| StepRecord {
-                label: s.label.to_string(),
-                epoch: s.epoch,
-                age: now.since(s.at),
-                outcome: s.outcome.clone(),
-            })
-            .collect()))
+        StoreFuture::ready(Ok(map.get(id).map_or_else(Vec::new, |r| r.steps(now))))
     }
 }
 
@@ -591,12 +367,8 @@ impl Admin for MemoryStore {
     async fn forget(&self, id: &OperationId, epoch: u64) -> Result<Fence, StoreError> {
         let now = self.now();
         let mut map = self.lock();
-        let settled = |r: &Record| match r.state {
-            State::Completed | State::Unknown => true,
-            State::InProgress => r.released() || r.lease_until <= now,
-        };
         match map.get(id) {
-            Some(r) if r.epoch == epoch && settled(r) => {
+            Some(r) if r.epoch == epoch && r.forgettable(now) => {
                 map.remove(id);
                 Ok(Fence::Held)
             }
@@ -626,24 +398,7 @@ impl Admin for MemoryStore {
     async fn get(&self, id: &OperationId) -> Result<Option<RecordDetail>, StoreError> {
         let now = self.now();
         let map = self.lock();
-        Ok(map.get(id).map(|r| RecordDetail {
-            info: RecordInfo {
-                id: id.clone(),
-                state: r.state,
-                epoch: r.epoch,
-                age: now.since(r.claimed_at),
-            },
-            lease_remaining: (r.state == State::InProgress).then(|| r.lease_left(now)),
-            expires_in: (r.state == State::Completed || r.released()).then(|| {
-                if r.expires_at == Tick::NEVER {
-                    Duration::MAX
-                } else {
-                    r.expires_at.since(now)
-                }
-            }),
-            outcome: r.outcome.clone(),
-            steps: Vec::new(),
-        }))
+        Ok(map.get(id).map(|r| r.detail(id.clone(), now)))
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RecordInfo>, StoreError> {
@@ -653,22 +408,11 @@ impl Admin for MemoryStore {
             .iter()
             .filter(|(id, r)| {
                 let [scope, name, _] = id.parts();
-                filter.state.is_none_or(|s| s == r.state)
+                r.listed(filter, now)
                     && filter.name.as_deref().is_none_or(|n| n == name)
                     && filter.scope.as_deref().is_none_or(|s| s == scope)
-                    && filter
-                        .older_than
-                        .is_none_or(|a| now.since(r.claimed_at) > a)
-                    && filter
-                        .newer_than
-                        .is_none_or(|a| now.since(r.claimed_at) <= a)
             })
-            .map(|(id, r)| RecordInfo {
-                id: id.id(),
-                state: r.state,
-                epoch: r.epoch,
-                age: now.since(r.claimed_at),
-            })
+            .map(|(id, r)| r.info(id.id(), now))
             .collect();
         super::sort_listed(&mut rows, filter);
         Ok(rows)

@@ -587,9 +587,15 @@ impl IdempotencyLayer {
     /// ```no_run
     /// # use std::time::Duration;
     /// # use idem_runtime::{Idem, http::IdempotencyLayer};
-    /// # async fn f(listener: tokio::net::TcpListener, app: axum::Router, layer: IdempotencyLayer) {
+    /// # async fn f(
+    /// #     listener: tokio::net::TcpListener,
+    /// #     app: axum::Router,
+    /// #     layer: IdempotencyLayer,
+    /// #     stop: impl std::future::Future<Output = ()> + Send + 'static,
+    /// # ) {
+    /// // `stop`: a signal, such as `tokio::signal::ctrl_c`.
     /// axum::serve(listener, app)
-    ///     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
+    ///     .with_graceful_shutdown(stop)
     ///     .await
     ///     .unwrap();
     /// layer.drain(Duration::from_secs(30)).await;
