@@ -47,3 +47,17 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
         -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server
     wait_port 127.0.0.1 4222
 fi
+
+# A local DynamoDB-compatible server: moto's, from PyPI, on port 8000 (its state is in
+# memory, gone when it stops).
+export IDEM_DYNAMODB_URL="${IDEM_DYNAMODB_URL:-http://127.0.0.1:8000}"
+if ! (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null; then
+    if ! command -v moto_server >/dev/null; then
+        echo "installing moto's server"
+        pip3 install --quiet 'moto[server]'
+        hash -r
+    fi
+    echo "starting moto's DynamoDB"
+    nohup moto_server -H 127.0.0.1 -p 8000 >/tmp/idem-moto.log 2>&1 &
+    wait_port 127.0.0.1 8000
+fi

@@ -8,7 +8,7 @@ use crate::{Idem, IdemBuilder, IdemError};
 const EXPECTED: &str = "expected sqlite://PATH or sqlite::memory:, \
     postgres://USER@HOST[:PORT]/DB (or postgresql://), mysql://USER@HOST[:PORT]/DB (or \
     mariadb://), redis://HOST[:PORT] (or rediss://, valkey://, valkeys://, redis+unix://), \
-    redis+cluster://HOST:PORT,HOST:PORT (or rediss+cluster://), or memory:";
+    redis+cluster://HOST:PORT,HOST:PORT (or rediss+cluster://), dynamodb://TABLE, or memory:";
 
 /// The schemes of one Redis server or cluster node reached over TCP.
 const REDIS_NODE_SCHEMES: [&str; 4] = ["redis", "rediss", "valkey", "valkeys"];
@@ -28,6 +28,7 @@ impl Idem {
     /// | `mysql://…`, `mariadb://…` (read as `mysql://…`) | [`IdemBuilder::mysql`] | `mysql` |
     /// | `redis://…`, `rediss://…`, `valkey://…`, `valkeys://…`, `redis+unix://…`, `valkey+unix://…` | [`IdemBuilder::redis`] | `redis` |
     /// | `redis+cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT[/…]` (`rediss+cluster://` with TLS), or several `redis://` URLs separated by commas | [`IdemBuilder::redis_cluster`], the user, password and path given to every node | `redis` |
+    /// | `dynamodb://TABLE` | [`IdemBuilder::dynamodb`], with a client from the environment: `AWS_REGION` (or `AWS_DEFAULT_REGION`), `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`, and `AWS_ENDPOINT_URL_DYNAMODB` (or `AWS_ENDPOINT_URL`) for a local server; for roles, SSO and the rest of the SDK's chain, build the client with `aws-config` and call [`Idem::dynamodb`] | `dynamodb` |
     /// | `memory:` | [`IdemBuilder::memory`] | none |
     ///
     /// Schemes are matched without regard to case. A scheme whose feature is off, or
@@ -105,6 +106,8 @@ enum Target {
     Redis(String),
     /// A Redis Cluster's nodes, each a `redis://` (or `rediss://`, ...) URL.
     RedisCluster(Vec<String>),
+    /// A DynamoDB table's name.
+    DynamoDb(String),
 }
 
 impl Target {
@@ -133,6 +136,7 @@ impl Target {
                 redis_urls(&lowered)
             }
             "redis+cluster" | "rediss+cluster" => cluster_nodes(&scheme, rest),
+            "dynamodb" => dynamodb_table(rest),
             _ => Err(unsupported(format!(
                 "with the scheme `{}`",
                 shown_scheme(url)
@@ -185,6 +189,17 @@ impl Target {
                 #[cfg(not(feature = "redis"))]
                 {
                     Err(feature_off("redis", &url))
+                }
+            }
+            Target::DynamoDb(table) => {
+                #[cfg(feature = "dynamodb")]
+                {
+                    let client = crate::store::dynamodb::client_from_env();
+                    builder.dynamodb(client, &table).await
+                }
+                #[cfg(not(feature = "dynamodb"))]
+                {
+                    Err(feature_off("dynamodb", &format!("dynamodb://{table}")))
                 }
             }
             Target::RedisCluster(nodes) => {
@@ -305,13 +320,33 @@ fn invalid(why: &str) -> IdemError {
     }
 }
 
+/// The table of `dynamodb://TABLE`: DynamoDB's table names are 3 to 255 of
+/// `[A-Za-z0-9_.-]`.
+fn dynamodb_table(rest: &str) -> Result<Target, IdemError> {
+    let table = rest
+        .strip_prefix("//")
+        .unwrap_or(rest)
+        .trim_end_matches('/');
+    let valid = (3..=255).contains(&table.len())
+        && table
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if valid {
+        return Ok(Target::DynamoDb(table.to_owned()));
+    }
+    Err(invalid(
+        "`dynamodb://TABLE` names a DynamoDB table: 3 to 255 letters, digits, `_`, `.` or `-`",
+    ))
+}
+
 /// The refusal of a URL whose store's cargo feature is off.
 #[cfg_attr(
     all(
         feature = "sqlite",
         feature = "postgres",
         feature = "mysql",
-        feature = "redis"
+        feature = "redis",
+        feature = "dynamodb"
     ),
     allow(dead_code)
 )]

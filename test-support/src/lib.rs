@@ -35,6 +35,11 @@ pub fn redis_url() -> String {
     std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
+/// The local DynamoDB-compatible server (`IDEM_DYNAMODB_URL`).
+pub fn dynamodb_url() -> String {
+    std::env::var("IDEM_DYNAMODB_URL").unwrap_or_else(|_| "http://127.0.0.1:8000".into())
+}
+
 /// Whether a test must fail, rather than skip, when its server or binaries are missing
 /// (`IDEM_REQUIRE_DB=1`, as CI sets it).
 pub fn db_required() -> bool {

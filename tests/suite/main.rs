@@ -28,6 +28,7 @@ mod concurrent;
 mod conformance;
 mod connect;
 mod connection_slots;
+mod dynamodb;
 mod encryption;
 mod errors;
 mod faults;

@@ -143,6 +143,9 @@ pub(crate) use gate::ReplayGate;
 #[cfg(feature = "_sql_server")]
 #[doc(hidden)]
 pub mod bench;
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub mod dynamodb;
 #[cfg(feature = "_sql")]
 pub(crate) mod engine;
 #[cfg(feature = "_sql_group")]
