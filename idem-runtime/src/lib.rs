@@ -131,6 +131,9 @@ pub mod http;
 mod idem;
 mod key;
 mod key_display;
+#[cfg(feature = "lambda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
+pub mod lambda;
 mod lease;
 mod limit;
 mod machine;

@@ -14,7 +14,7 @@ use idem_runtime::{Idem, IdemError};
 use idem_test_support::{db_required, dynamodb_url, skip};
 
 /// A client of the local server, with the credentials and region it takes.
-fn client() -> Client {
+pub(crate) fn client() -> Client {
     use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(Provider::Rustls(CryptoMode::Ring))
@@ -31,7 +31,7 @@ fn client() -> Client {
 
 /// Whether the local server listens; a test skips with one line without it, or fails
 /// under `IDEM_REQUIRE_DB=1`.
-fn reachable(test: &str) -> bool {
+pub(crate) fn reachable(test: &str) -> bool {
     use std::net::ToSocketAddrs;
     let url = dynamodb_url();
     let addr = url
@@ -61,7 +61,7 @@ fn reachable(test: &str) -> bool {
 }
 
 /// A table no other test (or earlier run) uses.
-fn table(test: &str) -> String {
+pub(crate) fn table(test: &str) -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -71,7 +71,7 @@ fn table(test: &str) -> String {
     format!("idem-{test}-{nanos}-{n}")
 }
 
-async fn drop_table(name: &str) {
+pub(crate) async fn drop_table(name: &str) {
     let _ = client().delete_table().table_name(name).send().await;
 }
 

@@ -36,6 +36,7 @@ mod fingerprint;
 mod http;
 mod http_accepted;
 mod in_flight;
+mod lambda;
 mod lease;
 mod log_spans;
 mod mcp;
