@@ -66,6 +66,8 @@ section "Steps: one operation of two steps against two operations" \
 section "Encrypted outcomes beside clear ones" cargo bench --quiet -p idem-tests --bench encryption
 section "A claim limit and the client layer, each beside the same calls without" \
     cargo bench --quiet -p idem-tests --bench features
+section "DynamoDB: idem beside the raw PutItem and GetItem on the same server" \
+    cargo bench --quiet -p idem-tests --bench dynamodb
 section "PostgreSQL purge" cargo bench --quiet -p idem-tests --bench purge
 section "PostgreSQL: throughput as the table grows" cargo bench --quiet -p idem-tests --bench growth
 section "SQLite: group commit by callers, beside two bare commits" \
