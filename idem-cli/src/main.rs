@@ -58,8 +58,9 @@ Exit codes:
 struct Cli {
     /// The store, any URL `IdemBuilder::connect` takes: `sqlite://PATH`,
     /// `postgres://USER@HOST[:PORT]/DB`, `mysql://USER@HOST[:PORT]/DB` (or `mariadb://`),
-    /// `redis://HOST[:PORT]` (`rediss://` with TLS), or a Redis Cluster as
-    /// `redis+cluster://HOST:PORT,HOST:PORT` or its nodes' URLs separated by commas.
+    /// `redis://HOST[:PORT]` (`rediss://` with TLS), a Redis Cluster as
+    /// `redis+cluster://HOST:PORT,HOST:PORT` or its nodes' URLs separated by commas, or
+    /// `dynamodb://TABLE` (region, credentials and endpoint from the `AWS_*` variables).
     /// Without it, `IDEM_URL`, then `DATABASE_URL`. TLS as the URL asks: `?sslmode=verify-full&sslrootcert=CA.pem`
     /// (PostgreSQL), `?ssl-mode=verify_identity&ssl-ca=CA.pem` (MySQL), `rediss://`
     /// (Redis, certificates from a public CA).
