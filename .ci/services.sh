@@ -48,16 +48,16 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
     wait_port 127.0.0.1 4222
 fi
 
-# A local DynamoDB-compatible server: moto's, from PyPI, on port 8000 (its state is in
-# memory, gone when it stops).
+# A local DynamoDB-compatible server: moto's, from PyPI, on port 8000, serving one
+# request at a time (.ci/moto_server.py says why); its state is in memory, gone when it
+# stops.
 export IDEM_DYNAMODB_URL="${IDEM_DYNAMODB_URL:-http://127.0.0.1:8000}"
 if ! (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null; then
-    if ! command -v moto_server >/dev/null; then
+    if ! python3 -c 'import moto.moto_server.werkzeug_app' 2>/dev/null; then
         echo "installing moto's server"
         pip3 install --quiet 'moto[server]'
-        hash -r
     fi
     echo "starting moto's DynamoDB"
-    nohup moto_server -H 127.0.0.1 -p 8000 >/tmp/idem-moto.log 2>&1 &
+    nohup python3 "$(dirname "${BASH_SOURCE[0]}")/moto_server.py" 8000 >/tmp/idem-moto.log 2>&1 &
     wait_port 127.0.0.1 8000
 fi
