@@ -338,6 +338,13 @@ fn too_large_then(in_doubt: bool) -> &'static str {
     }
 }
 
+/// `after` in whole seconds, rounded up and at least one, for a `Retry-After` (HTTP) or
+/// a `retry_after` (MCP): a client never retries at once in a loop.
+#[cfg(any(feature = "axum", feature = "mcp"))]
+pub(crate) fn whole_secs(after: Duration) -> u64 {
+    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
+}
+
 fn store_hint(during: &str) -> &'static str {
     match during {
         "claim" => " (the body did not run; retry when the store is back)",

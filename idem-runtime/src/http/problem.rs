@@ -111,11 +111,7 @@ pub fn type_uri(name: &str) -> String {
     format!("{base}{name}")
 }
 
-/// `after` in whole seconds for `Retry-After`, rounded up and at least 1, so a client
-/// never retries at once in a loop.
-pub(super) fn retry_secs(after: Duration) -> u64 {
-    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
-}
+pub(super) use crate::error::whole_secs as retry_secs;
 
 /// How long the call holding `e`'s key has left, where `e` says the key is in flight.
 pub(super) fn in_flight_for(e: &IdemError) -> Option<Duration> {

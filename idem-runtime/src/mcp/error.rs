@@ -9,6 +9,7 @@ use rmcp::model::{CallToolResponse, CallToolResult};
 use serde::{Deserialize, Serialize};
 
 use crate::IdemError;
+use crate::error::whole_secs;
 
 /// The structured body of a tool result with `isError: true` made from an
 /// [`IdemError`] (see [`tool_result`]).
@@ -26,11 +27,6 @@ pub struct ToolErrorBody {
     /// key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
-}
-
-/// Whole seconds, rounded up, and at least one: a retry sooner finds the same answer.
-fn whole_secs(after: std::time::Duration) -> u64 {
-    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
 }
 
 /// Converts idem's error into what a tool returns: `Ok` a tool result with
