@@ -7,32 +7,43 @@
 //! moment just before the record was sent, and at most [`MAX_ENTRY_LIFE`] so that a
 //! paused clock or a suspended host cannot stretch it far.
 //!
+//! # Its cost on a call
+//!
+//! Every call reads the cache and every call that records fills it, so both stay
+//! short: one hash of the identity per read or fill (foldhash, seeded per cache), one
+//! allocation per entry (the identity, packed), the outcome kept as the shared body the
+//! store was sent, and an eviction that pops the oldest entry and finds its number in
+//! the index by the hash it kept, reading no identity. One mutex guards it: a critical
+//! section is a few probes.
+//!
 //! # What the budget counts
 //!
-//! Everything the cache holds on the heap: per entry, the key's allocation and its three
-//! strings, the outcome's allocation and its body; and the hash table and the eviction
-//! queue at their capacity. Each heap block is counted as glibc's `malloc` sizes it on
-//! 64-bit platforms (the request plus an 8-byte header, rounded up to 16, at least 32:
-//! [`block`]), so what the cache holds stays within its budget; an allocator with
-//! coarser size classes can take a few bytes more per block. The table's size follows
-//! the layout of std's `HashMap` (`tests/bounds_load.rs` measures it with a counting
-//! allocator).
+//! Everything the cache holds on the heap: per entry, its packed identity and the
+//! outcome's body; and the ring of entries and the index at their capacity. Each
+//! heap block is counted as glibc's `malloc` sizes it on 64-bit platforms (the request
+//! plus an 8-byte header, rounded up to 16, at least 32: [`block`]), so what the cache
+//! holds stays within its budget; an allocator with coarser size classes can take a few
+//! bytes more per block. The index's size follows hashbrown's layout
+//! (`tests/bounds_load.rs` measures it all with a counting allocator).
 //!
 //! # When entries go
 //!
 //! Oldest first, when an insert would take the cache past its budget; and once expired,
-//! on the next insert: entries leave the queue's front while they are expired, and when
+//! on the next insert: entries leave the ring's front while they are expired, and when
 //! retentions differ (an entry expiring before one inserted earlier), a sweep of the
 //! whole cache, at most once per as many inserts as the last sweep left entries, drops
-//! the rest. A
-//! read of an expired entry answers nothing and leaves it for those. Reads allocate
-//! nothing.
+//! the rest. A read of an expired entry answers nothing and leaves it for those. Reads
+//! allocate nothing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::mem::size_of;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use hashbrown::HashTable;
+
+use crate::store::packed::Packed;
 use crate::store::{OperationId, StoredOutcome};
 
 /// Longest time an entry is trusted, whatever the retention.
@@ -43,36 +54,49 @@ const SWEEP_EVERY: usize = 64;
 
 struct Entry {
     fingerprint: [u8; 32],
-    outcome: Arc<StoredOutcome>,
+    outcome: StoredOutcome,
     expires: Instant,
 }
 
 /// What the cache knows of an operation.
 pub(crate) enum Cached {
-    /// Completed with this outcome, for this fingerprint.
-    Replay(Arc<StoredOutcome>),
+    /// Completed with this outcome (its body shared with the cache), for this
+    /// fingerprint.
+    Replay(StoredOutcome),
     /// Completed for another fingerprint.
     Mismatch,
 }
 
-/// One slot of the hash table.
-type Slot = (Arc<OperationId>, Entry);
+/// An entry as the ring holds it, with its identity and that identity's hash.
+struct Slot {
+    hash: u64,
+    id: Packed,
+    entry: Entry,
+}
 
+/// The entries in the order they were inserted, each numbered by its insert (its
+/// sequence number), and an index from an identity's hash to those numbers.
+///
+/// The ring is the eviction queue itself: the oldest entry is at its front. The index
+/// holds 8 bytes an entry, so whatever it keeps of removed slots (hashbrown leaves
+/// markers, and doubles a table those and its entries fill) costs little; the ring never
+/// grows past what the budget holds, as the oldest entry can always make room.
 #[derive(Default)]
 struct Inner {
-    /// Keyed by the same allocation `order` holds, so a key is stored once.
-    entries: HashMap<Arc<OperationId>, Entry>,
-    /// Every key of `entries`, once, oldest insert first: the eviction order, and the
-    /// expiry order while retentions are alike.
-    order: VecDeque<Arc<OperationId>>,
-    /// What the entries hold on the heap, the table and the queue aside.
+    index: HashTable<u64>,
+    /// `None` where an entry was removed before its turn (forgotten, or expired behind
+    /// a longer-lived one); the front is always `Some`.
+    ring: VecDeque<Option<Slot>>,
+    /// The sequence number of the ring's front.
+    first: u64,
+    /// What the entries hold on the heap, the index and the ring aside.
     bytes: usize,
-    /// The table's capacity when it last grew or was rebuilt: its allocation.
-    /// (`HashMap::capacity` drops below it while removed slots await reuse.)
-    table_capacity: usize,
+    /// The index's capacity when it last grew or was rebuilt: its allocation.
+    /// (`HashTable::capacity` drops below it while removed slots await reuse.)
+    index_capacity: usize,
     /// The latest expiry inserted.
     latest: Option<Instant>,
-    /// An entry expires before one inserted earlier, so popping the queue's expired
+    /// An entry expires before one inserted earlier, so popping the ring's expired
     /// front may leave it behind.
     disordered: bool,
     /// Inserts since the last sweep.
@@ -83,8 +107,16 @@ struct Inner {
 }
 
 /// A byte-bounded map of recently recorded outcomes, evicted oldest first.
+///
+/// One lock, not shards: a critical section is a few probes, and a call's round trip to
+/// the store, not this lock, is what calls wait on; shards would spread the entries
+/// over more memory, and each eviction reads memory gone cold.
 pub(crate) struct ReplayCache {
     budget: usize,
+    /// Seeded per cache, so identities an attacker chooses cannot be steered into one
+    /// bucket; foldhash rather than SipHash, which would cost a read a tenth of a call
+    /// on a store in this process.
+    hasher: foldhash::quality::RandomState,
     inner: Mutex<Inner>,
 }
 
@@ -99,28 +131,20 @@ const fn block(n: usize) -> usize {
     }
 }
 
-/// The heap an `Arc<T>` allocation takes: its two counts and the value.
-const fn arc_block<T>() -> usize {
-    block(2 * size_of::<usize>() + size_of::<T>())
+/// The heap of an outcome's body (an `Arc<[u8]>`: two counts and the bytes).
+fn body_bytes(outcome: &StoredOutcome) -> usize {
+    block(2 * size_of::<usize>() + outcome.body.len())
 }
 
-/// The heap a key holds: its `Arc` and its three strings.
-fn key_bytes(id: &OperationId) -> usize {
-    arc_block::<OperationId>()
-        + block(id.scope.capacity())
-        + block(id.name.capacity())
-        + block(id.key.capacity())
+/// The heap an entry holds: its packed identity and its outcome's body.
+fn entry_bytes(id: &Packed, outcome: &StoredOutcome) -> usize {
+    block(id.text_len()) + body_bytes(outcome)
 }
 
-/// The heap an outcome holds: its `Arc` and its body.
-fn outcome_bytes(outcome: &StoredOutcome) -> usize {
-    arc_block::<StoredOutcome>() + block(outcome.body.len())
-}
-
-/// The heap of std's `HashMap` table (hashbrown's layout) of `capacity`: a power of two
-/// of buckets, 7/8 of them usable (all but one below 8 buckets), each a slot and a
+/// The heap of a hashbrown table of sequence numbers of `capacity`: a power of two of
+/// buckets, 7/8 of them usable (all but one below 8 buckets), each a number and a
 /// control byte, and 16 trailing control bytes.
-fn table_bytes(capacity: usize) -> usize {
+fn index_bytes(capacity: usize) -> usize {
     if capacity == 0 {
         return 0;
     }
@@ -130,88 +154,144 @@ fn table_bytes(capacity: usize) -> usize {
         (capacity * 8).div_ceil(7)
     }
     .next_power_of_two();
-    block((buckets * size_of::<Slot>()).next_multiple_of(16) + buckets + 16)
+    block((buckets * size_of::<u64>()).next_multiple_of(16) + buckets + 16)
+}
+
+/// The heap of a ring of `capacity` slots.
+fn ring_bytes(capacity: usize) -> usize {
+    block(capacity * size_of::<Option<Slot>>())
 }
 
 impl Inner {
     /// Everything the cache holds on the heap, as the budget counts it.
     fn held(&self) -> usize {
-        self.bytes
-            + table_bytes(self.table_capacity)
-            + block(self.order.capacity() * size_of::<Arc<OperationId>>())
+        self.bytes + index_bytes(self.index_capacity) + ring_bytes(self.ring.capacity())
+    }
+
+    /// The entry numbered `seq`, if it is still held.
+    fn slot(ring: &VecDeque<Option<Slot>>, first: u64, seq: u64) -> Option<&Slot> {
+        let at = usize::try_from(seq.checked_sub(first)?).ok()?;
+        ring.get(at)?.as_ref()
+    }
+
+    /// The number of `id`'s entry, whose hash is `hash`.
+    fn find(&self, hash: u64, id: &OperationId) -> Option<u64> {
+        let (ring, first) = (&self.ring, self.first);
+        let is = |&seq: &u64| {
+            Self::slot(ring, first, seq).is_some_and(|s| s.hash == hash && s.id.is(id))
+        };
+        self.index.find(hash, is).copied()
+    }
+
+    /// Takes `seq` (whose entry's hash is `hash`) out of the index.
+    fn unindex(&mut self, hash: u64, seq: u64) {
+        if let Ok(found) = self.index.find_entry(hash, |&q| q == seq) {
+            found.remove();
+        }
+    }
+
+    /// Drops the entry numbered `seq` where it stands, leaving a gap in the ring.
+    fn remove(&mut self, seq: u64) {
+        let Some(at) = seq
+            .checked_sub(self.first)
+            .and_then(|a| usize::try_from(a).ok())
+        else {
+            return;
+        };
+        if let Some(slot) = self.ring.get_mut(at).and_then(Option::take) {
+            self.unindex(slot.hash, seq);
+            self.bytes -= entry_bytes(&slot.id, &slot.entry.outcome);
+        }
+        self.close_front();
+    }
+
+    /// Pops the gaps at the ring's front, so the front is an entry.
+    fn close_front(&mut self) {
+        while let Some(None) = self.ring.front() {
+            self.ring.pop_front();
+            self.first += 1;
+        }
     }
 
     /// Drops the oldest entry; `false` when there is none.
     fn evict_oldest(&mut self) -> bool {
-        let Some(key) = self.order.pop_front() else {
+        let Some(slot) = self.ring.pop_front().flatten() else {
             return false;
         };
-        if let Some(e) = self.entries.remove(&*key) {
-            self.bytes -= key_bytes(&key) + outcome_bytes(&e.outcome);
-        }
+        self.unindex(slot.hash, self.first);
+        self.first += 1;
+        self.bytes -= entry_bytes(&slot.id, &slot.entry.outcome);
+        self.close_front();
         true
     }
 
-    /// Drops expired entries: those at the queue's front, and all of them in a sweep
-    /// when the queue is out of expiry order and enough inserts came since the last.
+    /// Drops expired entries: those at the ring's front, and all of them in a sweep
+    /// when the ring is out of expiry order and enough inserts came since the last.
     fn drop_expired(&mut self, now: Instant) {
-        while let Some(front) = self.order.front() {
-            if self.entries.get(&**front).is_some_and(|e| e.expires > now) {
+        while let Some(Some(front)) = self.ring.front() {
+            if front.entry.expires > now {
                 break;
             }
             self.evict_oldest();
         }
         self.since_sweep += 1;
         if self.disordered && self.since_sweep >= self.swept_len.max(SWEEP_EVERY) {
-            let Inner {
-                entries,
-                order,
-                bytes,
-                ..
-            } = self;
-            entries.retain(|key, e| {
-                let keep = e.expires > now;
-                if !keep {
-                    *bytes -= key_bytes(key) + outcome_bytes(&e.outcome);
+            for at in 0..self.ring.len() {
+                if let Some(slot) = &self.ring[at]
+                    && slot.entry.expires <= now
+                {
+                    self.remove(self.first + at as u64);
                 }
-                keep
-            });
-            order.retain(|key| entries.contains_key(&**key));
+            }
+            self.close_front();
             self.disordered = false;
             self.since_sweep = 0;
-            self.swept_len = entries.len();
+            self.swept_len = self.index.len();
         }
-        // A table left mostly empty by expiries is rebuilt smaller; it doubles again
-        // only after the entries do, so the rebuilds cost O(1) per insert.
-        let len = self.entries.len();
-        if self.table_capacity > 4 * len.max(SWEEP_EVERY / 4) {
-            let mut smaller = HashMap::with_capacity(2 * len);
-            smaller.extend(self.entries.drain());
-            self.entries = smaller;
-            self.table_capacity = self.entries.capacity();
-            self.order.shrink_to(2 * len);
+        // A ring and an index left mostly empty by expiries are rebuilt smaller; they
+        // double again only after the entries do, so the rebuilds cost O(1) per insert.
+        let len = self.index.len();
+        if self.ring.capacity() > 4 * len.max(SWEEP_EVERY / 4) {
+            self.ring.shrink_to(2 * len);
+            let (ring, first) = (&self.ring, self.first);
+            let rehash = |&seq: &u64| Self::slot(ring, first, seq).map_or(0, |s| s.hash);
+            self.index.shrink_to(2 * len, rehash);
+            self.index_capacity = self.index.capacity();
         }
     }
 
-    /// Adds or replaces `id`'s entry.
-    fn insert(&mut self, id: &OperationId, entry: Entry) {
+    /// Adds or replaces the entry of `id`, whose hash is `hash`, within `budget`.
+    fn insert(&mut self, hash: u64, id: &OperationId, entry: Entry, budget: usize) {
         if entry.expires < *self.latest.get_or_insert(entry.expires) {
             self.disordered = true;
         }
         self.latest = self.latest.max(Some(entry.expires));
-        let added = outcome_bytes(&entry.outcome);
-        if let Some(old) = self.entries.get_mut(id) {
-            // The key stays, and so does its place in the queue.
-            self.bytes = self.bytes - outcome_bytes(&old.outcome) + added;
-            *old = entry;
+        if let Some(seq) = self.find(hash, id) {
+            // The identity stays, and so does its place in the ring.
+            let at = (seq - self.first) as usize;
+            if let Some(old) = self.ring[at].as_mut() {
+                self.bytes += body_bytes(&entry.outcome);
+                self.bytes -= body_bytes(&old.entry.outcome);
+                old.entry = entry;
+            }
             return;
         }
-        self.entries.reserve(1);
-        self.table_capacity = self.table_capacity.max(self.entries.capacity());
-        let key = Arc::new(id.clone());
-        self.bytes += key_bytes(&key) + added;
-        self.order.push_back(key.clone());
-        self.entries.insert(key, entry);
+        // A full ring doubles on the next push; where the doubled ring would not fit
+        // the budget, the oldest entry makes room instead.
+        let size = self.ring.capacity();
+        if self.ring.len() == size
+            && self.held() + ring_bytes((2 * size).max(4)) - ring_bytes(size) > budget
+        {
+            self.evict_oldest();
+        }
+        let id = Packed::new(id);
+        self.bytes += entry_bytes(&id, &entry.outcome);
+        let seq = self.first + self.ring.len() as u64;
+        self.ring.push_back(Some(Slot { hash, id, entry }));
+        let (ring, first) = (&self.ring, self.first);
+        let rehash = |&q: &u64| Self::slot(ring, first, q).map_or(0, |s| s.hash);
+        self.index.insert_unique(hash, seq, rehash);
+        self.index_capacity = self.index_capacity.max(self.index.capacity());
     }
 }
 
@@ -220,7 +300,8 @@ impl ReplayCache {
     pub(crate) fn new(budget: usize) -> Self {
         ReplayCache {
             budget,
-            inner: Mutex::new(Inner::default()),
+            hasher: foldhash::quality::RandomState::default(),
+            inner: Mutex::default(),
         }
     }
 
@@ -228,12 +309,18 @@ impl ReplayCache {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn hash(&self, id: &OperationId) -> u64 {
+        self.hasher.hash_one([&id.scope, &id.name, &id.key])
+    }
+
     pub(crate) fn get(&self, id: &OperationId, fingerprint: &[u8; 32]) -> Option<Cached> {
         if self.budget == 0 {
             return None;
         }
+        let hash = self.hash(id);
         let inner = self.lock();
-        let entry = inner.entries.get(id)?;
+        let seq = inner.find(hash, id)?;
+        let entry = &Inner::slot(&inner.ring, inner.first, seq)?.entry;
         if entry.expires <= Instant::now() {
             return None;
         }
@@ -261,32 +348,36 @@ impl ReplayCache {
         if expires <= now {
             return;
         }
-        if key_bytes(id) + outcome_bytes(&outcome) > self.budget {
+        let alone = block(id.scope.len() + id.name.len() + id.key.len()) + body_bytes(&outcome);
+        if alone > self.budget {
             return;
         }
+        let hash = self.hash(id);
         let mut inner = self.lock();
         inner.drop_expired(now);
         inner.insert(
+            hash,
             id,
             Entry {
                 fingerprint,
-                outcome: Arc::new(outcome),
+                outcome,
                 expires,
             },
+            self.budget,
         );
         while inner.held() > self.budget && inner.evict_oldest() {}
     }
 
     /// Drops `id`'s entry: an operator forgot the record, so it must not be replayed
-    /// from here. Linear in the entries; forgetting is rare.
+    /// from here.
     pub(crate) fn forget(&self, id: &OperationId) {
         if self.budget == 0 {
             return;
         }
+        let hash = self.hash(id);
         let mut inner = self.lock();
-        if let Some((key, e)) = inner.entries.remove_entry(id) {
-            inner.bytes -= key_bytes(&key) + outcome_bytes(&e.outcome);
-            inner.order.retain(|k| **k != *id);
+        if let Some(seq) = inner.find(hash, id) {
+            inner.remove(seq);
         }
     }
 
@@ -299,8 +390,9 @@ impl ReplayCache {
     #[cfg(test)]
     fn len(&self) -> usize {
         let inner = self.lock();
-        assert_eq!(inner.entries.len(), inner.order.len());
-        inner.entries.len()
+        let held = inner.ring.iter().filter(|s| s.is_some()).count();
+        assert_eq!(inner.index.len(), held);
+        held
     }
 }
 
@@ -326,7 +418,7 @@ mod tests {
 
     /// What one entry of `outcome(n)` under key `k` costs.
     fn cost(k: &str, n: usize) -> usize {
-        key_bytes(&id(k)) + outcome_bytes(&outcome(n))
+        entry_bytes(&Packed::new(&id(k)), &outcome(n))
     }
 
     #[test]
@@ -367,11 +459,21 @@ mod tests {
     /// bookkeeping, and the cache stays within it however many come.
     #[test]
     fn the_budget_counts_keys_and_bookkeeping() {
-        let budget = 64 * 1024;
+        for budget in [64 * 1024, 96 * 1024, 150 * 1024, 256 * 1024] {
+            fill_within(budget);
+        }
+    }
+
+    /// Puts 20 times as many entries as `budget` holds, checking it all along.
+    fn fill_within(budget: usize) {
         let c = ReplayCache::new(budget);
         let now = Instant::now();
         let key = |i: usize| format!("{i:0>120}");
-        for i in 0..5_000 {
+        // An entry's own cost: its heap, its slot in the ring and its number in the index.
+        let per_entry = cost(&key(0), 1) + size_of::<Option<Slot>>() + size_of::<u64>();
+        let most = budget / per_entry;
+        let mut fewest = usize::MAX;
+        for i in 0..20 * most {
             c.put(
                 &id(&key(i)),
                 [1; 32],
@@ -380,16 +482,22 @@ mod tests {
                 Duration::from_secs(60),
             );
             assert!(c.held() <= budget, "{} > {budget} after {i}", c.held());
+            if i >= 2 * most {
+                fewest = fewest.min(c.len());
+            }
         }
-        let per_entry = cost(&key(0), 1);
         let kept = c.len();
         assert!(
-            kept <= budget / per_entry,
+            kept <= most,
             "{kept} entries of {per_entry} bytes each in {budget} bytes"
         );
-        // Full, not merely small: the bookkeeping does not crowd the entries out.
-        assert!(kept >= budget / (2 * per_entry), "only {kept} entries kept");
-        assert!(c.get(&id(&key(4_999)), &[1; 32]).is_some());
+        // Full all along, not merely small: while entries keep coming, the ring and the
+        // index must not grow past what the budget holds and crowd the entries out.
+        assert!(
+            fewest >= 3 * most / 4,
+            "only {fewest} entries of {most} kept at one point in {budget} bytes"
+        );
+        assert!(c.get(&id(&key(20 * most - 1)), &[1; 32]).is_some());
         assert!(c.get(&id(&key(0)), &[1; 32]).is_none());
     }
 
@@ -455,8 +563,8 @@ mod tests {
         assert_eq!(block(25), 48);
         assert_eq!(block(120), 128);
         // Small tables: 4 buckets for 3, 8 for 7; then 7/8 of a power of two.
-        assert!(table_bytes(3) < table_bytes(7));
-        assert_eq!(table_bytes(14), table_bytes(13));
-        assert!(table_bytes(14) >= 16 * size_of::<Slot>());
+        assert!(index_bytes(3) < index_bytes(7));
+        assert_eq!(index_bytes(14), index_bytes(13));
+        assert!(index_bytes(14) >= 16 * size_of::<u64>());
     }
 }

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use idem_peer_bench::{Res, Size, idem_call, idem_call_of, peer_call_sized, peer_memory};
 use idem_runtime::Idem;
+use idem_runtime::store::{Delegate, MemoryStore, Store};
 use idempotent::store::IdempotencyStore;
 
 type Call = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = Res<()>> + Send>> + Send + Sync>;
@@ -95,6 +96,9 @@ struct Args {
     /// Skip the in-process half.
     #[arg(long)]
     redis_only: bool,
+    /// Only the replay cache on against off, in front of a store with a round trip.
+    #[arg(long)]
+    cache_only: bool,
     /// Only measure the systems whose name is this (e.g. `idem`, `idempotent`).
     #[arg(long)]
     only: Option<String>,
@@ -105,6 +109,10 @@ struct Args {
     /// With `--profile`: replay those calls this many times over after recording them.
     #[arg(long, default_value_t = 0)]
     profile_replays: u64,
+    /// With `--profile`: the memory store behind a round trip, with the replay cache
+    /// (`on`) or without (`off`), instead of the memory store itself.
+    #[arg(long)]
+    profile_cache: Option<Switch>,
 }
 
 /// Keys recorded before a replay phase; replays cycle through them.
@@ -630,7 +638,10 @@ fn main() -> Res<()> {
             .enable_all()
             .build()?;
         return rt.block_on(async {
-            let idem = Idem::memory();
+            let idem = match args.profile_cache {
+                None => Idem::memory(),
+                Some(cache) => round_trip_idem(cache == Switch::On),
+            };
             for k in 0..n {
                 idem_call(&idem, k).await?;
             }
@@ -643,8 +654,12 @@ fn main() -> Res<()> {
         });
     }
 
+    if args.cache_only {
+        return replay_cache(&args, &base);
+    }
     if !args.redis_only {
         in_process(&args, &base)?;
+        replay_cache(&args, &base)?;
     }
     if args.no_redis {
         return Ok(());
@@ -825,6 +840,84 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
         idem_peak / peer_peak
     );
 
+    Ok(())
+}
+
+/// The memory store behind a wrapper that forwards each call as a boxed future: to idem it
+/// is a store with a round trip (of no latency), so the replay cache in front of it is
+/// read and filled as in front of a database, and its cost is the largest share of a
+/// call it can be.
+struct RoundTrip(MemoryStore);
+
+#[async_trait::async_trait]
+impl Delegate for RoundTrip {
+    fn inner(&self) -> &dyn Store {
+        &self.0
+    }
+}
+
+/// On or off.
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Switch {
+    On,
+    Off,
+}
+
+fn round_trip(cache: bool, size: Size) -> Call {
+    idem_calls_of(round_trip_idem(cache), size, true)
+}
+
+fn round_trip_idem(cache: bool) -> Idem {
+    let builder = Idem::builder();
+    let builder = if cache {
+        builder
+    } else {
+        builder.replay_cache_bytes(0)
+    };
+    let store: Arc<dyn Delegate> = Arc::new(RoundTrip(MemoryStore::default()));
+    builder.store(store)
+}
+
+/// The replay cache (its default budget) on against off, in front of [`RoundTrip`], with
+/// each request at 1 caller and 64 tasks.
+fn replay_cache(args: &Args, base: &AtomicU64) -> Res<()> {
+    let systems = || {
+        [
+            (
+                "cache off",
+                (|| round_trip(false, Size::Small)) as fn() -> Call,
+            ),
+            ("cache on", || round_trip(true, Size::Small)),
+            ("cache off 4 KiB", || round_trip(false, Size::Large)),
+            ("cache on 4 KiB", || round_trip(true, Size::Large)),
+        ]
+        .map(|(name, empty)| Measured {
+            name,
+            call: empty(),
+            empty: Some(empty),
+        })
+    };
+    println!("\n## The replay cache, in front of the memory store behind a round trip\n");
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let rows1 = single.block_on(async { compare(&systems(), &[1], args, base).await })?;
+    drop(single);
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let rows64 = multi.block_on(async { compare(&systems(), &[64], args, base).await })?;
+    println!("| operation | ops/s |\n|---|---|");
+    print(&rows1);
+    print(&rows64);
+    println!();
+    for (size, (what, c)) in report_rows() {
+        let rows = if c == 1 { &rows1 } else { &rows64 };
+        let on = get(rows, &format!("cache on{size} {what} ×{c}"));
+        let off = get(rows, &format!("cache off{size} {what} ×{c}"));
+        println!("- {what}{size} ×{c}: cache on / off = {:.2}", on / off);
+    }
     Ok(())
 }
 

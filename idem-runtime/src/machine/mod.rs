@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -19,7 +18,7 @@ use crate::limit::Limited;
 use crate::metrics;
 use crate::op::{Encoded, ErrorPolicy, InFlight, OnStoreError, Operation, Upgrade};
 use crate::step_state::StepsMode;
-use crate::store::{Claim, ClaimRequest, Fence, OutcomeRef, StoredOutcome};
+use crate::store::{Claim, ClaimRequest, Fence, StoredOutcome};
 
 mod sent;
 use sent::{Armed, ClaimInFlight, Unstarted};
@@ -108,24 +107,8 @@ enum Settled {
 enum Decided {
     /// Run the body at this epoch, claimed then.
     Execute(u64, At),
-    Replay(Replayed),
+    Replay(StoredOutcome),
     Unprotected,
-}
-
-/// A recorded outcome to replay: one this process's cache holds, or one the store
-/// returned (shared with it, where the store is in this process).
-enum Replayed {
-    Cached(Arc<StoredOutcome>),
-    Read(StoredOutcome),
-}
-
-impl Replayed {
-    fn view(&self) -> OutcomeRef<'_> {
-        match self {
-            Replayed::Cached(outcome) => outcome.view(),
-            Replayed::Read(outcome) => outcome.view(),
-        }
-    }
 }
 
 impl<'a, P, U, T> Run<'a, P, U, T>
@@ -212,7 +195,7 @@ where
         // Completed outcomes are immutable until they expire, so a read decides a
         // replay without taking the write path: first this process's own, then the store.
         match self.idem.cache().get(id, &self.fingerprint) {
-            Some(Cached::Replay(outcome)) => return Ok(Decided::Replay(Replayed::Cached(outcome))),
+            Some(Cached::Replay(outcome)) => return Ok(Decided::Replay(outcome)),
             Some(Cached::Mismatch) => return Err(self.mismatch()),
             None => {}
         }
@@ -275,7 +258,7 @@ where
         read: Result<Option<Result<StoredOutcome, crate::store::Mismatched>>, StoreError>,
     ) -> Option<Result<Decided, IdemError>> {
         match read {
-            Ok(Some(Ok(outcome))) => Some(Ok(Decided::Replay(Replayed::Read(outcome)))),
+            Ok(Some(Ok(outcome))) => Some(Ok(Decided::Replay(outcome))),
             Ok(Some(Err(_))) => Some(Err(self.mismatch())),
             Ok(None) => None,
             Err(e) => Some(self.store_down(e)),
@@ -326,7 +309,7 @@ where
                 }
                 Decided::Execute(epoch, At { resume, ..at })
             }
-            Claim::Completed(outcome) => Decided::Replay(Replayed::Read(outcome)),
+            Claim::Completed(outcome) => Decided::Replay(outcome),
             Claim::Mismatch => return Err(self.mismatch()),
             Claim::Unknown { epoch, now } => {
                 if now {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
 
+use super::packed::Packed;
 use super::record::{Record, Tick};
 use super::{
     Admin, Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail,
@@ -101,54 +102,6 @@ impl Records {
     fn values(&self) -> impl Iterator<Item = &Record> {
         self.table.iter().map(|e| &e.rec)
     }
-}
-
-/// A record's identity as the store keeps it: scope, name and key side by side in one
-/// allocation. An `OperationId` holds three, so a stored record cost two allocations
-/// more, and a lookup compared through three pointers where this compares through one.
-#[derive(Debug)]
-struct Packed {
-    text: Box<str>,
-    scope_end: u32,
-    name_end: u32,
-}
-
-impl Packed {
-    fn new(id: &OperationId) -> Packed {
-        Packed {
-            text: [id.scope.as_str(), &id.name, &id.key].concat().into(),
-            scope_end: len32(id.scope.len()),
-            name_end: len32(id.scope.len() + id.name.len()),
-        }
-    }
-
-    /// Scope, name and key.
-    fn parts(&self) -> [&str; 3] {
-        let (scope, rest) = self.text.split_at(self.scope_end as usize);
-        let (name, key) = rest.split_at((self.name_end - self.scope_end) as usize);
-        [scope, name, key]
-    }
-
-    /// Whether this is `id`: each part the same, so ids whose parts run together into
-    /// the same text stay apart.
-    fn is(&self, id: &OperationId) -> bool {
-        self.parts() == [id.scope.as_str(), &id.name, &id.key]
-    }
-
-    fn id(&self) -> OperationId {
-        let [scope, name, key] = self.parts();
-        OperationId {
-            scope: scope.to_owned(),
-            name: name.to_owned(),
-            key: key.to_owned(),
-        }
-    }
-}
-
-/// A length as `Packed` files it. The runtime caps each part at 255 bytes; a store used
-/// directly with parts past 4 GiB is refused loudly rather than mis-split.
-fn len32(n: usize) -> u32 {
-    u32::try_from(n).expect("an operation id of 4 GiB or more")
 }
 
 /// The store behind [`Idem::memory`](crate::Idem::memory): records in a hash table

@@ -127,6 +127,7 @@ pub mod conformance;
 mod delegate;
 mod future;
 mod memory;
+pub(crate) mod packed;
 mod record;
 #[cfg(test)]
 #[allow(dead_code, reason = "each store's tests take what they need")]
