@@ -650,3 +650,45 @@ async fn the_steps_key_lives_and_goes_with_its_record() {
     assert_eq!((listed[0].epoch, &listed[0].outcome), (epoch, &value("6")));
     common::Cleanup::for_redis_prefix(&prefix).run().await;
 }
+
+/// Replays read the record with `HMGET` alone while a recent `TIME` bounds the server's
+/// clock, carried forward by this process's: a record whose retention ended since that
+/// `TIME` is not replayed, and its key runs again.
+#[tokio::test]
+async fn a_replay_read_past_retention_runs_again() {
+    let test = "a_replay_read_past_retention_runs_again";
+    if common::redis_skip(test).is_some() {
+        return;
+    }
+    let prefix = common::unique_prefix(test);
+    let idem = Idem::builder()
+        .key_prefix(prefix.as_str())
+        .replay_cache_bytes(0)
+        .redis(&common::redis_url())
+        .await
+        .expect("open");
+    let runs = common::Counter::default();
+    let retain = Duration::from_millis(300);
+    let call = || {
+        let runs = runs.clone();
+        idem.operation("charge", "o-1")
+            .retain(retain)
+            .fingerprint(&7)
+            .run(move || async move {
+                runs.hit();
+                Ok::<_, IdemError>(7)
+            })
+    };
+    assert_eq!(call().await.unwrap(), 7);
+    // Replays: the first, through the claim, opens the replay read; the next reads
+    // with `TIME`, the rest without.
+    for _ in 0..4 {
+        assert_eq!(call().await.unwrap(), 7);
+    }
+    assert_eq!(runs.get(), 1);
+    // Past retention, within a second of the last `TIME`.
+    tokio::time::sleep(retain + Duration::from_millis(100)).await;
+    assert_eq!(call().await.unwrap(), 7);
+    assert_eq!(runs.get(), 2, "replayed past its retention");
+    common::Cleanup::for_redis_prefix(&prefix).run().await;
+}

@@ -89,9 +89,14 @@
 //! score by 8, up to 64, each fresh claim lowers it by 1), a replay is first tried as
 //! plain commands in one pipelined round trip, far lighter for the server than a
 //! script; what that read does not answer goes on to the claim script. On a standalone
-//! server the read is `HMGET` of the record and `TIME`: a COMPLETED record whose
-//! retention ends after that `TIME` (read after the record, so the record was unexpired
-//! when read) answers the replay or the mismatch. On a cluster, where `TIME` could
+//! server the read is `HMGET` of the record's retention deadline, fingerprint and
+//! outcome (a record has an outcome only once COMPLETED), and `TIME` when none was read
+//! in the last second: a record whose retention ends after the server's clock answers
+//! the replay or the mismatch. With `TIME` in the same round trip, after the record, the
+//! clock is that `TIME`; without it, the most the server's clock can read by then,
+//! bounded by the last `TIME` and this process's monotonic clock since it was sent
+//! (`clock.rs`: a server clock stepped forward within that second can let a record
+//! replay up to the step past its retention, never run its body twice). On a cluster, where `TIME` could
 //! reach another node's clock, the record's own TTL stands in for the clock: `HMGET`,
 //! `PTTL`, `HMGET` on the record's node, answering only when the TTL is above the five
 //! minutes a record is kept past its retention and the two reads agree on state, epoch
@@ -149,6 +154,7 @@
 //! `fail_open` does not run it unprotected either (the server answered and holds the
 //! records); a record is retried while its lease holds.
 
+mod clock;
 mod conn;
 mod keys;
 mod scan;
@@ -160,6 +166,7 @@ use std::time::Duration;
 
 use ::redis::Value;
 
+use self::clock::ServerClock;
 use self::conn::{Conn, Lane, relay_wakeups, store_error};
 use self::scripts::{GRACE_MS, Scripts};
 use self::wire::{PackedStep, bytes, int, ms, packed, protocol, text, unpacked};
@@ -189,6 +196,8 @@ pub struct RedisStore {
     listener: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
     /// Whether replays came in lately, so a replay is worth reading before the claim.
     gate: ReplayGate,
+    /// A recent `TIME`, so a standalone server's replay read can leave it out.
+    clock: ServerClock,
 }
 
 impl Drop for RedisStore {
@@ -220,6 +229,7 @@ impl RedisStore {
             pubsub,
             listener: Default::default(),
             gate: ReplayGate::default(),
+            clock: ServerClock::new(),
         }
     }
 }
@@ -248,20 +258,42 @@ impl Store for RedisStore {
                 return Ok(None);
             }
             let (rec, ..) = self.keys(id);
-            let read = ["s", "xa", "e", "fp", "o"];
-            let (fields, alive) = match &self.conn {
+            // `fp` and `o` of a record completed and within its retention, else `None`.
+            // A record has `o` only once completed (`finish` writes it with `s` = 1, and
+            // nothing moves a completed record out of that state), so the standalone
+            // read takes the three fields it needs: each value of a reply costs the
+            // client a parse, and the client is what bounds many callers' replays.
+            let completed = match &self.conn {
                 Conn::Single(conn) => {
-                    let mut pipe = ::redis::pipe();
-                    pipe.cmd("HMGET").arg(&rec).arg(&read).cmd("TIME");
-                    let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = conn
-                        .run(Lane::Light, async |c| pipe.query_async(c).await)
-                        .await
-                        .map_err(store_error)?;
-                    let now = secs * 1000 + micros / 1000;
-                    let alive = fields.get(1).and_then(int).is_some_and(|xa| xa > now);
-                    (fields, alive)
+                    let mut hmget = ::redis::cmd("HMGET");
+                    hmget.arg(&rec).arg(&["xa", "fp", "o"]);
+                    let (fields, now) = if self.clock.fresh() {
+                        let fields: Vec<Value> = conn
+                            .run(Lane::Light, async |c| hmget.query_async(c).await)
+                            .await
+                            .map_err(store_error)?;
+                        // Bounded once the reply is in: the read ran before.
+                        (fields, self.clock.latest_ms())
+                    } else {
+                        // `TIME` after the record: a record alive at that `TIME` was
+                        // alive when read.
+                        let mut pipe = ::redis::pipe();
+                        pipe.add_command(hmget).cmd("TIME");
+                        let sent = self.clock.local_us();
+                        let (fields, (secs, micros)): (Vec<Value>, (i64, i64)) = conn
+                            .run(Lane::Light, async |c| pipe.query_async(c).await)
+                            .await
+                            .map_err(store_error)?;
+                        self.clock.note(sent, secs, micros);
+                        (fields, Some(secs * 1000 + micros / 1000))
+                    };
+                    let [xa, fp, outcome] = <[Value; 3]>::try_from(fields)
+                        .map_err(|f| protocol(format!("HMGET answered {f:?}")))?;
+                    let alive = now.is_some_and(|now| int(&xa).is_some_and(|xa| xa > now));
+                    (alive && outcome != Value::Nil).then_some((fp, outcome))
                 }
                 Conn::Cluster { conn, .. } => {
+                    let read = ["s", "xa", "e", "fp", "o"];
                     let (fields, ttl, again): (Vec<Value>, i64, Vec<Value>) = ::redis::pipe()
                         .cmd("HMGET")
                         .arg(&rec)
@@ -275,20 +307,19 @@ impl Store for RedisStore {
                         .await
                         .map_err(store_error)?;
                     let alive = fields.get(..3) == Some(&again[..]) && ttl > GRACE_MS + 1;
-                    (fields, alive)
+                    let [state, _, _, fp, outcome] = <[Value; 5]>::try_from(fields)
+                        .map_err(|f| protocol(format!("HMGET answered {f:?}")))?;
+                    (alive && int(&state) == Some(1)).then_some((fp, outcome))
                 }
             };
-            let [state, _, _, fp, outcome] = &fields[..] else {
-                return Err(protocol(format!("HMGET answered {fields:?}")));
-            };
-            if int(state) != Some(1) || !alive {
+            let Some((fp, outcome)) = completed else {
                 return Ok(None);
-            }
+            };
             self.gate.saw(true);
-            if bytes(fp).as_deref() != Some(&fingerprint[..]) {
+            if bytes(&fp).as_deref() != Some(&fingerprint[..]) {
                 return Ok(Some(Err(Mismatched)));
             }
-            unpacked(outcome).map(|o| Some(Ok(o)))
+            unpacked(&outcome).map(|o| Some(Ok(o)))
         })
     }
 
