@@ -15,7 +15,12 @@ local function create()
   return clock
 end
 
--- One read serves every answer, the replay's outcome included.
+-- No record: the common case, told by `EXISTS`, which costs the server a fifth of an
+-- `HMGET` of eight fields turned into a Lua table.
+if redis.call('EXISTS', REC) == 0 then
+  return create()
+end
+-- One read serves every other answer, the replay's outcome included.
 local r = redis.call('HMGET', REC, 's', 'e', 'fp', 'lu', 'xa', 'o', 'st', 'll')
 if not r[1] then
   return create()

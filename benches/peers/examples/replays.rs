@@ -7,7 +7,8 @@
 //!     "${CARGO_TARGET_DIR:-benches/peers/target}/release/examples/replays" idem 4
 //! ```
 //!
-//! Arguments: `idem` or `idempotent`, and the seconds to run (default 10). The server
+//! Arguments: `idem` or `idempotent`, the seconds to run (default 10), then `fresh` for
+//! fresh calls instead of replays, and the number of callers (default 16). The server
 //! is `IDEM_REDIS_URL` (default `redis://127.0.0.1:6379`); run it on the other core.
 
 use std::sync::Arc;
@@ -28,6 +29,9 @@ async fn main() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let which = args.next().unwrap_or_else(|| "idem".into());
     let secs: f64 = args.next().map_or(Ok(10.0), |s| s.parse())?;
+    // `fresh`: every call on a key of its own, no replays; then the number of callers.
+    let fresh = args.next().is_some_and(|a| a == "fresh");
+    let callers: usize = args.next().map_or(Ok(CALLERS), |s| s.parse())?;
     let url = std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let idem = Idem::builder()
         .key_prefix("idem-replays")
@@ -47,17 +51,26 @@ async fn main() -> Res<()> {
             }
         }
     };
-    for k in 0..KEYS {
-        call(k).await?;
-    }
+    // Fresh keys start past any earlier run's.
+    let first = if fresh {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros() as u64
+    } else {
+        for k in 0..KEYS {
+            call(k).await?;
+        }
+        0
+    };
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
-    for _ in 0..CALLERS {
+    for _ in 0..callers {
         let (call, done) = (call.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
-                call(done.fetch_add(1, Ordering::Relaxed) % KEYS).await?;
+                let n = done.fetch_add(1, Ordering::Relaxed);
+                call(if fresh { first + n } else { n % KEYS }).await?;
             }
             Res::Ok(())
         }));
@@ -66,8 +79,9 @@ async fn main() -> Res<()> {
         t.await??;
     }
     println!(
-        "{:.0} replays/s",
-        done.load(Ordering::Relaxed) as f64 / secs
+        "{:.0} {}/s",
+        done.load(Ordering::Relaxed) as f64 / secs,
+        if fresh { "fresh calls" } else { "replays" }
     );
     Ok(())
 }

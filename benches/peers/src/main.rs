@@ -396,7 +396,7 @@ async fn command_floor_calls(url: &str, prefix: &str) -> Res<Call> {
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
     let claim = Arc::new(redis::Script::new(
         "redis.call('TIME')
-        redis.call('HMGET', KEYS[1], 's', 'e', 'fp', 'lu', 'xa', 'o', 'st', 'll')
+        redis.call('EXISTS', KEYS[1])
         redis.call('HSET', KEYS[1], 's', '0', 'e', ARGV[1], 'fp', ARGV[2], 'll', ARGV[3],
             'sn', ARGV[4], 'k', ARGV[5])
         return ARGV[1]",
