@@ -192,17 +192,22 @@ impl Inner {
 
     /// Drops the entry numbered `seq` where it stands, leaving a gap in the ring.
     fn remove(&mut self, seq: u64) {
-        let Some(at) = seq
+        if let Some(at) = seq
             .checked_sub(self.first)
             .and_then(|a| usize::try_from(a).ok())
-        else {
-            return;
-        };
-        if let Some(slot) = self.ring.get_mut(at).and_then(Option::take) {
-            self.unindex(slot.hash, seq);
-            self.bytes -= entry_bytes(&slot.id, &slot.entry.outcome);
+        {
+            self.take(at);
         }
         self.close_front();
+    }
+
+    /// Drops the entry at ring position `at`, leaving a gap; positions stay as they are
+    /// until [`close_front`](Self::close_front).
+    fn take(&mut self, at: usize) {
+        if let Some(slot) = self.ring.get_mut(at).and_then(Option::take) {
+            self.unindex(slot.hash, self.first + at as u64);
+            self.bytes -= entry_bytes(&slot.id, &slot.entry.outcome);
+        }
     }
 
     /// Pops the gaps at the ring's front, so the front is an entry.
@@ -237,10 +242,11 @@ impl Inner {
         self.since_sweep += 1;
         if self.disordered && self.since_sweep >= self.swept_len.max(SWEEP_EVERY) {
             for at in 0..self.ring.len() {
-                if let Some(slot) = &self.ring[at]
-                    && slot.entry.expires <= now
+                if self.ring[at]
+                    .as_ref()
+                    .is_some_and(|s| s.entry.expires <= now)
                 {
-                    self.remove(self.first + at as u64);
+                    self.take(at);
                 }
             }
             self.close_front();

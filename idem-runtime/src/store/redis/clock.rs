@@ -48,8 +48,13 @@ impl ServerClock {
 
     /// Whether a sample is fresh enough to bound the server's clock.
     pub(super) fn fresh(&self) -> bool {
+        self.fresh_at(self.local_us())
+    }
+
+    /// Whether a sample is fresh at this process's clock reading `now_us`.
+    fn fresh_at(&self, now_us: i64) -> bool {
         let sent = self.sent_us.load(Ordering::Acquire);
-        sent != NONE && self.local_us() - sent < FRESH_FOR.as_micros() as i64
+        sent != NONE && now_us - sent < FRESH_FOR.as_micros() as i64
     }
 
     /// Takes `TIME`'s reply (`secs`, `micros`) to a request sent at `sent_us`.
@@ -64,11 +69,12 @@ impl ServerClock {
     /// a fresh sample bounds it. Any sample gives a sound bound; freshness keeps drift
     /// and steps out of it.
     pub(super) fn latest_ms(&self) -> Option<i64> {
-        if !self.fresh() {
+        let now_us = self.local_us();
+        if !self.fresh_at(now_us) {
             return None;
         }
         let offset = self.offset_us.load(Ordering::Relaxed);
-        Some(offset.saturating_add(self.local_us()).div_euclid(1000))
+        Some(offset.saturating_add(now_us).div_euclid(1000))
     }
 }
 
