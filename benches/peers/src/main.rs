@@ -679,6 +679,15 @@ struct Measured {
 }
 
 impl Measured {
+    /// A system on a store in memory, measured on an empty one made by `empty`.
+    fn fresh(name: &'static str, empty: fn() -> Call) -> Self {
+        Measured {
+            name,
+            call: empty(),
+            empty: Some(empty),
+        }
+    }
+
     /// A system whose store is kept across samples (a database keeps its table).
     fn kept(name: &'static str, call: Call) -> Self {
         Measured {
@@ -739,11 +748,27 @@ fn memory_systems() -> [Measured; 7] {
         ("idem 4 KiB unhashed", idem_memory_large_unhashed),
         ("harness", harness),
     ]
-    .map(|(name, empty)| Measured {
-        name,
-        call: empty(),
-        empty: Some(empty),
-    })
+    .map(|(name, empty)| Measured::fresh(name, empty))
+}
+
+/// `systems` compared at 1 caller on a current-thread runtime, then at 64 tasks on a
+/// runtime of two workers, which is handed back for more work.
+fn at_1_and_64<const N: usize>(
+    systems: fn() -> [Measured; N],
+    args: &Args,
+    base: &AtomicU64,
+) -> Res<(Vec<Row>, Vec<Row>, tokio::runtime::Runtime)> {
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let rows1 = single.block_on(async { compare(&systems(), &[1], args, base).await })?;
+    drop(single);
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let rows64 = multi.block_on(async { compare(&systems(), &[64], args, base).await })?;
+    Ok((rows1, rows64, multi))
 }
 
 /// The rows each in-process summary reports: request size, then phase and callers.
@@ -776,17 +801,7 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     trim_heap();
 
     println!("## In process (memory stores)\n");
-    // Single-threaded: one caller on a current-thread runtime.
-    let single = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let rows1 = single.block_on(async { compare(&memory_systems(), &[1], args, base).await })?;
-    drop(single);
-    let multi = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let rows64 = multi.block_on(async { compare(&memory_systems(), &[64], args, base).await })?;
+    let (rows1, rows64, multi) = at_1_and_64(memory_systems, args, base)?;
     let peaks = multi.block_on(async {
         let mut peaks = Vec::new();
         for Measured { name, call, .. } in memory_systems().into_iter().take(2) {
@@ -882,7 +897,7 @@ fn round_trip_idem(cache: bool) -> Idem {
 /// The replay cache (its default budget) on against off, in front of [`RoundTrip`], with
 /// each request at 1 caller and 64 tasks.
 fn replay_cache(args: &Args, base: &AtomicU64) -> Res<()> {
-    let systems = || {
+    fn systems() -> [Measured; 4] {
         [
             (
                 "cache off",
@@ -892,23 +907,10 @@ fn replay_cache(args: &Args, base: &AtomicU64) -> Res<()> {
             ("cache off 4 KiB", || round_trip(false, Size::Large)),
             ("cache on 4 KiB", || round_trip(true, Size::Large)),
         ]
-        .map(|(name, empty)| Measured {
-            name,
-            call: empty(),
-            empty: Some(empty),
-        })
-    };
+        .map(|(name, empty)| Measured::fresh(name, empty))
+    }
     println!("\n## The replay cache, in front of the memory store behind a round trip\n");
-    let single = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let rows1 = single.block_on(async { compare(&systems(), &[1], args, base).await })?;
-    drop(single);
-    let multi = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let rows64 = multi.block_on(async { compare(&systems(), &[64], args, base).await })?;
+    let (rows1, rows64, _) = at_1_and_64(systems, args, base)?;
     println!("| operation | ops/s |\n|---|---|");
     print(&rows1);
     print(&rows64);
