@@ -17,19 +17,11 @@ use aws_sdk_dynamodb::config::{Credentials, Region};
 use aws_sdk_dynamodb::types::AttributeValue;
 use idem_runtime::{Idem, IdemError};
 
+#[path = "support/knobs.rs"]
+mod knobs;
+use knobs::{env, median};
+
 const DAY: Duration = Duration::from_secs(86_400);
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn client() -> Client {
     use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};

@@ -13,14 +13,11 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::{Idem, IdemError, Keyring};
 
-const DAY: Duration = Duration::from_secs(86_400);
+#[path = "support/knobs.rs"]
+mod knobs;
+use knobs::{env, median};
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+const DAY: Duration = Duration::from_secs(86_400);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Store {
@@ -61,11 +58,6 @@ async fn per_call(idem: &Idem, outcome: &str, from: u64, calls: usize) -> f64 {
         assert_eq!(out.len(), outcome.len());
     }
     started.elapsed().as_secs_f64() * 1e6 / calls as f64
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 #[tokio::main(flavor = "current_thread")]

@@ -23,19 +23,11 @@ use idem_runtime::client::PropagateKeyLayer;
 use idem_runtime::{ClaimLimit, Idem, IdemBuilder, IdemError};
 use tower::{Layer, Service, ServiceExt};
 
+#[path = "support/knobs.rs"]
+mod knobs;
+use knobs::{env, median};
+
 const DAY: Duration = Duration::from_secs(86_400);
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// An allowance no run of this bench uses up: what is measured is the counting.
 fn generous() -> ClaimLimit {
