@@ -13,7 +13,6 @@
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::config::{Credentials, Region};
 use aws_sdk_dynamodb::types::AttributeValue;
 use idem_runtime::{Idem, IdemError};
 
@@ -23,20 +22,9 @@ use knobs::{env, median};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
-fn client() -> Client {
-    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(Provider::Rustls(CryptoMode::Ring))
-        .build_https();
-    let config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version_latest()
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "bench"))
-        .endpoint_url(idem_test_support::dynamodb_url())
-        .http_client(http)
-        .build();
-    Client::from_conf(config)
-}
+#[path = "../tests/common/dynamodb_client.rs"]
+mod local;
+use local::client;
 
 /// Microseconds per call of idem's, keys `from..from + calls`.
 async fn idem_calls(idem: &Idem, from: u64, calls: usize) -> f64 {

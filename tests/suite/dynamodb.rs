@@ -6,28 +6,14 @@ use crate::common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::config::{Credentials, Region};
 use idem_runtime::store::conformance;
 use idem_runtime::store::dynamodb::DynamoStore;
 use idem_runtime::{Idem, IdemError};
 use idem_test_support::{db_required, dynamodb_url, skip};
 
-/// A client of the local server, with the credentials and region it takes.
-pub(crate) fn client() -> Client {
-    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(Provider::Rustls(CryptoMode::Ring))
-        .build_https();
-    let config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version_latest()
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
-        .endpoint_url(dynamodb_url())
-        .http_client(http)
-        .build();
-    Client::from_conf(config)
-}
+#[path = "../common/dynamodb_client.rs"]
+mod local;
+pub(crate) use local::client;
 
 /// Whether the local server listens; a test skips with one line without it, or fails
 /// under `IDEM_REQUIRE_DB=1`.
