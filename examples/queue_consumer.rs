@@ -308,7 +308,6 @@ async fn main() -> Result<(), BoxError> {
                 _ => continue,
             }
         }
-        last_message = Instant::now();
         let delivery = |(message, _): &(jetstream::Message, PaymentRequested)| {
             message
                 .info()
@@ -337,6 +336,8 @@ async fn main() -> Result<(), BoxError> {
                 Action::Terminate => message.ack_with(AckKind::Term).await?,
             }
         }
+        // Idle counts from the end of the last batch, however long it took.
+        last_message = Instant::now();
     }
     Ok(())
 }

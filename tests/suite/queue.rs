@@ -394,9 +394,12 @@ async fn a_released_error_is_redelivered_and_then_succeeds() {
             .any(|l| l.contains("payment_id=p-2 delivery=1 cause=Released action=Redeliver")),
         "{seen:#?}"
     );
+    // A consumer that went idle before the redelivery is run again, and its process
+    // fails p-2 once more: the success may come on a later delivery than the second.
     assert!(
-        seen.iter()
-            .any(|l| l.contains("payment_id=p-2 delivery=2 cause=Done action=Ack")),
+        seen.iter().any(|l| l.contains("payment_id=p-2 delivery=")
+            && l.contains("cause=Done action=Ack")
+            && !l.contains("delivery=1 ")),
         "{seen:#?}"
     );
     assert_eq!(setup.payments().await, (3, 3));
