@@ -10,16 +10,16 @@
 //! # Its cost on a call
 //!
 //! Every call reads the cache and every call that records fills it, so both stay
-//! short: one hash of the identity per read or fill (foldhash, seeded per cache), the
-//! identity packed inline (an allocation only past 24 bytes), the outcome kept as the shared body the
+//! short: one hash of the identity per read or fill (foldhash, seeded per cache), one
+//! allocation per entry (the identity, packed), the outcome kept as the shared body the
 //! store was sent, and an eviction that pops the oldest entry and finds its number in
 //! the index by the hash it kept, reading no identity. One mutex guards it: a critical
 //! section is a few probes.
 //!
 //! # What the budget counts
 //!
-//! Everything the cache holds on the heap: per entry, its packed identity (when past 24
-//! bytes) and the outcome's body; and the ring of entries and the index at their capacity. Each
+//! Everything the cache holds on the heap: per entry, its packed identity and the
+//! outcome's body; and the ring of entries and the index at their capacity. Each
 //! heap block is counted as glibc's `malloc` sizes it on 64-bit platforms (the request
 //! plus an 8-byte header, rounded up to 16, at least 32: [`block`]), so what the cache
 //! holds stays within its budget; an allocator with coarser size classes can take a few
@@ -138,7 +138,7 @@ fn body_bytes(outcome: &StoredOutcome) -> usize {
 
 /// The heap an entry holds: its packed identity and its outcome's body.
 fn entry_bytes(id: &Packed, outcome: &StoredOutcome) -> usize {
-    block(id.heap_len()) + body_bytes(outcome)
+    block(id.text_len()) + body_bytes(outcome)
 }
 
 /// The heap of a hashbrown table of sequence numbers of `capacity`: a power of two of
