@@ -113,7 +113,14 @@ struct Args {
     /// (`on`) or without (`off`), instead of the memory store itself.
     #[arg(long)]
     profile_cache: Option<Switch>,
+    /// With `--cache-only` or `--profile-cache on`: the replay cache's budget in bytes,
+    /// instead of its default (4 MiB).
+    #[arg(long, value_name = "BYTES")]
+    cache_bytes: Option<usize>,
 }
+
+/// `--cache-bytes`, for the systems built by plain functions.
+static CACHE_BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 /// Keys recorded before a replay phase; replays cycle through them.
 const REPLAY_KEYS: u64 = 2_000;
@@ -633,6 +640,9 @@ fn get(rows: &[Row], label: &str) -> f64 {
 fn main() -> Res<()> {
     let args = Args::parse();
     let base = AtomicU64::new(1 << 40);
+    if let Some(bytes) = args.cache_bytes {
+        CACHE_BYTES.set(bytes).expect("set once");
+    }
     if let Some(n) = args.profile {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -884,10 +894,10 @@ fn round_trip(cache: bool, size: Size) -> Call {
 
 fn round_trip_idem(cache: bool) -> Idem {
     let builder = Idem::builder();
-    let builder = if cache {
-        builder
-    } else {
-        builder.replay_cache_bytes(0)
+    let builder = match (cache, CACHE_BYTES.get()) {
+        (true, Some(&bytes)) => builder.replay_cache_bytes(bytes),
+        (true, None) => builder,
+        (false, _) => builder.replay_cache_bytes(0),
     };
     let store: Arc<dyn Delegate> = Arc::new(RoundTrip(MemoryStore::default()));
     builder.store(store)
