@@ -276,6 +276,15 @@ impl OwnServer {
         (sum(|n| n.starts_with("eval")), sum(|n| n == "hmget"))
     }
 
+    /// A handle on this server with the replay cache off, so every call reaches it.
+    async fn idem_uncached(&self) -> Idem {
+        Idem::builder()
+            .replay_cache_bytes(0)
+            .redis(&self.url)
+            .await
+            .unwrap()
+    }
+
     /// Scripts the server ran since the last call (and resets the counters).
     async fn scripts_run(&self) -> u64 {
         self.commands_run().await.0
@@ -291,11 +300,7 @@ async fn a_fresh_call_reads_the_servers_clock_once() {
     let Some(server) = OwnServer::start("a_fresh_call_reads_the_servers_clock_once").await else {
         return;
     };
-    let idem = Idem::builder()
-        .replay_cache_bytes(0)
-        .redis(&server.url)
-        .await
-        .unwrap();
+    let idem = server.idem_uncached().await;
     let client = redis::Client::open(server.url.as_str()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let server_ms = |mut c: redis::aio::MultiplexedConnection| async move {
@@ -375,11 +380,7 @@ async fn scripts_per_fresh_call_replay_and_run_of_replays() {
     else {
         return;
     };
-    let idem = Idem::builder()
-        .replay_cache_bytes(0)
-        .redis(&server.url)
-        .await
-        .unwrap();
+    let idem = server.idem_uncached().await;
     let call = |key: &'static str| {
         let idem = idem.clone();
         async move {
