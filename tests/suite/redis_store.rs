@@ -372,8 +372,9 @@ async fn a_fresh_call_reads_the_servers_clock_once() {
 
 /// A fresh call is two round trips (the claim script, the record script) and a replay
 /// one: the claim script itself decides fresh, replay, in flight and mismatch. Once
-/// replays come in, a replay is no script at all: one `HMGET` (with `TIME`, pipelined),
-/// which finds a record past its retention no replay.
+/// replays come in, a replay is no script at all: one `HMGET` (with `TIME` pipelined
+/// when no sample of the server's clock came in the last second), which finds a record
+/// past its retention no replay.
 #[tokio::test]
 async fn scripts_per_fresh_call_replay_and_run_of_replays() {
     let Some(server) = OwnServer::start("scripts_per_fresh_call_replay_and_run_of_replays").await
