@@ -142,6 +142,17 @@ async fn lost_server_is_unreachable() {
     );
 }
 
+/// A handle on the server at `url` (under `prefix`, if given) with the replay cache
+/// off, so every call reaches the server.
+async fn uncached(url: &str, prefix: Option<&str>) -> Idem {
+    let builder = Idem::builder().replay_cache_bytes(0);
+    let builder = match prefix {
+        Some(prefix) => builder.key_prefix(prefix),
+        None => builder,
+    };
+    builder.redis(url).await.expect("open")
+}
+
 /// The TTLs behind the module's promises: an in-progress record never expires; a
 /// completed one expires by itself shortly after its retention; a released one is
 /// gone, and nothing of its operation stays behind (epochs come from the server's
@@ -153,12 +164,7 @@ async fn records_expire_by_themselves_and_leave_nothing_behind() {
         return;
     }
     let prefix = common::unique_prefix(test);
-    let idem = Idem::builder()
-        .key_prefix(prefix.clone())
-        .replay_cache_bytes(0)
-        .redis(&common::redis_url())
-        .await
-        .expect("open");
+    let idem = uncached(&common::redis_url(), Some(&prefix)).await;
     let client = redis::Client::open(common::redis_url()).unwrap();
     let c = client.get_multiplexed_async_connection().await.unwrap();
     // The operations' keys under the prefix (the key-mode key left out), sorted.
@@ -276,13 +282,9 @@ impl OwnServer {
         (sum(|n| n.starts_with("eval")), sum(|n| n == "hmget"))
     }
 
-    /// A handle on this server with the replay cache off, so every call reaches it.
+    /// A handle on this server with the replay cache off.
     async fn idem_uncached(&self) -> Idem {
-        Idem::builder()
-            .replay_cache_bytes(0)
-            .redis(&self.url)
-            .await
-            .unwrap()
+        uncached(&self.url, None).await
     }
 
     /// Scripts the server ran since the last call (and resets the counters).
@@ -746,12 +748,7 @@ async fn a_replay_read_past_retention_runs_again() {
         return;
     }
     let prefix = common::unique_prefix(test);
-    let idem = Idem::builder()
-        .key_prefix(prefix.as_str())
-        .replay_cache_bytes(0)
-        .redis(&common::redis_url())
-        .await
-        .expect("open");
+    let idem = uncached(&common::redis_url(), Some(&prefix)).await;
     let runs = common::Counter::default();
     let retain = Duration::from_millis(300);
     let call = || {

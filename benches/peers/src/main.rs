@@ -766,7 +766,7 @@ fn at_1_and_64<const N: usize>(
     systems: fn() -> [Measured; N],
     args: &Args,
     base: &AtomicU64,
-) -> Res<(Vec<Row>, Vec<Row>, tokio::runtime::Runtime)> {
+) -> Res<(AtOneAnd64, tokio::runtime::Runtime)> {
     let single = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -777,7 +777,35 @@ fn at_1_and_64<const N: usize>(
         .enable_all()
         .build()?;
     let rows64 = multi.block_on(async { compare(&systems(), &[64], args, base).await })?;
-    Ok((rows1, rows64, multi))
+    Ok((AtOneAnd64 { rows1, rows64 }, multi))
+}
+
+/// The rows of the same systems measured at 1 caller and at 64 tasks.
+struct AtOneAnd64 {
+    rows1: Vec<Row>,
+    rows64: Vec<Row>,
+}
+
+impl AtOneAnd64 {
+    /// Both as one table, then a blank line.
+    fn print(&self) {
+        println!("| operation | ops/s |\n|---|---|");
+        print(&self.rows1);
+        print(&self.rows64);
+        println!();
+    }
+
+    /// The median of `label`, measured with `callers` (1 or 64).
+    fn get(&self, callers: usize, label: &str) -> f64 {
+        get(
+            if callers == 1 {
+                &self.rows1
+            } else {
+                &self.rows64
+            },
+            label,
+        )
+    }
 }
 
 /// The rows each in-process summary reports: request size, then phase and callers.
@@ -810,7 +838,7 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     trim_heap();
 
     println!("## In process (memory stores)\n");
-    let (rows1, rows64, multi) = at_1_and_64(memory_systems, args, base)?;
+    let (rows, multi) = at_1_and_64(memory_systems, args, base)?;
     let peaks = multi.block_on(async {
         let mut peaks = Vec::new();
         for Measured { name, call, .. } in memory_systems().into_iter().take(2) {
@@ -819,20 +847,15 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
         }
         Res::Ok(peaks)
     })?;
-    println!("| operation | ops/s |\n|---|---|");
-    print(&rows1);
-    print(&rows64);
-    println!();
+    rows.print();
     for (size, (what, c)) in report_rows() {
-        let rows = if c == 1 { &rows1 } else { &rows64 };
-        let a = get(rows, &format!("idem{size} {what} ×{c}"));
-        let b = get(rows, &format!("idempotent{size} {what} ×{c}"));
+        let a = rows.get(c, &format!("idem{size} {what} ×{c}"));
+        let b = rows.get(c, &format!("idempotent{size} {what} ×{c}"));
         println!("- {what}{size} ×{c}: idem / idempotent = {:.2}", a / b);
     }
     for (size, (what, c)) in report_rows() {
-        let rows = if c == 1 { &rows1 } else { &rows64 };
-        let a = get(rows, &format!("idem{size} unhashed {what} ×{c}"));
-        let b = get(rows, &format!("idempotent{size} {what} ×{c}"));
+        let a = rows.get(c, &format!("idem{size} unhashed {what} ×{c}"));
+        let b = rows.get(c, &format!("idempotent{size} {what} ×{c}"));
         println!(
             "- {what}{size} ×{c}, no fingerprint (floor): idem / idempotent = {:.2}",
             a / b
@@ -841,10 +864,9 @@ fn in_process(args: &Args, base: &AtomicU64) -> Res<()> {
     // Each library's time per call less the harness's, as a ratio: what the libraries
     // themselves spend, with the tasks, boxing and clock of the harness taken out.
     for (size, (what, c)) in report_rows() {
-        let rows = if c == 1 { &rows1 } else { &rows64 };
-        let h = 1.0 / get(rows, &format!("harness {what} ×{c}"));
-        let a = 1.0 / get(rows, &format!("idem{size} {what} ×{c}")) - h;
-        let b = 1.0 / get(rows, &format!("idempotent{size} {what} ×{c}")) - h;
+        let h = 1.0 / rows.get(c, &format!("harness {what} ×{c}"));
+        let a = 1.0 / rows.get(c, &format!("idem{size} {what} ×{c}")) - h;
+        let b = 1.0 / rows.get(c, &format!("idempotent{size} {what} ×{c}")) - h;
         println!(
             "- {what}{size} ×{c}, net of the harness ({:.0} ns a call): idem {:.0} ns, \
              idempotent {:.0} ns, idem / idempotent = {:.2}",
@@ -919,15 +941,11 @@ fn replay_cache(args: &Args, base: &AtomicU64) -> Res<()> {
         .map(|(name, empty)| Measured::fresh(name, empty))
     }
     println!("\n## The replay cache, in front of the memory store behind a round trip\n");
-    let (rows1, rows64, _) = at_1_and_64(systems, args, base)?;
-    println!("| operation | ops/s |\n|---|---|");
-    print(&rows1);
-    print(&rows64);
-    println!();
+    let (rows, _) = at_1_and_64(systems, args, base)?;
+    rows.print();
     for (size, (what, c)) in report_rows() {
-        let rows = if c == 1 { &rows1 } else { &rows64 };
-        let on = get(rows, &format!("cache on{size} {what} ×{c}"));
-        let off = get(rows, &format!("cache off{size} {what} ×{c}"));
+        let on = rows.get(c, &format!("cache on{size} {what} ×{c}"));
+        let off = rows.get(c, &format!("cache off{size} {what} ×{c}"));
         println!("- {what}{size} ×{c}: cache on / off = {:.2}", on / off);
     }
     Ok(())
