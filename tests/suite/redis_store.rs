@@ -293,90 +293,11 @@ impl OwnServer {
     }
 }
 
-/// A fresh claim's epoch is the server's `TIME`, so the record that follows reads no
-/// clock of its own: the process hands it the retention deadline, bounded from that
-/// sample, never before the server's clock at the record's send plus `retain` (nor a
-/// second past it: a sample is trusted for a second).
-#[tokio::test]
-async fn a_fresh_call_reads_the_servers_clock_once() {
-    let Some(server) = OwnServer::start("a_fresh_call_reads_the_servers_clock_once").await else {
-        return;
-    };
-    let idem = server.idem_uncached().await;
-    let client = redis::Client::open(server.url.as_str()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let server_ms = |mut c: redis::aio::MultiplexedConnection| async move {
-        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
-        secs * 1000 + micros / 1000
-    };
-    let retain = Duration::from_secs(86_400);
-    let call = |key: &'static str| {
-        idem.operation("send", key)
-            .retain(retain)
-            .fingerprint_none()
-            .run(|| async { Ok::<_, IdemError>(7u32) })
-    };
-    // Loads the scripts.
-    call("warm").await.unwrap();
-    common::redis_command_calls(&server.url).await;
-    // A record sent over a second after its claim (a stalled test machine) reads `TIME`
-    // itself; of three fresh calls, one is enough to tell.
-    let mut spared = None;
-    for key in ["k1", "k2", "k3"] {
-        let existing = common::scan_keys(&mut c, "*").await.unwrap();
-        let before = server_ms(c.clone()).await;
-        assert_eq!(call(key).await.unwrap(), 7);
-        let after = server_ms(c.clone()).await;
-        let calls = common::redis_command_calls(&server.url).await;
-        let times = calls
-            .iter()
-            .find(|(n, _)| n == "time")
-            .map_or(0, |(_, n)| *n);
-        // The two `TIME`s of this test, and the claim's.
-        if times == 3 {
-            spared = Some((existing, before, after));
-            break;
-        }
-        assert_eq!(times, 4, "{calls:?}");
-    }
-    let (existing, before, after) =
-        spared.expect("each of three fresh calls' records read the server's clock");
-
-    // The record is the key that call added.
-    let added: Vec<String> = common::scan_keys(&mut c, "*")
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|k| !existing.contains(k))
-        .collect();
-    let [record] = &added[..] else {
-        panic!("one key added by the call: {added:?}");
-    };
-    let xa: i64 = redis::cmd("HGET")
-        .arg(record)
-        .arg("xa")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(record)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let retain_ms = retain.as_millis() as i64;
-    assert!(
-        xa >= before + retain_ms && xa <= after + retain_ms + 1000,
-        "deadline {xa} outside [{before}, {after} + 1 s] + retain"
-    );
-    let grace = 5 * 60 * 1000;
-    assert!(ttl > grace && ttl <= retain_ms + grace, "TTL {ttl}");
-}
-
 /// A fresh call is two round trips (the claim script, the record script) and a replay
 /// one: the claim script itself decides fresh, replay, in flight and mismatch. Once
 /// replays come in, a replay is no script at all: one `HMGET` (with `TIME` pipelined
-/// when no sample of the server's clock came in the last second), which finds a record
-/// past its retention no replay.
+/// when none was read in the last second), which finds a record past its retention no
+/// replay.
 #[tokio::test]
 async fn scripts_per_fresh_call_replay_and_run_of_replays() {
     let Some(server) = OwnServer::start("scripts_per_fresh_call_replay_and_run_of_replays").await

@@ -1,18 +1,15 @@
-//! The server's clock as this process bounds it on a standalone server: a sample within
-//! the last second (a `TIME` read, or a fresh claim's epoch, which is the server's
-//! `TIME` in µs), carried forward by this process's monotonic clock, so most replays
-//! send `HMGET` alone and a fresh call's record script reads no clock.
+//! The server's clock as a standalone server's replay read bounds it: a `TIME` read
+//! within the last second, carried forward by this process's monotonic clock, so most
+//! replays send `HMGET` alone.
 //!
-//! The bound is sound whatever the round trip: the sample ran after its request was sent,
+//! The bound is sound whatever the round trip: `TIME` ran after its request was sent,
 //! so at any later moment the server's clock reads at most `TIME` plus the time since
 //! that send, both clocks running at the same rate. A sample is trusted for a second, so
 //! a slewing clock (at most 500 ppm under NTP) moves the bound by half a millisecond at
 //! most. A server clock stepped forward since the sample is not seen until the next:
 //! within that second a record may replay that the server already counts as past its
-//! retention by up to the step, a replay rather than a second run of its body, and a
-//! record sent then is kept up to the step short of its retention. A bound too high
-//! only sends a replay on to the claim, which decides by the server's own clock, or
-//! keeps a record that much longer.
+//! retention by up to the step, a replay rather than a second run of its body. A bound
+//! too high only sends a replay on to the claim, which decides by the server's own clock.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};

@@ -29,13 +29,7 @@
 //!   and retention deadline (`idem-runtime/lua/prelude.lua` lists the fields). A fresh
 //!   claim writes its lease's length alone: its epoch is the server's clock in µs, so
 //!   the claim time and the lease deadline follow from the two, and the script converts
-//!   and formats no number. A renewal or a later claim of the record writes both. On
-//!   a standalone server that fresh epoch is also a sample of the server's clock (see
-//!   Replays below): the record that follows within a second is handed its retention
-//!   deadline, that bound plus `retain`, and its TTL, so its script reads no `TIME` and
-//!   formats no number either; the deadline is never before the server's clock at the
-//!   record's send plus `retain` (after a longer body, or on a cluster, the script reads
-//!   `TIME`). A
+//!   and formats no number. A renewal or a later claim of the record writes both. A
 //!   completed record gets `PEXPIRE` five minutes past its retention: claims treat it
 //!   as absent from its retention on, [`Admin::purge_expired`] deletes (and counts) the
 //!   ones it finds early, and Redis drops the rest by itself, so nothing needs to run a
@@ -96,8 +90,8 @@
 //! plain commands in one pipelined round trip, far lighter for the server than a
 //! script; what that read does not answer goes on to the claim script. On a standalone
 //! server the read is `HMGET` of the record's retention deadline, fingerprint and
-//! outcome (a record has an outcome only once COMPLETED), and `TIME` when no sample of
-//! the server's clock (a `TIME`, or a fresh claim's epoch) came in the last second: a record whose retention ends after the server's clock answers
+//! outcome (a record has an outcome only once COMPLETED), and `TIME` when none was read
+//! in the last second: a record whose retention ends after the server's clock answers
 //! the replay or the mismatch. With `TIME` in the same round trip, after the record, the
 //! clock is that `TIME`; without it, the most the server's clock can read by then,
 //! bounded by the last `TIME` and this process's monotonic clock since it was sent
@@ -175,7 +169,7 @@ use ::redis::Value;
 use self::clock::ServerClock;
 use self::conn::{Conn, Lane, relay_wakeups, store_error};
 use self::scripts::{GRACE_MS, Scripts};
-use self::wire::{PackedStep, bytes, int, ms, ms_count, packed, protocol, text, unpacked};
+use self::wire::{PackedStep, bytes, int, ms, packed, protocol, text, unpacked};
 use super::{
     Admin, Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail,
     RecordInfo, ReplayGate, State, Stats, StepRecord, Store, StoreFuture, StoredOutcome, Takeover,
@@ -341,7 +335,6 @@ impl Store for RedisStore {
             let lease = ms(super::lease_written(req.lease));
             let (scope, name) = (&req.id.scope, &req.id.name);
             let scope_name = format!("{}:{scope}{}:{name}", scope.len(), name.len());
-            let sent = self.clock.local_us();
             let v = self
                 .run(
                     &self.scripts.claim,
@@ -359,18 +352,10 @@ impl Store for RedisStore {
             // A fresh claim answers its epoch alone, in decimal.
             if let Value::BulkString(_) = &v {
                 self.gate.saw(false);
-                let epoch = int(&v).ok_or_else(bad)?;
-                // That epoch is the server's `TIME` in µs when the claim ran: a sample
-                // of its clock, which the record's script is then spared.
-                if let Conn::Single(_) = &self.conn {
-                    self.clock.note(
-                        sent,
-                        epoch.div_euclid(1_000_000),
-                        epoch.rem_euclid(1_000_000),
-                    );
-                }
                 return Ok(Claim::Acquired {
-                    epoch: u64::try_from(epoch).map_err(|_| bad())?,
+                    epoch: int(&v)
+                        .and_then(|e| u64::try_from(e).ok())
+                        .ok_or_else(bad)?,
                     takeover: false,
                     resume: false,
                 });
@@ -411,33 +396,13 @@ impl Store for RedisStore {
         retain: Duration,
     ) -> StoreFuture<'a, Result<Fence, StoreError>> {
         StoreFuture::new(async move {
-            let retain_ms = ms_count(retain);
-            let (epoch, retain) = (epoch.to_string(), retain_ms.to_string());
-            let outcome = packed(outcome);
-            let mut args: [&[u8]; 5] = [epoch.as_bytes(), &outcome, retain.as_bytes(), b"", b""];
-            // A standalone server whose clock this process bounds is handed the record's
-            // retention deadline and TTL, so its script reads no `TIME` and formats no
-            // number; the deadline is the bound plus `retain`, never before the server's
-            // clock at this send plus `retain`, so the replay cache's entry (which lives
-            // `retain` from before the send) always ends first.
-            let deadline = match &self.conn {
-                Conn::Single(_) => self.clock.latest_ms().map(|now| {
-                    (
-                        now.saturating_add(retain_ms).to_string(),
-                        retain_ms.saturating_add(GRACE_MS).to_string(),
-                    )
-                }),
-                Conn::Cluster { .. } => None,
-            };
-            let used = match &deadline {
-                Some((xa, ttl)) => {
-                    args[3] = xa.as_bytes();
-                    args[4] = ttl.as_bytes();
-                    5
-                }
-                None => 3,
-            };
-            self.fenced(&self.scripts.record, id, &args[..used]).await
+            let (epoch, retain) = (epoch.to_string(), ms(retain));
+            self.fenced(
+                &self.scripts.record,
+                id,
+                &[epoch.as_bytes(), &packed(outcome), retain.as_bytes()],
+            )
+            .await
         })
     }
 

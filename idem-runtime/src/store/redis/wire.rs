@@ -96,12 +96,7 @@ pub(super) fn bytes(v: &Value) -> Option<Vec<u8>> {
 }
 
 pub(super) fn ms(d: Duration) -> String {
-    ms_count(d).to_string()
-}
-
-/// `d` in whole ms, as the scripts take a duration.
-pub(super) fn ms_count(d: Duration) -> i64 {
-    d.as_millis().min(MAX_RETAIN_MS) as i64
+    d.as_millis().min(MAX_RETAIN_MS).to_string()
 }
 
 /// An outcome as the record's field `o` and the end of a packed step hold it:
