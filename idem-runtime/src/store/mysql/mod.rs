@@ -493,9 +493,8 @@ mod tests {
                             Ok(0) | Err(_) => return,
                             Ok(n) => n,
                         };
-                        if to_server.write_all(&chunk[..n]).await.is_err() {
-                            return;
-                        }
+                        // Counted before it is forwarded: once the server can answer,
+                        // the caller may read the count.
                         buf.extend_from_slice(&chunk[..n]);
                         while buf.len() >= 4 {
                             let len = usize::from(buf[0])
@@ -507,9 +506,12 @@ mod tests {
                             // sqlx's ping as it returns a connection to the pool, after
                             // the caller has its answer, is not counted.
                             if buf[3] == 0 && buf.get(4) != Some(&COM_PING) {
-                                counted.fetch_add(1, Ordering::Relaxed);
+                                counted.fetch_add(1, Ordering::SeqCst);
                             }
                             buf.drain(..4 + len);
+                        }
+                        if to_server.write_all(&chunk[..n]).await.is_err() {
+                            return;
                         }
                     }
                 });
@@ -574,11 +576,11 @@ mod tests {
         };
         // The record's statement prepared on the connection before counting.
         call(0).await;
-        let before = commands.load(Ordering::Relaxed);
+        let before = commands.load(Ordering::SeqCst);
         for n in 1..=100 {
             call(n).await;
         }
-        let sent = commands.load(Ordering::Relaxed) - before;
+        let sent = commands.load(Ordering::SeqCst) - before;
         counted.dialect.pool.close().await;
         drop_test_tables(&store, &table).await;
         assert_eq!(sent, 200, "round trips of 100 fresh calls");
