@@ -4,7 +4,7 @@
 //! Safe across processes: a COMPLETED record never changes until it expires (resolve
 //! settles only IN_PROGRESS and UNKNOWN records, purge removes only expired ones), and an
 //! entry is dropped before its record can expire: it lives at most `retain` from the
-//! moment just before the record was sent, and at most [`MAX_ENTRY_LIFE`] so that a
+//! moment just before the claim was sent, and at most [`MAX_ENTRY_LIFE`] so that a
 //! paused clock or a suspended host cannot stretch it far.
 //!
 //! # Its cost on a call
@@ -337,20 +337,21 @@ impl ReplayCache {
         })
     }
 
-    /// Remembers an outcome whose record was sent at `sent_at` and kept for `retain`.
+    /// Remembers an outcome kept for `retain` from `from` (no later than the claim's
+    /// send).
     pub(crate) fn put(
         &self,
         id: &OperationId,
         fingerprint: [u8; 32],
         outcome: StoredOutcome,
-        sent_at: Instant,
+        from: Instant,
         retain: Duration,
     ) {
         if self.budget == 0 {
             return;
         }
         let now = Instant::now();
-        let expires = sent_at + retain.min(MAX_ENTRY_LIFE);
+        let expires = from + retain.min(MAX_ENTRY_LIFE);
         if expires <= now {
             return;
         }

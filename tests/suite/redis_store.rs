@@ -394,6 +394,114 @@ async fn a_replay_from_the_replay_cache_sends_nothing() {
     assert_eq!(runs.get(), 1, "a replay ran the body");
 }
 
+/// A replay cache entry lives `retain` from the claim's send, not the record's: a body
+/// that outlasts `retain` leaves no entry, so the replay that follows asks the server,
+/// whose record (kept `retain` from the write) decides.
+#[tokio::test]
+async fn a_cached_outcome_lives_retain_from_the_claim() {
+    let Some(server) = OwnServer::start("a_cached_outcome_lives_retain_from_the_claim").await
+    else {
+        return;
+    };
+    let idem = Idem::builder().redis(&server.url).await.unwrap();
+    let call = |pause: Duration| {
+        idem.operation("send", "k")
+            .retain(Duration::from_millis(500))
+            .fingerprint_none()
+            .run(move || async move {
+                tokio::time::sleep(pause).await;
+                Ok::<_, IdemError>(7u32)
+            })
+    };
+    assert_eq!(call(Duration::from_millis(700)).await.unwrap(), 7);
+    server.commands_run().await;
+    call(Duration::ZERO).await.unwrap();
+    assert_ne!(
+        server.commands_run().await,
+        (0, 0),
+        "the cache answered past `retain` from the claim"
+    );
+}
+
+/// A fresh claim's epoch is the server's `TIME`, so the record that follows reads no
+/// clock of its own: the process hands it the retention deadline, from the least the
+/// server's clock can read, which lies between the server's clock before the claim and
+/// after the record, plus `retain`.
+#[tokio::test]
+async fn a_fresh_call_reads_the_servers_clock_once() {
+    let Some(server) = OwnServer::start("a_fresh_call_reads_the_servers_clock_once").await else {
+        return;
+    };
+    let idem = server.idem_uncached().await;
+    let client = redis::Client::open(server.url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let server_ms = |mut c: redis::aio::MultiplexedConnection| async move {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+        secs * 1000 + micros / 1000
+    };
+    let retain = Duration::from_secs(86_400);
+    let call = |key: &'static str| {
+        idem.operation("send", key)
+            .retain(retain)
+            .fingerprint_none()
+            .run(|| async { Ok::<_, IdemError>(7u32) })
+    };
+    // Loads the scripts.
+    call("warm").await.unwrap();
+    common::redis_command_calls(&server.url).await;
+    // A record sent over a second after its claim (a stalled test machine) reads `TIME`
+    // itself; of three fresh calls, one is enough to tell.
+    let mut spared = None;
+    for key in ["k1", "k2", "k3"] {
+        let existing = common::scan_keys(&mut c, "*").await.unwrap();
+        let before = server_ms(c.clone()).await;
+        assert_eq!(call(key).await.unwrap(), 7);
+        let after = server_ms(c.clone()).await;
+        let calls = common::redis_command_calls(&server.url).await;
+        let times = calls
+            .iter()
+            .find(|(n, _)| n == "time")
+            .map_or(0, |(_, n)| *n);
+        // The two `TIME`s of this test, and the claim's.
+        if times == 3 {
+            spared = Some((existing, before, after));
+            break;
+        }
+        assert_eq!(times, 4, "{calls:?}");
+    }
+    let (existing, before, after) =
+        spared.expect("each of three fresh calls' records read the server's clock");
+
+    // The record is the key that call added.
+    let added: Vec<String> = common::scan_keys(&mut c, "*")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|k| !existing.contains(k))
+        .collect();
+    let [record] = &added[..] else {
+        panic!("one key added by the call: {added:?}");
+    };
+    let xa: i64 = redis::cmd("HGET")
+        .arg(record)
+        .arg("xa")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(record)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let retain_ms = retain.as_millis() as i64;
+    assert!(
+        xa >= before + retain_ms && xa <= after + retain_ms,
+        "deadline {xa} outside [{before}, {after}] + retain"
+    );
+    let grace = 5 * 60 * 1000;
+    assert!(ttl > grace && ttl <= retain_ms + grace, "TTL {ttl}");
+}
+
 /// A `hash_keys` secret shorter than 16 bytes is refused on Redis as on every store,
 /// before anything is opened; a long enough one opens.
 #[tokio::test]

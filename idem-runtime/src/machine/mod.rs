@@ -563,7 +563,8 @@ where
                     return Err(why.error(self.name(), max, then).into());
                 }
             };
-            self.record(epoch, outcome, lease_end, span).await?;
+            self.record(epoch, claimed_at, outcome, lease_end, span)
+                .await?;
             context::report_run(epoch, true);
             result
         }
@@ -581,6 +582,7 @@ where
     async fn record(
         &self,
         epoch: u64,
+        claimed_at: Instant,
         outcome: StoredOutcome,
         lease: &Lease<'_>,
         span: &tracing::Span,
@@ -600,13 +602,14 @@ where
             Some(fence) => self.recorded(epoch, fence, span),
             // Boxed: its retries hold timers a store that answers at once should not
             // carry in every call's future, and a round trip dwarfs the allocation.
-            None => Box::pin(self.record_in_store(epoch, outcome, lease, span)).await,
+            None => Box::pin(self.record_in_store(epoch, claimed_at, outcome, lease, span)).await,
         }
     }
 
     async fn record_in_store(
         &self,
         epoch: u64,
+        claimed_at: Instant,
         outcome: StoredOutcome,
         lease: &Lease<'_>,
         span: &tracing::Span,
@@ -614,10 +617,13 @@ where
         let id = &self.op.id;
         let mut backoff = Duration::from_millis(20);
         let mut gone_checked = false;
-        // Before the first attempt, so the store's expiry is no earlier than this + retain.
-        // The cache keeps time by the standard clock, like its reads.
-        let sent_at = std::time::Instant::now();
-        let started = Instant::from_std(sent_at);
+        // The cache's entry lives `retain` from the claim's send: the store's retention
+        // deadline is no earlier than that (a store may take it from a bound on its
+        // clock that the claim's answer gave). The cache keeps time by the standard
+        // clock, like its reads.
+        let now = std::time::Instant::now();
+        let cached_from = now.checked_sub(claimed_at.elapsed());
+        let started = Instant::from_std(now);
         let each = self.write_bound().min(self.op.lease / 2);
         let mut first = true;
         loop {
@@ -643,14 +649,12 @@ where
             };
             match answer {
                 Ok(fence) => {
-                    if fence == Fence::Held {
-                        self.idem.cache().put(
-                            id,
-                            self.fingerprint,
-                            outcome,
-                            sent_at,
-                            self.op.retain,
-                        );
+                    if fence == Fence::Held
+                        && let Some(from) = cached_from
+                    {
+                        self.idem
+                            .cache()
+                            .put(id, self.fingerprint, outcome, from, self.op.retain);
                     }
                     return self.recorded(epoch, fence, span);
                 }

@@ -29,7 +29,12 @@
 //!   and retention deadline (`idem-runtime/lua/prelude.lua` lists the fields). A fresh
 //!   claim writes its lease's length alone: its epoch is the server's clock in µs, so
 //!   the claim time and the lease deadline follow from the two, and the script converts
-//!   and formats no number. A renewal or a later claim of the record writes both. A
+//!   and formats no number. A renewal or a later claim of the record writes both. On
+//!   a standalone server that fresh epoch is also a sample of the server's clock (see
+//!   `clock.rs`): the record sent within a second of a sample no older than its claim is
+//!   handed its retention deadline (the least the server's clock can read by then,
+//!   plus `retain`) and its TTL, so its script reads no `TIME` and formats no number
+//!   either; otherwise, and on a cluster, the script reads `TIME`. A
 //!   completed record gets `PEXPIRE` five minutes past its retention: claims treat it
 //!   as absent from its retention on, [`Admin::purge_expired`] deletes (and counts) the
 //!   ones it finds early, and Redis drops the rest by itself, so nothing needs to run a
@@ -90,8 +95,9 @@
 //! plain commands in one pipelined round trip, far lighter for the server than a
 //! script; what that read does not answer goes on to the claim script. On a standalone
 //! server the read is `HMGET` of the record's retention deadline, fingerprint and
-//! outcome (a record has an outcome only once COMPLETED), and `TIME` when none was read
-//! in the last second: a record whose retention ends after the server's clock answers
+//! outcome (a record has an outcome only once COMPLETED), and `TIME` when no sample of
+//! the server's clock (a `TIME`, or a fresh claim's epoch) came in the last second: a
+//! record whose retention ends after the server's clock answers
 //! the replay or the mismatch. With `TIME` in the same round trip, after the record, the
 //! clock is that `TIME`; without it, the most the server's clock can read by then,
 //! bounded by the last `TIME` and this process's monotonic clock since it was sent
@@ -169,7 +175,7 @@ use ::redis::Value;
 use self::clock::ServerClock;
 use self::conn::{Conn, Lane, relay_wakeups, store_error};
 use self::scripts::{GRACE_MS, Scripts};
-use self::wire::{PackedStep, bytes, int, ms, packed, protocol, text, unpacked};
+use self::wire::{PackedStep, bytes, int, ms, ms_count, packed, protocol, text, unpacked};
 use super::{
     Admin, Claim, ClaimRequest, Fence, ListFilter, Mismatched, OperationId, RecordDetail,
     RecordInfo, ReplayGate, State, Stats, StepRecord, Store, StoreFuture, StoredOutcome, Takeover,
@@ -284,7 +290,8 @@ impl Store for RedisStore {
                             .run(Lane::Light, async |c| pipe.query_async(c).await)
                             .await
                             .map_err(store_error)?;
-                        self.clock.note(sent, secs, micros);
+                        let got = self.clock.local_us();
+                        self.clock.note(sent, got, secs * 1_000_000 + micros);
                         (fields, Some(secs * 1000 + micros / 1000))
                     };
                     let [xa, fp, outcome] = <[Value; 3]>::try_from(fields)
@@ -335,6 +342,7 @@ impl Store for RedisStore {
             let lease = ms(super::lease_written(req.lease));
             let (scope, name) = (&req.id.scope, &req.id.name);
             let scope_name = format!("{}:{scope}{}:{name}", scope.len(), name.len());
+            let sent = self.clock.local_us();
             let v = self
                 .run(
                     &self.scripts.claim,
@@ -352,10 +360,14 @@ impl Store for RedisStore {
             // A fresh claim answers its epoch alone, in decimal.
             if let Value::BulkString(_) = &v {
                 self.gate.saw(false);
+                let epoch = int(&v).ok_or_else(bad)?;
+                // That epoch is the server's `TIME` in µs when the claim ran: a sample of
+                // its clock, which spares the record's script its own `TIME`.
+                if let Conn::Single(_) = &self.conn {
+                    self.clock.note(sent, self.clock.local_us(), epoch);
+                }
                 return Ok(Claim::Acquired {
-                    epoch: int(&v)
-                        .and_then(|e| u64::try_from(e).ok())
-                        .ok_or_else(bad)?,
+                    epoch: u64::try_from(epoch).map_err(|_| bad())?,
                     takeover: false,
                     resume: false,
                 });
@@ -396,13 +408,35 @@ impl Store for RedisStore {
         retain: Duration,
     ) -> StoreFuture<'a, Result<Fence, StoreError>> {
         StoreFuture::new(async move {
-            let (epoch, retain) = (epoch.to_string(), ms(retain));
-            self.fenced(
-                &self.scripts.record,
-                id,
-                &[epoch.as_bytes(), &packed(outcome), retain.as_bytes()],
-            )
-            .await
+            let retain_ms = ms_count(retain);
+            // On a standalone server whose clock a sample taken since the claim bounds,
+            // the script is handed the retention deadline (the least the server's clock
+            // reads now, plus `retain`) and the record's TTL: it reads no `TIME` and
+            // formats no number. That deadline is never past the server's clock at the
+            // write plus `retain`, and never before its clock at the claim's send plus
+            // `retain`, where the replay cache's entry starts (see `clock.rs`).
+            let given = match &self.conn {
+                Conn::Single(_) => i64::try_from(epoch)
+                    .ok()
+                    .and_then(|since| self.clock.least_ms(since))
+                    .map(|now| {
+                        let ttl = retain_ms.saturating_add(GRACE_MS);
+                        (now.saturating_add(retain_ms).to_string(), ttl.to_string())
+                    }),
+                Conn::Cluster { .. } => None,
+            };
+            let (epoch, retain) = (epoch.to_string(), retain_ms.to_string());
+            let outcome = packed(outcome);
+            let mut args: [&[u8]; 5] = [epoch.as_bytes(), &outcome, retain.as_bytes(), b"", b""];
+            let used = match &given {
+                Some((xa, ttl)) => {
+                    args[3] = xa.as_bytes();
+                    args[4] = ttl.as_bytes();
+                    5
+                }
+                None => 3,
+            };
+            self.fenced(&self.scripts.record, id, &args[..used]).await
         })
     }
 

@@ -96,7 +96,12 @@ pub(super) fn bytes(v: &Value) -> Option<Vec<u8>> {
 }
 
 pub(super) fn ms(d: Duration) -> String {
-    d.as_millis().min(MAX_RETAIN_MS).to_string()
+    ms_count(d).to_string()
+}
+
+/// `d` in whole ms, as the scripts take a duration.
+pub(super) fn ms_count(d: Duration) -> i64 {
+    d.as_millis().min(MAX_RETAIN_MS) as i64
 }
 
 /// An outcome as the record's field `o` and the end of a packed step hold it:
