@@ -410,7 +410,6 @@ async fn command_floor_calls(url: &str, prefix: &str) -> Res<Call> {
     ));
     let record = Arc::new(redis::Script::new(
         "redis.call('HMGET', KEYS[1], 's', 'e', 'st', 'w')
-        redis.call('TIME')
         redis.call('HSET', KEYS[1], 's', '1', 'o', ARGV[1], 'xa', ARGV[2])
         redis.call('PEXPIRE', KEYS[1], ARGV[3])
         return 1",
