@@ -47,8 +47,10 @@ local function dec(n)
   return string.format('%d%09d', math.floor(n / 1000000000), n % 1000000000)
 end
 
--- Writes the record COMPLETED with its outcome (`o`, packed) kept for `retain` ms.
-local function finish(outcome, retain)
-  redis.call('HSET', REC, 's', '1', 'o', outcome, 'xa', dec(now_ms() + retain))
-  redis.call('PEXPIRE', REC, dec(retain + GRACE_MS))
+-- Writes the record COMPLETED with its outcome (`o`, packed) kept for `retain` ms: until
+-- `xa` with the TTL `ttl` (ms, in decimal) where the client gave them, else from the
+-- server's clock.
+local function finish(outcome, retain, xa, ttl)
+  redis.call('HSET', REC, 's', '1', 'o', outcome, 'xa', xa or dec(now_ms() + retain))
+  redis.call('PEXPIRE', REC, ttl or dec(retain + GRACE_MS))
 end

@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 /// How long a sample of the server's clock is trusted.
 const FRESH_FOR: Duration = Duration::from_secs(1);
 
+/// [`FRESH_FOR`] in µs, as this process's clock counts.
+const FRESH_FOR_US: i64 = FRESH_FOR.as_micros() as i64;
+
 /// No sample yet.
 const NONE: i64 = i64::MIN;
 
@@ -74,7 +77,7 @@ impl ServerClock {
     /// Whether a sample is fresh at this process's clock reading `now_us`.
     fn fresh_at(&self, now_us: i64) -> bool {
         let sent = self.sent_us.load(Ordering::Acquire);
-        sent != NONE && now_us - sent < FRESH_FOR.as_micros() as i64
+        sent != NONE && now_us - sent < FRESH_FOR_US
     }
 
     /// Takes a sample of the server's clock (µs) from a request sent at `sent_us` whose
@@ -86,7 +89,7 @@ impl ServerClock {
         let mut least = self.least.lock().unwrap_or_else(|p| p.into_inner());
         // The latest server time is kept, as it bounds records of every epoch up to it,
         // until it goes stale (a server clock stepped back stays usable).
-        let stale = |l: &Arrived| got_us - l.got_us >= FRESH_FOR.as_micros() as i64;
+        let stale = |l: &Arrived| got_us - l.got_us >= FRESH_FOR_US;
         if least.is_none_or(|l| l.server_us <= server_us || stale(&l)) {
             *least = Some(Arrived { server_us, got_us });
         }
@@ -112,7 +115,7 @@ impl ServerClock {
     pub(super) fn least_ms(&self, since_us: i64) -> Option<i64> {
         let sample = (*self.least.lock().unwrap_or_else(|p| p.into_inner()))?;
         let now_us = self.local_us();
-        let fresh = now_us - sample.got_us < FRESH_FOR.as_micros() as i64;
+        let fresh = now_us - sample.got_us < FRESH_FOR_US;
         (fresh && sample.server_us >= since_us).then(|| {
             sample
                 .server_us
@@ -158,7 +161,7 @@ mod tests {
         clock.note(sent, got, server - 1_000_000);
         assert!(clock.least_ms(server).is_some());
         // A sample sent over a second ago bounds nothing.
-        let old = sent - 2 * FRESH_FOR.as_micros() as i64;
+        let old = sent - 2 * FRESH_FOR_US;
         clock.note(old, old + 5_000, 1_800_000_000_000_000);
         assert_eq!(clock.latest_ms(), None);
     }
@@ -169,7 +172,7 @@ mod tests {
     fn a_stale_least_bound_gives_way() {
         let clock = ServerClock::new();
         let now = clock.local_us();
-        let old = now - 2 * FRESH_FOR.as_micros() as i64;
+        let old = now - 2 * FRESH_FOR_US;
         clock.note(old, old + 1_000, 1_900_000_000_000_000);
         assert_eq!(clock.least_ms(0), None);
         clock.note(now, now + 1_000, 1_800_000_000_000_000);

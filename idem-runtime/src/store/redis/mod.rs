@@ -427,16 +427,12 @@ impl Store for RedisStore {
             };
             let (epoch, retain) = (epoch.to_string(), retain_ms.to_string());
             let outcome = packed(outcome);
-            let mut args: [&[u8]; 5] = [epoch.as_bytes(), &outcome, retain.as_bytes(), b"", b""];
-            let used = match &given {
-                Some((xa, ttl)) => {
-                    args[3] = xa.as_bytes();
-                    args[4] = ttl.as_bytes();
-                    5
-                }
-                None => 3,
+            let (e, o, r) = (epoch.as_bytes(), &outcome[..], retain.as_bytes());
+            let args: &[&[u8]] = match &given {
+                Some((xa, ttl)) => &[e, o, r, xa.as_bytes(), ttl.as_bytes()],
+                None => &[e, o, r],
             };
-            self.fenced(&self.scripts.record, id, &args[..used]).await
+            self.fenced(&self.scripts.record, id, args).await
         })
     }
 
