@@ -311,7 +311,21 @@ impl<D: Dialect> Admin for SqlStore<D> {
                 },
             };
             total += n;
-            if n < PURGE_BATCH.unsigned_abs() {
+            // Skipping held rows, a short batch does not mean the end: a row may have
+            // been held only a moment (the statement that ended on its wait limit can
+            // still be releasing its own locks), so another pass follows until one
+            // deletes nothing.
+            let skipping = self
+                .sql
+                .purge_locked
+                .as_ref()
+                .is_some_and(|locked| std::ptr::eq(purge, locked));
+            let done = if skipping {
+                n == 0
+            } else {
+                n < PURGE_BATCH.unsigned_abs()
+            };
+            if done {
                 // Counts whose allowance is whole again are what a missing row means.
                 if let Some(stmt) = &self.sql.purge_claim_tokens {
                     self.rows(On::Pool, stmt, &[]).await?;
